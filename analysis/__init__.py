@@ -1,0 +1,1 @@
+"""Judging runs from their journals: bitwise comparison, metrics, verdicts."""

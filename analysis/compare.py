@@ -1,0 +1,104 @@
+"""Bitwise comparison of a run against its reference, from journals alone.
+
+Both runs fingerprint every state component at every step boundary (the
+``state`` events) and record each iteration's loss as exact float bits (the
+``step`` events). Every record of the run under test — before the fault, and
+again after the restore — is compared with the reference's record of the same
+rank and step. The first divergence is the earliest (step, place) where they
+differ: the state at boundary ``s`` comes before the loss of iteration ``s``,
+and components are ordered as in :data:`COMPONENT_ORDER`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .journal import Journal
+
+#: Mirrors ``baft.state.COMPONENTS`` (analysis reads journals, it does not import baft);
+#: unknown components sort after these.
+COMPONENT_ORDER = ("model", "optimizer", "scheduler", "rng", "data", "scaler", "step")
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where two runs first differ."""
+
+    step: int
+    component: str
+    key: str
+    rank: int
+    reference: str | None
+    found: str | None
+
+    def sort_key(self) -> tuple:
+        comp = COMPONENT_ORDER.index(self.component) if self.component in COMPONENT_ORDER else len(COMPONENT_ORDER)
+        return (self.step, 1 if self.component == "loss" else 0, comp, self.key, self.rank)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "component": self.component, "key": self.key, "rank": self.rank,
+                "reference": self.reference, "found": self.found}
+
+
+@dataclass(slots=True)
+class Comparison:
+    """Result of comparing every record of a run against the reference."""
+
+    states_compared: int = 0
+    losses_compared: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+    missing_reference: list[tuple[int, int]] = field(default_factory=list)
+    """(rank, step) records of the run that the reference lacks."""
+
+    @property
+    def first(self) -> Divergence | None:
+        return min(self.divergences, key=Divergence.sort_key) if self.divergences else None
+
+    @property
+    def equal(self) -> bool:
+        return not self.divergences and not self.missing_reference
+
+
+def _index(journal: Journal, kind: str, rank: int) -> dict[int, dict[str, Any]]:
+    return {e["step"]: e for e in journal.events(kind, rank)}
+
+
+def compare_digests(step: int, rank: int, ref: dict[str, dict[str, str]], got: dict[str, dict[str, str]]) -> list[Divergence]:
+    """Every (component, key) whose fingerprint differs, including keys present on one side only."""
+    out = []
+    for comp in sorted(set(ref) | set(got)):
+        r, g = ref.get(comp), got.get(comp)
+        if r is None or g is None:
+            out.append(Divergence(step, comp, "<component missing>", rank,
+                                  "present" if r is not None else None, "present" if g is not None else None))
+            continue
+        for key in sorted(set(r) | set(g)):
+            if r.get(key) != g.get(key):
+                out.append(Divergence(step, comp, key, rank, r.get(key), g.get(key)))
+    return out
+
+
+def compare(reference: Journal, run: Journal) -> Comparison:
+    """Compare each state and loss record of ``run`` with ``reference`` (same rank, same step)."""
+    result = Comparison()
+    for rank in sorted(run.ranks):
+        ref_states = _index(reference, "state", rank)
+        ref_steps = _index(reference, "step", rank)
+        for ev in run.events("state", rank):
+            ref = ref_states.get(ev["step"])
+            if ref is None:
+                result.missing_reference.append((rank, ev["step"]))
+                continue
+            result.states_compared += 1
+            result.divergences.extend(compare_digests(ev["step"], rank, ref["digests"], ev["digests"]))
+        for ev in run.events("step", rank):
+            ref = ref_steps.get(ev["step"])
+            if ref is None:
+                result.missing_reference.append((rank, ev["step"]))
+                continue
+            if ref.get("loss_bits") is None and ev.get("loss_bits") is None:
+                continue  # stages without a loss
+            result.losses_compared += 1
+            if ref.get("loss_bits") != ev.get("loss_bits"):
+                result.divergences.append(Divergence(ev["step"], "loss", "loss", rank, ref.get("loss_bits"), ev.get("loss_bits")))
+    return result

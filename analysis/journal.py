@@ -1,0 +1,157 @@
+"""The run journal: the one contract between running a job and judging it.
+
+A run directory holds ``journal/rank-<R>/events.jsonl`` for every rank (appended
+across restarts) and ``journal/launcher.jsonl`` for the launcher. Each line is
+one JSON object with at least:
+
+``t``       wall-clock seconds (``time.time()``)
+``event``   the kind, one of :data:`EVENTS`
+``rank``    the global rank that wrote it (absent in the launcher's file)
+``attempt`` the torchrun restart count of the writing worker's agent
+
+On loading, every event also gets ``incarnation``: which worker process of its
+rank wrote it (0 for the first, 1 after the first restart, ...).
+
+Event fields:
+
+``start``               node, pid, world_size
+``state``               step (completed optimizer steps), digests {component: {key: hex}}
+``step``                step (0-based iteration index), loss, loss_bits (hex of the float32), seconds
+``checkpoint_saved``    step, tier, bytes, seconds, path
+``checkpoint_restored`` step, tier, seconds, path
+``checkpoint_rejected`` step, tier, reason
+``fault``               fault, id, step, phase, plus the fault's own fields
+``finish``              step
+``agent_start`` / ``agent_exit`` (launcher) node, returncode
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import AnalysisError
+
+EVENTS = (
+    "start",
+    "state",
+    "step",
+    "checkpoint_saved",
+    "checkpoint_restored",
+    "checkpoint_rejected",
+    "fault",
+    "finish",
+    "agent_start",
+    "agent_exit",
+)
+
+
+def rank_journal(run_dir: Path, rank: int) -> Path:
+    return run_dir / "journal" / f"rank-{rank}" / "events.jsonl"
+
+
+def launcher_journal(run_dir: Path) -> Path:
+    return run_dir / "journal" / "launcher.jsonl"
+
+
+def float_bits(x: float) -> str:
+    """The exact float32 bits of ``x`` as 8 hex digits (bitwise loss comparison)."""
+    return struct.pack(">f", x).hex()
+
+
+class JournalWriter:
+    """Appends events to one JSONL file; each line reaches the OS before ``write`` returns.
+
+    A SIGKILL of the writer loses nothing already written (the kernel holds it);
+    ``sync=True`` additionally fsyncs, for events that must survive a machine crash.
+    """
+
+    def __init__(self, path: Path, **constant: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.constant = constant
+        self._f = open(path, "a", buffering=1, encoding="utf-8")
+
+    def write(self, event: str, sync: bool = False, **fields: Any) -> None:
+        record = {"t": time.time(), "event": event, **self.constant, **fields}
+        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        if sync:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_events(path: Path) -> Iterator[dict[str, Any]]:
+    """Events of one file in order; a torn last line (writer killed mid-line) is skipped."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                return
+            raise AnalysisError(f"{path}:{i + 1}: not valid JSON: {e}") from None
+
+
+def _with_incarnations(events: Iterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Number each worker process of a rank: ``incarnation`` counts the ``start`` events before it.
+
+    torchrun's restart count is per agent (an agent whose workers are restarted
+    because another node failed does not count it), so it cannot line ranks up
+    across nodes; since every worker of the job is restarted together, the
+    incarnation can.
+    """
+    out = []
+    inc = -1
+    for e in events:
+        if e.get("event") == "start":
+            inc += 1
+        e["incarnation"] = max(inc, 0)
+        out.append(e)
+    return out
+
+
+@dataclass(slots=True)
+class Journal:
+    """All events of one run, by rank."""
+
+    run_dir: Path
+    ranks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    launcher: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Journal:
+        run_dir = Path(run_dir)
+        root = run_dir / "journal"
+        if not root.is_dir():
+            raise AnalysisError(f"{run_dir}: no journal/ directory (not a run directory?)")
+        j = cls(run_dir=run_dir)
+        for d in sorted(root.glob("rank-*")):
+            try:
+                rank = int(d.name.split("-", 1)[1])
+            except ValueError:
+                continue
+            if (d / "events.jsonl").is_file():
+                j.ranks[rank] = _with_incarnations(read_events(d / "events.jsonl"))
+        if launcher_journal(run_dir).is_file():
+            j.launcher = list(read_events(launcher_journal(run_dir)))
+        if not j.ranks:
+            raise AnalysisError(f"{root}: no rank journals")
+        return j
+
+    def events(self, kind: str, rank: int | None = None) -> list[dict[str, Any]]:
+        """Events of one kind, of one rank or of all ranks ordered by time."""
+        if rank is not None:
+            return [e for e in self.ranks.get(rank, []) if e["event"] == kind]
+        out = [e for evs in self.ranks.values() for e in evs if e["event"] == kind]
+        return sorted(out, key=lambda e: e["t"])

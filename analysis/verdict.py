@@ -1,0 +1,81 @@
+"""Judge a faulted run against its reference and the scenario's expectations."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .compare import compare
+from .errors import AnalysisError
+from .journal import Journal
+from .metrics import final_step, recoveries
+
+
+class ExpectValueError(AnalysisError, ValueError):
+    """An expectation is out of range; ``field`` names it for the scenario loader."""
+
+    def __init__(self, field: str, expected: str, found: object) -> None:
+        self.field, self.expected, self.found = field, expected, found
+        super().__init__(f"{field}: expected {expected}, found {found!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class ExpectConfig:
+    """What must hold for a scenario to pass."""
+
+    bitwise: bool = True
+    """Every state and loss record (before the fault and after recovery) equals the reference bit for bit."""
+    max_lost_steps: int | None = None
+    """At most this many steps executed twice because of each fault."""
+    max_recovery_seconds: float | None = None
+    """At most this long from a fault to every rank completing its first step after the restore."""
+
+    def __post_init__(self) -> None:
+        if self.max_lost_steps is not None and self.max_lost_steps < 0:
+            raise ExpectValueError("max_lost_steps", "an integer >= 0", self.max_lost_steps)
+        if self.max_recovery_seconds is not None and self.max_recovery_seconds <= 0:
+            raise ExpectValueError("max_recovery_seconds", "a number > 0", self.max_recovery_seconds)
+
+
+def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int, faults_declared: int) -> dict[str, Any]:
+    """The verdict as a JSON-ready dict; ``passed`` is True only if every expectation holds."""
+    cmp = compare(reference, run)
+    recs = recoveries(run)
+    finished = final_step(run)
+    failures: list[str] = []
+    completed = len(finished) == len(reference.ranks) and all(s == steps for s in finished.values())
+    if not completed:
+        failures.append(f"run did not complete: finished ranks {sorted(finished)} of {sorted(reference.ranks)}")
+    fired = len(run.events("fault"))
+    if fired < faults_declared:
+        failures.append(f"only {fired} of {faults_declared} faults fired")
+    if expect.bitwise and not cmp.equal:
+        first = cmp.first
+        if first is not None:
+            failures.append(f"diverged at step {first.step}: {first.component} / {first.key} (rank {first.rank})")
+        if cmp.missing_reference:
+            failures.append(f"{len(cmp.missing_reference)} records have no reference counterpart")
+    lost = max((r.lost_steps for r in recs), default=0)
+    if expect.max_lost_steps is not None and lost > expect.max_lost_steps:
+        failures.append(f"lost {lost} steps, at most {expect.max_lost_steps} allowed")
+    rec_secs = [r.recovery_seconds for r in recs]
+    if any(s is None for s in rec_secs) and recs:
+        failures.append("a fault was never recovered from (no completed step after the restart)")
+    worst = max((s for s in rec_secs if s is not None), default=None)
+    if expect.max_recovery_seconds is not None and worst is not None and worst > expect.max_recovery_seconds:
+        failures.append(f"recovery took {worst:.2f} s, at most {expect.max_recovery_seconds} s allowed")
+    first = cmp.first
+    return {
+        "passed": not failures,
+        "failures": failures,
+        "bitwise_equal": cmp.equal,
+        "first_divergence": None if first is None else first.as_dict(),
+        "divergent_records": len(cmp.divergences),
+        "states_compared": cmp.states_compared,
+        "losses_compared": cmp.losses_compared,
+        "lost_steps": lost,
+        "recovery_seconds": worst,
+        "faults_fired": fired,
+        "faults_declared": faults_declared,
+        "completed": completed,
+        "recoveries": [r.as_dict() for r in recs],
+    }

@@ -1,0 +1,21 @@
+"""BAFT: bubble-aware fault-tolerant checkpointing for pipeline-parallel training.
+
+Public API: :class:`Checkpointer` and :class:`CheckpointConfig` (save/restore),
+:class:`TrainState` (what a checkpoint holds), :mod:`baft.events` (hooks).
+"""
+from . import events
+from .checkpointer import CheckpointConfig, Checkpointer
+from .errors import BaftConfigError, BaftError, CheckpointCorrupt
+from .state import COMPONENTS, TrainState, digest_components
+
+__all__ = [
+    "COMPONENTS",
+    "BaftConfigError",
+    "BaftError",
+    "CheckpointConfig",
+    "CheckpointCorrupt",
+    "Checkpointer",
+    "TrainState",
+    "digest_components",
+    "events",
+]

@@ -1,0 +1,1 @@
+"""The harness: scenarios, launching runs under torchrun, verdicts, the ``baft`` CLI."""

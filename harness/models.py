@@ -1,0 +1,148 @@
+"""Reference models of the built-in workload, built whole and cut into pipeline stages.
+
+Both models are built on every rank from the same seed and then cut, so every
+stage count starts from the same weights and data-parallel replicas of a stage
+are identical. Both use dropout, so a checkpoint that forgets the RNG shows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """Sizes of one model preset."""
+
+    kind: str
+    layers: int
+    width: int
+    heads: int = 0
+    vocab: int = 0
+    seq_len: int = 0
+    in_dim: int = 0
+    classes: int = 0
+    dropout: float = 0.1
+
+
+PRESETS: dict[str, ModelShape] = {
+    "gpt-tiny": ModelShape(kind="gpt", layers=4, width=64, heads=4, vocab=64, seq_len=32),
+    "gpt-small": ModelShape(kind="gpt", layers=8, width=256, heads=8, vocab=256, seq_len=64),
+    "mlp": ModelShape(kind="mlp", layers=4, width=128, in_dim=32, classes=10),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, s: ModelShape) -> None:
+        super().__init__()
+        self.heads = s.heads
+        self.qkv = nn.Linear(s.width, 3 * s.width)
+        self.proj = nn.Linear(s.width, s.width)
+        self.attn_drop = nn.Dropout(s.dropout)
+        self.resid_drop = nn.Dropout(s.dropout)
+        self.register_buffer("mask", torch.tril(torch.ones(s.seq_len, s.seq_len, dtype=torch.bool)), persistent=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+        att = self.attn_drop(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.resid_drop(self.proj(y))
+
+
+class Block(nn.Module):
+    def __init__(self, s: ModelShape) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(s.width)
+        self.attn = CausalSelfAttention(s)
+        self.ln2 = nn.LayerNorm(s.width)
+        self.mlp = nn.Sequential(
+            nn.Linear(s.width, 4 * s.width), nn.GELU(), nn.Linear(4 * s.width, s.width), nn.Dropout(s.dropout)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPTEmbed(nn.Module):
+    def __init__(self, s: ModelShape) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(s.vocab, s.width)
+        self.pos = nn.Embedding(s.seq_len, s.width)
+        self.drop = nn.Dropout(s.dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.size(1), device=idx.device)
+        return self.drop(self.tok(idx) + self.pos(pos))
+
+
+class GPTHead(nn.Module):
+    def __init__(self, s: ModelShape) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(s.width)
+        self.out = nn.Linear(s.width, s.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, width_in: int, width: int, dropout: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width_in, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(F.gelu(self.fc(x)))
+
+
+class Stage(nn.Module):
+    """One pipeline stage: an optional input part, some blocks, an optional output part."""
+
+    def __init__(self, embed: nn.Module | None, blocks: list[nn.Module], head: nn.Module | None) -> None:
+        super().__init__()
+        self.embed = embed
+        self.blocks = nn.ModuleList(blocks)
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for b in self.blocks:
+            x = b(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x
+
+
+def build_stage(shape: ModelShape, seed: int, stage: int, stages: int) -> Stage:
+    """Build the whole model from ``seed`` and keep the part that belongs to ``stage``."""
+    if not 1 <= stages <= shape.layers:
+        raise ValueError(f"stages must be 1..{shape.layers} for this model, got {stages}")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if shape.kind == "gpt":
+            embed: nn.Module = GPTEmbed(shape)
+            blocks: list[nn.Module] = [Block(shape) for _ in range(shape.layers)]
+            head: nn.Module = GPTHead(shape)
+        else:
+            embed = MLPBlock(shape.in_dim, shape.width, shape.dropout)
+            blocks = [MLPBlock(shape.width, shape.width, shape.dropout) for _ in range(shape.layers - 1)]
+            head = nn.Linear(shape.width, shape.classes)
+    per, extra = divmod(len(blocks), stages)
+    start = stage * per + min(stage, extra)
+    stop = start + per + (1 if stage < extra else 0)
+    return Stage(embed if stage == 0 else None, blocks[start:stop], head if stage == stages - 1 else None)
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross entropy for both presets (token logits or class logits)."""
+    return F.cross_entropy(output.reshape(-1, output.size(-1)), target.reshape(-1))

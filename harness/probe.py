@@ -1,0 +1,61 @@
+"""The probe: what a training script calls each step so the harness can judge it.
+
+It writes the rank's journal (``analysis.journal``), forwards every ``baft``
+event into it, and fingerprints the state at each step boundary::
+
+    probe = Probe.from_env(run_dir)
+    probe.state(step, train_state)       # at each boundary (after restore too)
+    probe.step(step, loss, seconds)      # after each iteration
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from analysis.journal import JournalWriter, float_bits, rank_journal
+from baft import events
+from baft.state import TrainState, digest_components
+
+
+class Probe:
+    """Journals one rank's progress; subscribes to ``baft`` events while open."""
+
+    def __init__(self, run_dir: Path, rank: int, attempt: int, node: str, world_size: int) -> None:
+        self.rank, self.attempt = rank, attempt
+        self.writer = JournalWriter(rank_journal(run_dir, rank), rank=rank, attempt=attempt)
+        self.writer.write("start", node=node, pid=os.getpid(), world_size=world_size, host=socket.gethostname())
+        self._unsubscribe = events.subscribe(self._on_event)
+
+    @classmethod
+    def from_env(cls, run_dir: Path) -> Probe:
+        """Rank, attempt and node from the variables torchrun and the launcher set."""
+        return cls(
+            run_dir,
+            rank=int(os.environ.get("RANK", "0")),
+            attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            node=os.environ.get("BAFT_NODE", "node0"),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        )
+
+    def _on_event(self, kind: str, fields: dict[str, Any]) -> None:
+        if kind in ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected"):
+            self.writer.write(kind, **fields)
+
+    def state(self, step: int, state: TrainState) -> None:
+        """Fingerprint every component at the boundary after ``step`` completed steps."""
+        self.writer.write("state", step=step, digests=digest_components(state.capture(), state.param_names()))
+
+    def step(self, step: int, loss: float | None, seconds: float) -> None:
+        bits = float_bits(loss) if loss is not None else None
+        self.writer.write("step", step=step, loss=loss, loss_bits=bits, seconds=seconds)
+
+    def record(self, event: str, **fields: Any) -> None:
+        """Write any other event (faults); durable, since a kill may follow at once."""
+        self.writer.write(event, sync=True, **fields)
+
+    def close(self, step: int) -> None:
+        self.writer.write("finish", step=step)
+        self._unsubscribe()
+        self.writer.close()

@@ -1,0 +1,137 @@
+"""Run a scenario: the cached reference, the faulted run, and the verdict.
+
+Output directory layout::
+
+    OUT/scenario.yaml        the scenario as given
+    OUT/reference/journal/   the reference run's journal (copied from the cache)
+    OUT/faulted/             journal/, logs/, checkpoints/, faults/ of the run under test
+    OUT/verdict.json         the verdict (see ``analysis.verdict.judge``)
+
+The reference is the same workload without faults or checkpoints. Its result
+depends only on the workload config and the code that trains, so it is cached
+under a hash of both and reused across scenarios.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from analysis.journal import Journal
+from analysis.verdict import judge
+
+from .errors import LaunchError
+from .launcher import launch
+from .scenario import Scenario
+from .schema import to_plain
+from .workload import WorkloadConfig
+
+#: Files whose code determines a reference run's journal.
+_TRAINING_CODE = ("harness/workload.py", "harness/models.py", "harness/data.py", "baft/state.py")
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("BAFT_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "baft-harness")
+    return Path(base)
+
+
+def reference_key(workload: WorkloadConfig) -> str:
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256(json.dumps(to_plain(workload), sort_keys=True).encode())
+    h.update(torch.__version__.encode())
+    for rel in _TRAINING_CODE:
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()[:20]
+
+
+@dataclass(kw_only=True, slots=True)
+class Reference:
+    run_dir: Path
+    cached: bool
+    seconds: float
+
+
+def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> Reference:
+    """The reference run of ``workload``, from the cache or run now."""
+    final = cache / "reference" / reference_key(workload)
+    if (final / "complete").is_file():
+        return Reference(run_dir=final, cached=True, seconds=float((final / "complete").read_text() or 0))
+    tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    spec = {"workload": to_plain(workload), "checkpoint": {"strategy": "none"}, "faults": []}
+    result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0, timeout=timeout)
+    if not result.ok:
+        raise LaunchError(f"the reference run failed (exit codes {result.returncodes}, timed out: {result.timed_out}); logs in {tmp / 'logs'}")
+    (tmp / "complete").write_text(f"{result.seconds:.3f}")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return Reference(run_dir=final, cached=False, seconds=result.seconds)
+
+
+def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> dict[str, Any]:
+    """Run reference and faulted run, write ``verdict.json`` into ``out``, return the verdict."""
+    cache = cache or default_cache_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in ("reference", "faulted"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+    if scenario.source and Path(scenario.source).is_file():
+        shutil.copyfile(scenario.source, out / "scenario.yaml")
+    ref = ensure_reference(scenario.workload, cache, scenario.run.timeout)
+    shutil.copytree(ref.run_dir / "journal", out / "reference" / "journal")
+
+    faulted = out / "faulted"
+    checkpoint = to_plain(scenario.checkpoint)
+    checkpoint["dir"] = str((faulted / "checkpoints").resolve())
+    spec = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": scenario.fault_plan()}
+    t0 = time.monotonic()
+    result = launch(
+        faulted, spec, nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
+        max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout,
+    )
+    verdict = judge(
+        Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
+        steps=scenario.workload.steps, faults_declared=len(scenario.faults),
+    )
+    if not result.ok:
+        verdict["passed"] = False
+        verdict["failures"].insert(0, f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else ""))
+    verdict = {
+        "scenario": scenario.name,
+        **verdict,
+        "wall_seconds": {"reference": ref.seconds, "reference_cached": ref.cached, "faulted": time.monotonic() - t0},
+        "agents_returncodes": result.returncodes,
+    }
+    (out / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
+    return verdict
+
+
+def summary(verdict: dict[str, Any], out: Path) -> str:
+    """A few lines for the terminal."""
+    ok = verdict["passed"]
+    lines = [f"{verdict['scenario']}: {'PASSED' if ok else 'FAILED'}"]
+    bw = "yes" if verdict["bitwise_equal"] else "NO"
+    lines.append(f"  bitwise equal    {bw} ({verdict['states_compared']} state and {verdict['losses_compared']} loss records compared)")
+    if verdict["first_divergence"]:
+        d = verdict["first_divergence"]
+        lines.append(f"  first divergence step {d['step']}, {d['component']} / {d['key']} (rank {d['rank']})")
+    lines.append(f"  faults fired     {verdict['faults_fired']}/{verdict['faults_declared']}")
+    for r in verdict["recoveries"]:
+        f = r["fault"]
+        rec = f"{r['recovery_seconds']:.2f} s" if r["recovery_seconds"] is not None else "never"
+        lines.append(
+            f"  {f['fault']} rank {f.get('rank')} at step {f['step']}: restored step {r['restored_step']}"
+            f" ({r['restored_tier'] or 'no checkpoint'}), lost {r['lost_steps']} steps, recovered in {rec}"
+        )
+    w = verdict["wall_seconds"]
+    lines.append(f"  wall time        reference {w['reference']:.1f} s{' (cached)' if w['reference_cached'] else ''}, faulted {w['faulted']:.1f} s")
+    for f in verdict["failures"]:
+        lines.append(f"  FAIL: {f}")
+    lines.append(f"  verdict          {out / 'verdict.json'}")
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""The scenario file: a public contract, loaded and validated before anything runs.
+
+    name: kill-rank1-step17
+    workload: {model: gpt-tiny, stages: 2, data_parallel: 1, microbatches: 4, schedule: 1f1b, steps: 30, seed: 0, nodes: 1}
+    checkpoint: {strategy: sync, every: 5}
+    faults:
+      - kill: {rank: 1, at_step: 17}
+    expect: {bitwise: true, max_lost_steps: 5}
+
+Each section maps one to one onto a component's config dataclass
+(``WorkloadConfig``, ``baft.CheckpointConfig``, the fault configs registered in
+``injectors.FAULTS``, ``analysis.verdict.ExpectConfig``, :class:`RunConfig`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from analysis.verdict import ExpectConfig
+from baft import CheckpointConfig
+from injectors import FAULTS, FaultConfig, RunShape
+
+from .errors import ConfigValueError, ScenarioError
+from .schema import build, found_repr, to_plain
+from .workload import WorkloadConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """How the harness runs the scenario."""
+
+    max_restarts: int = 3
+    """torchrun ``--max-restarts`` of every agent."""
+    timeout: float = 600.0
+    """Seconds before a run is killed and judged failed."""
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigValueError("max_restarts", "an integer >= 0", self.max_restarts)
+        if self.timeout <= 0:
+            raise ConfigValueError("timeout", "a number > 0", self.timeout)
+
+
+@dataclass(kw_only=True, slots=True)
+class FaultSpec:
+    """One entry of ``faults:``: its kind (the YAML key) and its config."""
+
+    kind: str
+    config: FaultConfig
+
+
+@dataclass(kw_only=True, slots=True)
+class Scenario:
+    """A validated scenario."""
+
+    name: str
+    description: str = ""
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    faults: list[FaultSpec] = field(default_factory=list)
+    expect: ExpectConfig = field(default_factory=ExpectConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    source: str = ""
+    """The file it was loaded from (not a YAML key)."""
+
+    def fault_plan(self) -> list[dict[str, Any]]:
+        """Faults as plain data for the worker spec."""
+        return [{"kind": f.kind, "config": to_plain(f.config)} for f in self.faults]
+
+
+_SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run"}
+
+
+def parse(data: Any, file: str) -> Scenario:
+    """Build a :class:`Scenario` from parsed YAML, raising :class:`ScenarioError` on any problem."""
+    if not isinstance(data, dict):
+        raise ScenarioError(file, "", "a mapping with name, workload, checkpoint, faults, expect", found_repr(data))
+    for key in data:
+        if key not in _SECTIONS:
+            raise ScenarioError(file, str(key), "one of the keys " + ", ".join(sorted(_SECTIONS)), "<an unknown key>")
+    if "name" not in data:
+        raise ScenarioError(file, "name", "a string", "<nothing: the key is required>")
+    name = data["name"]
+    if not isinstance(name, str) or not name.strip():
+        raise ScenarioError(file, "name", "a non-empty string", found_repr(name))
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ScenarioError(file, "description", "a string", found_repr(description))
+    workload = build(WorkloadConfig, data.get("workload"), file, "workload")
+    checkpoint = build(CheckpointConfig, data.get("checkpoint"), file, "checkpoint")
+    expect = build(ExpectConfig, data.get("expect"), file, "expect")
+    run = build(RunConfig, data.get("run"), file, "run")
+    shape = RunShape(world_size=workload.world_size, steps=workload.steps, nodes=workload.nodes)
+    faults = parse_faults(data.get("faults") or [], file, shape)
+    return Scenario(name=name, description=description, workload=workload, checkpoint=checkpoint,
+                    faults=faults, expect=expect, run=run, source=file)
+
+
+def parse_faults(items: Any, file: str, shape: RunShape) -> list[FaultSpec]:
+    if not isinstance(items, list):
+        raise ScenarioError(file, "faults", "a list of faults", found_repr(items))
+    kinds = ", ".join(sorted(FAULTS))
+    out = []
+    for i, item in enumerate(items):
+        path = f"faults[{i}]"
+        if not isinstance(item, dict) or len(item) != 1:
+            raise ScenarioError(file, path, f"a mapping with exactly one key, the fault kind ({kinds})", found_repr(item))
+        ((kind, body),) = item.items()
+        if kind not in FAULTS:
+            raise ScenarioError(file, f"{path}.{kind}", f"a fault kind among {kinds}", "<an unknown fault>")
+        config_cls, _ = FAULTS[kind]
+        config = build(config_cls, body, file, f"{path}.{kind}")
+        try:
+            config.check(shape)
+        except ValueError as e:
+            raise ScenarioError(file, f"{path}.{kind}.{e.field}", e.expected, e.found) from None  # type: ignore[attr-defined]
+        out.append(FaultSpec(kind=kind, config=config))
+    return out
+
+
+def load(path: str | Path) -> Scenario:
+    """Read and validate a scenario file."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(file, "", "a readable scenario file", f"<{e.strerror or e}>") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ScenarioError(file, "", "valid YAML", f"<{problem}{where}>") from None
+    return parse(data, file)

@@ -1,0 +1,216 @@
+"""The reference workload: pipeline-parallel training that the harness launches under torchrun.
+
+P pipeline stages x D data-parallel replicas (world size P*D, rank = d*P + s).
+Each replica is a ``torch.distributed.pipelining`` pipeline (GPipe or 1F1B on
+gloo); after the schedule's backward, each stage all-reduces its gradients over
+its D replicas; then Adam and a warm-up + cosine LR schedule step. All of it is
+bitwise deterministic for a fixed world size: deterministic algorithms, one
+intra-op thread, seeded init, per-rank dropout seeds, and a data pipeline whose
+only state is checkpointed.
+
+Run as ``python -m harness.workload RUN_CONFIG.json`` (by the launcher).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .errors import ConfigValueError, ScenarioError
+from .models import PRESETS
+
+Schedule = Literal["gpipe", "1f1b"]
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkloadConfig:
+    """The built-in training job."""
+
+    model: Literal["gpt-tiny", "gpt-small", "mlp"] = "gpt-tiny"
+    """Model preset: a small GPT (dropout, causal attention) or an MLP classifier."""
+    stages: int = 2
+    """Pipeline stages P (1..the model's layer count)."""
+    data_parallel: int = 1
+    """Data-parallel replicas D of the whole pipeline."""
+    microbatches: int = 4
+    """Microbatches per iteration and replica (>= stages)."""
+    microbatch_size: int = 4
+    """Samples per microbatch."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule."""
+    steps: int = 30
+    """Optimizer steps (iterations) to train."""
+    seed: int = 0
+    """Seed of the model init, the data and every RNG."""
+    nodes: int = 1
+    """Hosts to spread the ranks over (each its own torchrun agent); must divide P*D."""
+    lr: float = 3e-3
+    """Peak learning rate of Adam."""
+    warmup: int = 10
+    """Linear warm-up steps before the cosine decay."""
+    dataset_size: int = 512
+    """Samples in the synthetic dataset (one epoch)."""
+
+    def __post_init__(self) -> None:
+        layers = PRESETS[self.model].layers
+        for name in ("stages", "data_parallel", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigValueError(name, "an integer >= 1", value)
+        if self.stages > layers:
+            raise ConfigValueError("stages", f"at most {layers} for {self.model}", self.stages)
+        if self.microbatches < self.stages:
+            raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
+        if self.world_size % self.nodes:
+            raise ConfigValueError("nodes", f"a divisor of stages*data_parallel = {self.world_size}", self.nodes)
+        if self.seed < 0:
+            raise ConfigValueError("seed", "an integer >= 0", self.seed)
+        if self.lr <= 0:
+            raise ConfigValueError("lr", "a number > 0", self.lr)
+        if self.warmup < 0:
+            raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
+        if self.dataset_size < self.global_batch:
+            raise ConfigValueError("dataset_size", f"at least one global batch ({self.global_batch})", self.dataset_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.stages * self.data_parallel
+
+    @property
+    def global_batch(self) -> int:
+        return self.microbatches * self.microbatch_size * self.data_parallel
+
+
+def lr_lambda(warmup: int, total: int):
+    """Linear warm-up then cosine decay to 10% of the peak."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def set_determinism() -> None:
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One worker: build, restore if a checkpoint exists, train, journal every boundary."""
+    from baft import Checkpointer, CheckpointConfig, TrainState, events
+    from injectors import FAULTS, WorkerContext
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from .data import ResumableBatchSampler, make_dataset, make_loader, mix
+    from .models import build_stage, loss_fn
+    from .probe import Probe
+    from .schema import build
+
+    args = argv if argv is not None else sys.argv[1:]
+    spec_path = Path(args[0])
+    spec = json.loads(spec_path.read_text())
+    cfg = build(WorkloadConfig, spec["workload"], str(spec_path), "workload")
+    ckpt_cfg = build(CheckpointConfig, spec["checkpoint"], str(spec_path), "checkpoint")
+    run_dir = Path(spec["run_dir"])
+
+    set_determinism()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != cfg.world_size:
+        raise ScenarioError(str(spec_path), "workload", f"world size {cfg.world_size}", world)
+    P, D = cfg.stages, cfg.data_parallel
+    s, d = rank % P, rank // P
+    probe = Probe.from_env(run_dir)
+
+    ctx = WorkerContext(rank=rank, fault_dir=run_dir / "faults", record=probe.record)
+    injectors = []
+    for i, item in enumerate(spec.get("faults", [])):
+        config_cls, injector_cls = FAULTS[item["kind"]]
+        inj = injector_cls(build(config_cls, item["config"], str(spec_path), f"faults[{i}]"), i, ctx)
+        inj.arm()
+        injectors.append(inj)
+
+    # Every rank creates every group in the same order (a collective requirement).
+    pp_groups = [dist.new_group([dd * P + ss for ss in range(P)]) for dd in range(D)]
+    dp_groups = [dist.new_group([dd * P + ss for dd in range(D)]) for ss in range(P)]
+    pp_group, dp_group = pp_groups[d], dp_groups[s]
+
+    shape = PRESETS[cfg.model]
+    module = build_stage(shape, cfg.seed, s, P)
+    seed_everything(mix(cfg.seed, 100, rank))  # dropout differs per rank, reproducibly
+    stage = PipelineStage(module, s, P, torch.device("cpu"), group=pp_group)
+    schedule_cls = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
+    schedule = schedule_cls(stage, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+    optimizer = torch.optim.Adam(module.parameters(), lr=cfg.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup, cfg.steps))
+
+    loader_gen = torch.Generator().manual_seed(mix(cfg.seed, 200))
+    sampler = ResumableBatchSampler(cfg.dataset_size, cfg.global_batch, loader_gen, d, D)
+    loader = make_loader(make_dataset(shape, cfg.seed, cfg.dataset_size), sampler, loader_gen)
+
+    state = TrainState(model=module, optimizer=optimizer, scheduler=scheduler, data=sampler, generators={"loader": loader_gen})
+    ckpt = Checkpointer(ckpt_cfg, state)
+    start = ckpt.restore_latest()
+    probe.state(start, state)
+    first, last = s == 0, s == P - 1
+
+    batches = iter(loader)
+    for step in range(start, cfg.steps):
+        events.emit("phase", phase="iteration", step=step)
+        t0 = time.perf_counter()
+        x, y = next(batches)
+        losses: list[torch.Tensor] = []
+        optimizer.zero_grad(set_to_none=True)
+        if first:
+            schedule.step(x, target=y if last else None, losses=losses if last else None)
+        elif last:
+            schedule.step(target=y, losses=losses)
+        else:
+            schedule.step()
+        if D > 1:
+            for p in module.parameters():
+                dist.all_reduce(p.grad, group=dp_group)
+                p.grad.div_(D)
+        optimizer.step()
+        scheduler.step()
+        loss = None
+        if last:
+            mean = torch.stack([l.detach() for l in losses]).mean()
+            if D > 1:
+                dist.all_reduce(mean, group=dp_group)
+                mean.div_(D)
+            loss = float(mean)
+        state.step = step + 1
+        probe.step(step, loss, time.perf_counter() - t0)
+        probe.state(state.step, state)
+        ckpt.after_step()
+
+    for inj in injectors:
+        inj.disarm()
+    dist.barrier()
+    probe.close(state.step)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
