@@ -128,7 +128,9 @@ class ResumableBatchSampler:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
         self._epoch_generator_state = state["epoch_generator"].clone()
-        self._perm = None
+        # Replay this epoch's draw now, so the generator is where an uninterrupted
+        # run's would be even if the next batch starts a new epoch.
+        self._perm = self._draw()
 
 
 def make_loader(dataset: Dataset, sampler: ResumableBatchSampler, generator: torch.Generator) -> DataLoader:

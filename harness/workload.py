@@ -167,13 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     sampler = ResumableBatchSampler(cfg.dataset_size, cfg.global_batch, loader_gen, d, D)
     loader = make_loader(make_dataset(shape, cfg.seed, cfg.dataset_size), sampler, loader_gen)
 
+    # Creating a DataLoader iterator draws a base seed from the loader's generator;
+    # do it before the restore so the restored generator state is what training sees.
+    batches = iter(loader)
+
     state = TrainState(model=module, optimizer=optimizer, scheduler=scheduler, data=sampler, generators={"loader": loader_gen})
     ckpt = Checkpointer(ckpt_cfg, state)
     start = ckpt.restore_latest()
     probe.state(start, state)
     first, last = s == 0, s == P - 1
 
-    batches = iter(loader)
     for step in range(start, cfg.steps):
         events.emit("phase", phase="iteration", step=step)
         t0 = time.perf_counter()

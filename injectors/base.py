@@ -11,6 +11,7 @@ step does not fire again.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -86,7 +87,7 @@ class InWorkerInjector(ABC):
         if kind == "phase" and self.matches(fields) and not self.fired():
             self.disarm()
             self._mark()
-            spec = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
+            spec = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
             self.ctx.record("fault", **{**spec, "fault": self.config.kind, "id": self.fault_id, **fields})
             self.inject()
 

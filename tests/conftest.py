@@ -1,0 +1,6 @@
+"""Shared test setup: one intra-op thread, deterministic torch."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")

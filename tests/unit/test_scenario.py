@@ -1,0 +1,129 @@
+"""Scenario validation: every kind of bad input names file, key path, expected and found."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.cli import main as cli_main
+from harness.errors import ScenarioError
+from harness.scenario import load
+
+GOOD = """\
+name: kill-rank1-step17
+workload: {model: gpt-tiny, stages: 2, data_parallel: 1, microbatches: 4, schedule: 1f1b, steps: 30, seed: 0, nodes: 1}
+checkpoint: {strategy: sync, every: 5}
+faults:
+  - kill: {rank: 1, at_step: 17}
+expect: {bitwise: true, max_lost_steps: 5}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_the_issue_example_loads(tmp_path: Path) -> None:
+    s = load(write(tmp_path, GOOD))
+    assert s.name == "kill-rank1-step17"
+    assert s.workload.world_size == 2
+    assert s.faults[0].kind == "kill" and s.faults[0].config.rank == 1
+    assert s.expect.max_lost_steps == 5
+
+
+def test_smoke_scenario_in_repo_is_valid() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for f in sorted((root / "scenarios").rglob("*.yaml")):
+        load(f)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "path", "expected"),
+    [
+        ("seed: 0,", "seed: 0, colour: red,", "workload.colour", "one of the keys"),
+        ("stages: 2,", "stages: two,", "workload.stages", "an integer"),
+        ("stages: 2,", "stages: 2.5,", "workload.stages", "an integer"),
+        ("stages: 2,", "stages: -1,", "workload.stages", ">= 1"),
+        ("stages: 2,", "stages: 9,", "workload.stages", "at most 4"),
+        ("steps: 30,", "steps: 0,", "workload.steps", ">= 1"),
+        ("schedule: 1f1b", "schedule: zigzag", "workload.schedule", "one of gpipe, 1f1b"),
+        ("nodes: 1}", "nodes: 3}", "workload.nodes", "divisor"),
+        ("microbatches: 4,", "microbatches: 1,", "workload.microbatches", "at least stages"),
+        ("every: 5", "every: -5", "checkpoint.every", ">= 1"),
+        ("strategy: sync", "strategy: magic", "checkpoint.strategy", "one of none, sync"),
+        ("rank: 1,", "rank: 2,", "faults[0].kill.rank", "0..1"),
+        ("rank: 1,", "rank: -1,", "faults[0].kill.rank", ">= 0"),
+        ("at_step: 17", "at_step: 30", "faults[0].kill.at_step", "0..29"),
+        ("at_step: 17", "at_step: true", "faults[0].kill.at_step", "an integer"),
+        ("- kill:", "- explode:", "faults[0].explode", "a fault kind"),
+        ("max_lost_steps: 5", "max_lost_steps: -1", "expect.max_lost_steps", ">= 0"),
+        ("bitwise: true", "bitwise: yes please", "expect.bitwise", "true or false"),
+        ("name: kill-rank1-step17", "name: x\ncolour: red", "colour", "one of the keys"),
+    ],
+)
+def test_bad_values_name_their_key_path(tmp_path: Path, old: str, new: str, path: str, expected: str) -> None:
+    assert old in GOOD
+    f = write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(ScenarioError) as err:
+        load(f)
+    assert err.value.path == path
+    assert expected in err.value.expected
+    msg = str(err.value)
+    assert msg.startswith(str(f)) and path in msg and "found" in msg
+
+
+def test_missing_name(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as err:
+        load(write(tmp_path, GOOD.replace("name: kill-rank1-step17\n", "")))
+    assert err.value.path == "name"
+
+
+def test_unreadable_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as err:
+        load(write(tmp_path, "name: [unclosed\n"))
+    assert "valid YAML" in str(err.value) and "line" in str(err.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="readable"):
+        load(tmp_path / "nope.yaml")
+
+
+def test_not_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="a mapping"):
+        load(write(tmp_path, "- just\n- a list\n"))
+
+
+def test_cli_exits_2_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = write(tmp_path, GOOD.replace("rank: 1,", "rank: 5,"))
+    assert cli_main(["run", str(f), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "faults[0].kill.rank" in err and str(f) in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["validate", str(write(tmp_path, GOOD))]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+@settings(max_examples=60, deadline=None)
+@given(rank=st.integers(-3, 8), at_step=st.integers(-3, 40), stages=st.integers(1, 4), dp=st.integers(1, 3))
+def test_fault_bounds_follow_the_workload(tmp_path_factory: pytest.TempPathFactory, rank: int, at_step: int, stages: int, dp: int) -> None:
+    text = (
+        f"name: p\nworkload: {{stages: {stages}, data_parallel: {dp}, microbatches: 4, steps: 30}}\n"
+        f"faults:\n  - kill: {{rank: {rank}, at_step: {at_step}}}\n"
+    )
+    f = tmp_path_factory.mktemp("h") / "s.yaml"
+    f.write_text(text)
+    valid = 0 <= rank < stages * dp and 0 <= at_step < 30
+    if valid:
+        assert load(f).faults[0].config.rank == rank
+    else:
+        with pytest.raises(ScenarioError) as err:
+            load(f)
+        assert err.value.path in ("faults[0].kill.rank", "faults[0].kill.at_step")
