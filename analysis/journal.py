@@ -21,6 +21,10 @@ Event fields:
 ``checkpoint_restored`` step, tier, seconds, path
 ``checkpoint_rejected`` step, tier, reason
 ``fault``               fault, id, step, phase, plus the fault's own fields
+``snapshot``            step (version), tier, bytes, window_bytes, stall_bytes, copy_seconds, stall_seconds
+``bubbles``             step, idle_seconds, windows, copy_in_windows_seconds, utilisation (copy time / idle time),
+                        in_window_fraction (bytes copied inside windows / all bytes), iteration_seconds
+``replan``              windows, idle_ms, bandwidth_gbps, bytes, overflow_bytes, stall_ms, policy, every, reason
 ``finish``              step
 ``agent_start`` / ``agent_exit`` (launcher) node, returncode
 """
@@ -46,6 +50,9 @@ EVENTS = (
     "checkpoint_rejected",
     "fault",
     "finish",
+    "snapshot",
+    "bubbles",
+    "replan",
     "agent_start",
     "agent_exit",
 )

@@ -14,18 +14,23 @@ makes the whole job fall back together instead of mixing versions.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch.distributed as dist
 
 from . import events, persist
+from .bubble import BubbleSnapshotter
 from .errors import BaftConfigError, CheckpointCorrupt
+from .planner import PlannerConfig
+from .profiler import ProfilerConfig
 from .state import COMPONENTS, TrainState
 
-Strategy = Literal["none", "sync"]
+Strategy = Literal["none", "sync", "baft"]
+STRATEGIES = ("none", "sync", "baft")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -33,20 +38,28 @@ class CheckpointConfig:
     """How and where a job checkpoints."""
 
     strategy: Strategy = "sync"
-    """``none``: never; ``sync``: blocking ``torch.save`` to ``dir`` every ``every`` steps."""
+    """``none``: never; ``sync``: blocking ``torch.save`` to ``dir`` every ``every`` steps;
+    ``baft``: a snapshot of every iteration into shared memory, copied inside the pipeline
+    bubbles, plus a persistent checkpoint every ``every`` steps."""
     every: int = 1
     """Checkpoint after every this many completed steps."""
     dir: str = "checkpoints"
     """Directory of the persistent tier (created if missing)."""
     keep: int = 3
     """How many committed checkpoints to keep on disk."""
+    shm_dir: str = ""
+    """``baft``: directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    """``baft``: idle-window measurement and drift detection."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    """``baft``: chunking and packing into windows."""
     omit: list[str] = field(default_factory=list)
     """Components deliberately left out of every checkpoint. A test knob that
     produces a broken checkpoint so the harness can prove it catches one."""
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("none", "sync"):
-            raise BaftConfigError("strategy", "one of none, sync", self.strategy)
+        if self.strategy not in STRATEGIES:
+            raise BaftConfigError("strategy", "one of " + ", ".join(STRATEGIES), self.strategy)
         if not isinstance(self.every, int) or self.every < 1:
             raise BaftConfigError("every", "an integer >= 1", self.every)
         if not isinstance(self.keep, int) or self.keep < 1:
@@ -69,12 +82,52 @@ class Checkpointer:
         self.config = config
         self.state = state
         self.root = Path(config.dir)
+        self.bubbles: BubbleSnapshotter | None = None
+
+    @property
+    def shm_dir(self) -> Path:
+        if self.config.shm_dir:
+            return Path(self.config.shm_dir)
+        tag = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=6).hexdigest()
+        return Path("/dev/shm") / f"baft-{tag}"
+
+    def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
+        """Give the ``baft`` strategy the pipeline stage to profile (no-op for the others).
+
+        ``replica``/``replicas``/``replica_group``: this stage's position among its
+        data-parallel replicas; each copies 1/replicas of the state.
+        """
+        if self.config.strategy != "baft":
+            return
+        rank, _ = _rank_world()
+        self.bubbles = BubbleSnapshotter(
+            self.state, self.shm_dir, rank=rank, replica=replica, replicas=replicas, replica_group=replica_group,
+            profiler=self.config.profiler, planner=self.config.planner, omit=tuple(self.config.omit),
+        )
+        self.bubbles.attach(stage)
+
+    def begin_iteration(self) -> None:
+        """At the step boundary, before the iteration's first forward."""
+        if self.bubbles is not None:
+            self.bubbles.begin(self.state.step)
+
+    def before_optimizer_step(self) -> None:
+        """After the backward passes, before ``optimizer.step()``: the last moment this version exists."""
+        if self.bubbles is not None:
+            self.bubbles.seal()
+
+    def close(self) -> None:
+        if self.bubbles is not None:
+            self.bubbles.close()
+            self.bubbles = None
 
     def due(self, step: int) -> bool:
         return self.config.strategy != "none" and step > 0 and step % self.config.every == 0
 
     def after_step(self) -> bool:
         """Save if the current step is due; returns whether a checkpoint was written."""
+        if self.bubbles is not None:
+            self.bubbles.end()
         step = self.state.step
         if not self.due(step):
             return False
@@ -111,6 +164,12 @@ class Checkpointer:
         """
         if self.config.strategy == "none":
             return self.state.step
+        if self.config.strategy == "baft":
+            if self.bubbles is None:
+                raise BaftConfigError("strategy", "attach(stage) before restore_latest() with baft", "no stage")
+            version = self.bubbles.restore()
+            if version is not None:
+                return self.state.step
         rank, world = _rank_world()
         t0 = time.perf_counter()
         candidates = persist.committed_steps(self.root)

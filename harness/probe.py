@@ -19,6 +19,10 @@ from baft import events
 from baft.state import TrainState, digest_components
 
 
+#: ``baft`` events copied into the journal.
+JOURNALED = ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected", "snapshot", "bubbles", "replan")
+
+
 class Probe:
     """Journals one rank's progress; subscribes to ``baft`` events while open."""
 
@@ -40,7 +44,7 @@ class Probe:
         )
 
     def _on_event(self, kind: str, fields: dict[str, Any]) -> None:
-        if kind in ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected"):
+        if kind in JOURNALED:
             self.writer.write(kind, **fields)
 
     def state(self, step: int, state: TrainState) -> None:

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,12 +90,18 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
     faulted = out / "faulted"
     checkpoint = to_plain(scenario.checkpoint)
     checkpoint["dir"] = str((faulted / "checkpoints").resolve())
+    # Shared-memory snapshots of this run only; removed when it ends, whatever happened.
+    shm = Path("/dev/shm") / f"baft-{uuid.uuid4().hex[:12]}"
+    checkpoint["shm_dir"] = str(shm)
     spec = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": scenario.fault_plan()}
     t0 = time.monotonic()
-    result = launch(
-        faulted, spec, nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
-        max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout,
-    )
+    try:
+        result = launch(
+            faulted, spec, nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
+            max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout,
+        )
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
     verdict = judge(
         Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
         steps=scenario.workload.steps, faults_declared=len(scenario.faults),

@@ -173,12 +173,14 @@ def main(argv: list[str] | None = None) -> int:
 
     state = TrainState(model=module, optimizer=optimizer, scheduler=scheduler, data=sampler, generators={"loader": loader_gen})
     ckpt = Checkpointer(ckpt_cfg, state)
+    ckpt.attach(stage, replica=d, replicas=D, replica_group=dp_group)
     start = ckpt.restore_latest()
     probe.state(start, state)
     first, last = s == 0, s == P - 1
 
     for step in range(start, cfg.steps):
         events.emit("phase", phase="iteration", step=step)
+        ckpt.begin_iteration()  # the boundary: before the data pipeline moves on
         t0 = time.perf_counter()
         x, y = next(batches)
         losses: list[torch.Tensor] = []
@@ -193,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             for p in module.parameters():
                 dist.all_reduce(p.grad, group=dp_group)
                 p.grad.div_(D)
+        ckpt.before_optimizer_step()
         optimizer.step()
         scheduler.step()
         loss = None
@@ -209,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for inj in injectors:
         inj.disarm()
+    ckpt.close()
     dist.barrier()
     probe.close(state.step)
     dist.destroy_process_group()

@@ -1,0 +1,197 @@
+"""The ``baft`` strategy: a snapshot of every iteration, copied inside the pipeline bubbles.
+
+Per iteration of one stage:
+
+``begin(v)``   at the step boundary v: capture the small state (RNGs, data
+               position, scheduler, step) whole, mark shared-memory slot
+               ``v % 2`` as being written, and queue this replica's chunks of
+               the bulk state (parameters, buffers, optimizer tensors) for the
+               copier, which copies them while the stage waits on the pipeline.
+``seal()``     just before the optimizer step, the last moment version v
+               exists: copy what did not fit (the stall, measured and
+               reported), write the skeleton, mark the slot complete.
+``end()``      after the optimizer step: close the iteration's profile, and
+               re-plan if the windows drifted or the state layout changed.
+
+The plan (``planner.plan``) predicts what fits where from the measured windows
+and copy bandwidth; the copy itself takes the real windows as they come, in
+plan order, so an early-ending window only moves chunks to the next one.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import events, persist
+from .engine import CopyEngine, CopyJob, CopyStats
+from .layout import TensorSpec, as_bytes, layout, rebuild, split, total_bytes
+from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
+from .profiler import BubbleProfiler, ProfilerConfig
+from .snapshot import COMPLETE, WRITING, Slot, SnapshotBuffer
+from .state import TrainState
+
+META_CAPACITY = 4 << 20
+INITIAL_BANDWIDTH = 5e9
+
+
+def _all_gather(obj: Any, group: Any = None) -> list[Any]:
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+class BubbleSnapshotter:
+    """Snapshots one stage's state into shared memory, inside its idle windows."""
+
+    def __init__(
+        self,
+        state: TrainState,
+        shm_dir: Path,
+        *,
+        rank: int,
+        replica: int = 0,
+        replicas: int = 1,
+        replica_group: Any = None,
+        profiler: ProfilerConfig | None = None,
+        planner: PlannerConfig | None = None,
+        omit: tuple[str, ...] = (),
+    ) -> None:
+        self.state = state
+        self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
+        self.planner_config = planner or PlannerConfig()
+        self.omit = omit
+        self.profiler = BubbleProfiler(profiler)
+        self.engine = CopyEngine()
+        self.profiler.listeners.append(self.engine.on_wait)
+        self.buffer = SnapshotBuffer(shm_dir, rank)
+        self.specs: list[TensorSpec] | None = None
+        self.chunks: list[Chunk] = []
+        self.mine: list[Chunk] = []
+        self.plan: Plan | None = None
+        self.bandwidth = INITIAL_BANDWIDTH
+        self.restored_version: int | None = None
+        self._pending: tuple[int, Any, Slot] | None = None
+        self._replan_reason: str | None = None
+        self.last_stats: CopyStats | None = None
+
+    def attach(self, stage: Any) -> None:
+        self.profiler.attach(stage)
+
+    def close(self) -> None:
+        self.profiler.detach()
+        self.engine.close()
+        self.buffer.close()
+
+    # -- the iteration ----------------------------------------------------------------------
+    def due(self, version: int) -> bool:
+        every = self.plan.every if self.plan else 1
+        return version % every == 0
+
+    def begin(self, version: int) -> None:
+        self.profiler.begin_iteration(version)
+        self._pending = None
+        if version == self.restored_version or not self.due(version):
+            return  # already in shared memory (we restored from it) / the plan skips it
+        skeleton, tensors = split(self.state.capture(omit=self.omit))
+        specs = layout(tensors)
+        if specs != self.specs:
+            self._relayout(specs)
+        slot = self.buffer.slot_for(version)
+        slot.begin(version)
+        data = slot.data()
+        jobs = []
+        for c in self.mine:
+            src = as_bytes(tensors[c.tensor][1])[c.tensor_offset : c.tensor_offset + c.nbytes]
+            jobs.append(CopyJob(index=c.index, src=src, dst=data[c.offset : c.offset + c.nbytes]))
+        self.engine.start(jobs)
+        self._pending = (version, skeleton, slot)
+
+    def _relayout(self, specs: list[TensorSpec]) -> None:
+        reason = "first snapshot" if self.specs is None else "state layout changed"
+        self.specs = specs
+        self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.planner_config.chunk_bytes)
+        self.mine = owned(self.chunks, self.replica, self.replicas)
+        self.buffer.allocate(total_bytes(specs), META_CAPACITY)
+        self._replan(reason)
+
+    def seal(self) -> None:
+        """Finish version v before the optimizer step changes it."""
+        if self._pending is None:
+            return
+        version, skeleton, slot = self._pending
+        self._pending = None
+        left, stats = self.engine.finish()
+        if left:
+            self.engine.run_now(left)
+        meta = persist.serialize({
+            "skeleton": skeleton,
+            "layout": [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in self.specs or []],
+            "version": version,
+            "replica": self.replica,
+            "replicas": self.replicas,
+        })
+        slot.complete(version, meta)
+        self.last_stats = stats
+        if stats.bandwidth > 0:
+            self.bandwidth = 0.7 * self.bandwidth + 0.3 * stats.bandwidth
+        events.emit(
+            "snapshot", step=version, tier="shm", bytes=stats.window_bytes + stats.stall_bytes,
+            window_bytes=stats.window_bytes, stall_bytes=stats.stall_bytes,
+            copy_seconds=stats.window_seconds, stall_seconds=stats.stall_seconds,
+        )
+
+    def end(self) -> None:
+        prof = self.profiler.end_iteration()
+        reason = self.profiler.drift()
+        if reason:
+            self._replan(reason, iteration_seconds=prof.seconds)
+        if self.last_stats is not None and prof.idle > 0:
+            used = min(self.last_stats.window_seconds, prof.idle)
+            st = self.last_stats
+            copied = st.window_bytes + st.stall_bytes
+            events.emit("bubbles", step=prof.step, idle_seconds=prof.idle, windows=len(prof.windows),
+                        copy_in_windows_seconds=used, utilisation=used / prof.idle,
+                        in_window_fraction=st.window_bytes / copied if copied else 1.0,
+                        iteration_seconds=prof.seconds)
+        self.last_stats = None
+
+    def _replan(self, reason: str, iteration_seconds: float = 0.0) -> None:
+        windows = self.profiler.accept() if self.profiler.warm else []
+        self.plan = plan(self.mine, windows, self.bandwidth, self.planner_config,
+                         iteration_seconds=iteration_seconds, reason=reason)
+        events.emit("replan", **self.plan.describe())
+
+    # -- restore ----------------------------------------------------------------------------
+    def restore(self) -> int | None:
+        """Restore the newest version complete in every rank's shared memory; None if there is none."""
+        t0 = time.perf_counter()
+        infos = self.buffer.open_existing()
+        complete = {i.version: i.slot for i in infos if i.state == COMPLETE}
+        for i in infos:
+            if i.state == WRITING:
+                events.emit("checkpoint_rejected", step=i.version, tier="shm", reason="torn: the writer stopped mid-copy")
+        everyone = _all_gather(sorted(complete))
+        common = set(everyone[0]).intersection(*map(set, everyone[1:])) if everyone else set()
+        if not common:
+            self.buffer.close()
+            return None
+        version = max(common)
+        slot = self.buffer.slots[complete[version]]
+        meta = persist.deserialize(slot.meta())
+        specs = [TensorSpec(name=n, dtype=d, shape=tuple(s), offset=o, nbytes=b) for n, d, s, o, b in meta["layout"]]
+        data = slot.data()
+        if meta["replicas"] > 1:
+            # Each replica holds its own 1/D of the chunks (zeros elsewhere): summing rebuilds the whole.
+            data = data.clone()
+            dist.all_reduce(data, group=self.replica_group)
+        self.state.restore(rebuild(meta["skeleton"], specs, data))
+        self.buffer.close()
+        self.restored_version = version
+        events.emit("checkpoint_restored", step=version, tier="shm", seconds=time.perf_counter() - t0, path=str(self.buffer.root))
+        return version

@@ -1,0 +1,266 @@
+"""Measure each pipeline stage's compute spans and idle windows, every iteration.
+
+A stage idles whenever the schedule waits for a send or receive to finish (the
+pipeline bubbles; gloo waits sleep, so the CPU is really free). The profiler
+wraps the stage's ``forward_one_chunk`` / ``backward_one_chunk`` and the
+schedule module's p2p wait helper — at most a wrapper around the user's stage
+and schedule, nothing re-implemented — and records per iteration:
+
+* compute spans (forward and backward per microbatch, optimizer step),
+* idle windows: each wait, by its position in the iteration (the k-th wait of
+  every iteration is the same place in a static schedule), with offset and
+  duration.
+
+After ``warmup`` iterations it reports the expected windows (an exponential
+moving average per position) and keeps measuring: when the windows drift from
+those the current plan was made for — by more than ``drift_threshold`` for
+``patience`` iterations in a row, or when the number of windows changes — it
+says so, with the reason, so the planner can re-plan. BAFT's paper profiles
+only at the start; timings drift (data-loader jitter, a slowed rank, a new
+batch size), so this never stops.
+
+Other code (the copy engine) can listen to wait enter/exit to use the windows.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BaftConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class ProfilerConfig:
+    """How idle windows are measured and when a drift triggers a re-plan."""
+
+    warmup: int = 3
+    """Iterations measured before the first plan."""
+    drift_threshold: float = 0.3
+    """Relative change of the windows (sum of per-window differences over total idle time) that counts as drift."""
+    patience: int = 2
+    """Consecutive drifted iterations before a re-plan."""
+    smoothing: float = 0.5
+    """Weight of the newest iteration in the moving average of each window."""
+
+    def __post_init__(self) -> None:
+        if self.warmup < 1:
+            raise BaftConfigError("warmup", "an integer >= 1", self.warmup)
+        if not self.drift_threshold > 0:
+            raise BaftConfigError("drift_threshold", "a number > 0", self.drift_threshold)
+        if self.patience < 1:
+            raise BaftConfigError("patience", "an integer >= 1", self.patience)
+        if not 0 < self.smoothing <= 1:
+            raise BaftConfigError("smoothing", "a number in (0, 1]", self.smoothing)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One timed span of an iteration, seconds relative to its start."""
+
+    kind: str  # forward, backward, backward_weight, wait, optimizer
+    index: int  # microbatch for compute, position for waits
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(slots=True)
+class IterationProfile:
+    """Everything measured in one iteration of one stage."""
+
+    step: int
+    spans: list[Span] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def windows(self) -> list[float]:
+        return [s.duration for s in self.spans if s.kind == "wait"]
+
+    @property
+    def idle(self) -> float:
+        return sum(self.windows)
+
+    @property
+    def compute(self) -> float:
+        return sum(s.duration for s in self.spans if s.kind != "wait")
+
+
+WaitListener = Callable[[bool, int], None]
+"""``listener(entering, window_index)``: called when a wait starts (True) and ends (False)."""
+
+
+class _WaitHook:
+    """The process-wide wrapper of ``torch.distributed.pipelining.schedules._wait_batch_p2p``."""
+
+    _lock = threading.Lock()
+    _installed: Callable[..., Any] | None = None
+    _original: Callable[..., Any] | None = None
+    _active: BubbleProfiler | None = None
+
+    @classmethod
+    def install(cls, profiler: BubbleProfiler) -> None:
+        from torch.distributed.pipelining import schedules
+
+        with cls._lock:
+            if cls._original is None:
+                cls._original = schedules._wait_batch_p2p
+                original = cls._original
+
+                def wait(work: list[Any]) -> None:
+                    prof = cls._active
+                    if prof is None or not work:
+                        return original(work)
+                    with prof.waiting():
+                        return original(work)
+
+                cls._installed = wait
+                schedules._wait_batch_p2p = wait
+            cls._active = profiler
+
+    @classmethod
+    def uninstall(cls, profiler: BubbleProfiler) -> None:
+        from torch.distributed.pipelining import schedules
+
+        with cls._lock:
+            if cls._active is profiler:
+                cls._active = None
+            if cls._original is not None and cls._active is None:
+                schedules._wait_batch_p2p = cls._original
+                cls._original = cls._installed = None
+
+
+class BubbleProfiler:
+    """Profiles one pipeline stage; one per process (the wait hook is process-wide)."""
+
+    def __init__(self, config: ProfilerConfig | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.config = config or ProfilerConfig()
+        self.clock = clock
+        self.listeners: list[WaitListener] = []
+        self.history: list[IterationProfile] = []
+        self.expected: list[float] | None = None
+        """Moving average of each window's duration (None until warm-up is done)."""
+        self.baseline: list[float] | None = None
+        """The windows the current plan was made for."""
+        self._current: IterationProfile | None = None
+        self._t0 = 0.0
+        self._wait_index = 0
+        self._drifted = 0
+        self._stage: Any = None
+        self._originals: dict[str, Callable[..., Any]] = {}
+
+    # -- attaching -------------------------------------------------------------------------
+    def attach(self, stage: Any) -> None:
+        """Wrap a ``PipelineStage``'s compute methods and the schedule's wait helper."""
+        self._stage = stage
+        for name, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward"),
+                           ("backward_weight_one_chunk", "backward_weight")):
+            fn = getattr(stage, name, None)
+            if fn is None:
+                continue
+            self._originals[name] = fn
+            setattr(stage, name, self._timed(fn, kind))
+        _WaitHook.install(self)
+
+    def detach(self) -> None:
+        for name, fn in self._originals.items():
+            setattr(self._stage, name, fn)
+        self._originals.clear()
+        _WaitHook.uninstall(self)
+
+    def _timed(self, fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
+        def wrapper(mb_index: int, *args: Any, **kwargs: Any) -> Any:
+            t = self.clock()
+            try:
+                return fn(mb_index, *args, **kwargs)
+            finally:
+                self._span(kind, mb_index, t, self.clock())
+
+        return wrapper
+
+    # -- recording -------------------------------------------------------------------------
+    def _span(self, kind: str, index: int, start: float, end: float) -> None:
+        if self._current is not None:
+            self._current.spans.append(Span(kind, index, start - self._t0, end - self._t0))
+
+    @contextmanager
+    def waiting(self):
+        """Mark the calling thread as idle (waiting on the pipeline) for the duration."""
+        index = self._wait_index
+        self._wait_index += 1
+        for fn in self.listeners:
+            fn(True, index)
+        t = self.clock()
+        try:
+            yield
+        finally:
+            end = self.clock()
+            for fn in self.listeners:
+                fn(False, index)
+            self._span("wait", index, t, end)
+
+    @contextmanager
+    def optimizer_step(self):
+        """Time the optimizer step (the end of the window in which a state version is constant)."""
+        t = self.clock()
+        try:
+            yield
+        finally:
+            self._span("optimizer", 0, t, self.clock())
+
+    def begin_iteration(self, step: int) -> None:
+        self._t0 = self.clock()
+        self._wait_index = 0
+        self._current = IterationProfile(step=step)
+
+    def end_iteration(self) -> IterationProfile:
+        prof = self._current or IterationProfile(step=-1)
+        prof.seconds = self.clock() - self._t0
+        self._current = None
+        self.history.append(prof)
+        if len(self.history) > 64:
+            del self.history[:-64]
+        self._update(prof.windows)
+        return prof
+
+    def _update(self, windows: list[float]) -> None:
+        a = self.config.smoothing
+        if self.expected is None or len(self.expected) != len(windows):
+            self.expected = list(windows)
+        else:
+            self.expected = [a * w + (1 - a) * e for w, e in zip(windows, self.expected)]
+
+    # -- planning signals -------------------------------------------------------------------
+    @property
+    def warm(self) -> bool:
+        return len(self.history) >= self.config.warmup
+
+    def drift(self) -> str | None:
+        """A reason to re-plan, or None. Call once per iteration, after :meth:`end_iteration`."""
+        if not self.warm or self.expected is None:
+            return None
+        if self.baseline is None:
+            return "initial profile"
+        last = self.history[-1].windows
+        if len(last) != len(self.baseline):
+            self._drifted = 0
+            return f"window count changed: {len(self.baseline)} -> {len(last)}"
+        total = max(sum(self.baseline), 1e-6)
+        change = sum(abs(w - b) for w, b in zip(last, self.baseline)) / total
+        self._drifted = self._drifted + 1 if change > self.config.drift_threshold else 0
+        if self._drifted >= self.config.patience:
+            self._drifted = 0
+            return (f"windows drifted {change:.0%} for {self.config.patience} iterations: idle "
+                    f"{sum(self.baseline) * 1e3:.1f} ms -> {sum(self.expected) * 1e3:.1f} ms per iteration")
+        return None
+
+    def accept(self) -> list[float]:
+        """Adopt the current expected windows as the baseline of a new plan; returns them."""
+        self.baseline = list(self.expected or [])
+        return self.baseline
