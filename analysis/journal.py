@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -82,17 +83,23 @@ class JournalWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.constant = constant
+        self._lock = threading.Lock()  # background checkpoint threads journal too
         self._f = open(path, "a", buffering=1, encoding="utf-8")
 
     def write(self, event: str, sync: bool = False, **fields: Any) -> None:
         record = {"t": time.time(), "event": event, **self.constant, **fields}
-        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        if sync:
-            self._f.flush()
-            os.fsync(self._f.fileno())
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            if self._f.closed:
+                return
+            self._f.write(line)
+            if sync:
+                self._f.flush()
+                os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        self._f.close()
+        with self._lock:
+            self._f.close()
 
 
 def read_events(path: Path) -> Iterator[dict[str, Any]]:

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import events, persist
+from .collective import all_gather
 from .engine import CopyEngine, CopyJob, CopyStats
 from .layout import TensorSpec, as_bytes, layout, rebuild, split, total_bytes
 from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
@@ -38,12 +39,8 @@ META_CAPACITY = 4 << 20
 INITIAL_BANDWIDTH = 5e9
 
 
-def _all_gather(obj: Any, group: Any = None) -> list[Any]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
+def _specs(meta: dict[str, Any]) -> list[TensorSpec]:
+    return [TensorSpec(name=n, dtype=d, shape=tuple(s), offset=o, nbytes=b) for n, d, s, o, b in meta["layout"]]
 
 
 class BubbleSnapshotter:
@@ -77,8 +74,10 @@ class BubbleSnapshotter:
         self.bandwidth = INITIAL_BANDWIDTH
         self.restored_version: int | None = None
         self._pending: tuple[int, Any, Slot] | None = None
-        self._replan_reason: str | None = None
         self.last_stats: CopyStats | None = None
+        self.last_sealed: int | None = None
+        self.pinned: set[int] = set()
+        """Slots a reader (the persister) still needs; a version due for a pinned slot is skipped."""
 
     def attach(self, stage: Any) -> None:
         self.profiler.attach(stage)
@@ -98,6 +97,9 @@ class BubbleSnapshotter:
         self._pending = None
         if version == self.restored_version or not self.due(version):
             return  # already in shared memory (we restored from it) / the plan skips it
+        if version % 2 in self.pinned:
+            events.emit("snapshot_skipped", step=version, tier="shm", reason="slot still being persisted")
+            return
         skeleton, tensors = split(self.state.capture(omit=self.omit))
         specs = layout(tensors)
         if specs != self.specs:
@@ -137,6 +139,7 @@ class BubbleSnapshotter:
             "replicas": self.replicas,
         })
         slot.complete(version, meta)
+        self.last_sealed = version
         self.last_stats = stats
         if stats.bandwidth > 0:
             self.bandwidth = 0.7 * self.bandwidth + 0.3 * stats.bandwidth
@@ -167,6 +170,19 @@ class BubbleSnapshotter:
                          iteration_seconds=iteration_seconds, reason=reason)
         events.emit("replan", **self.plan.describe())
 
+    def owned_tensors(self) -> set[int] | None:
+        """Indices (in layout order) of the bulk tensors this replica copies; None: all."""
+        return None if self.replicas == 1 else {c.tensor for c in self.mine}
+
+    def read_version(self, version: int) -> dict[str, Any]:
+        """A private copy of sealed ``version``'s components (only this replica's tensors are real)."""
+        slot = self.buffer.slot_for(version)
+        info = slot.info(version % 2)
+        if info is None or info.state != COMPLETE or info.version != version:
+            raise RuntimeError(f"version {version} is no longer in shared memory")
+        meta = persist.deserialize(slot.meta())
+        return rebuild(meta["skeleton"], _specs(meta), slot.data())
+
     # -- restore ----------------------------------------------------------------------------
     def restore(self) -> int | None:
         """Restore the newest version complete in every rank's shared memory; None if there is none."""
@@ -176,7 +192,7 @@ class BubbleSnapshotter:
         for i in infos:
             if i.state == WRITING:
                 events.emit("checkpoint_rejected", step=i.version, tier="shm", reason="torn: the writer stopped mid-copy")
-        everyone = _all_gather(sorted(complete))
+        everyone = all_gather(sorted(complete))
         common = set(everyone[0]).intersection(*map(set, everyone[1:])) if everyone else set()
         if not common:
             self.buffer.close()
@@ -184,7 +200,7 @@ class BubbleSnapshotter:
         version = max(common)
         slot = self.buffer.slots[complete[version]]
         meta = persist.deserialize(slot.meta())
-        specs = [TensorSpec(name=n, dtype=d, shape=tuple(s), offset=o, nbytes=b) for n, d, s, o, b in meta["layout"]]
+        specs = _specs(meta)
         data = slot.data()
         if meta["replicas"] > 1:
             # Each replica holds its own 1/D of the chunks (zeros elsewhere): summing rebuilds the whole.

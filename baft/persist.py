@@ -19,6 +19,7 @@ import io
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,25 @@ def write_shard(root: Path, step: int, rank: int, data: bytes) -> ShardRecord:
     return ShardRecord(rank=rank, file=name, size=len(data), checksum=checksum(data))
 
 
+def write_record(root: Path, step: int, record: ShardRecord) -> None:
+    """Publish a durable shard's record as a file, for a committer that cannot use collectives."""
+    rec = {"rank": record.rank, "file": record.file, "size": record.size, "checksum": record.checksum}
+    atomic_write(step_dir(root, step) / f"rank-{record.rank:05d}.record.json", json.dumps(rec).encode())
+
+
+def wait_records(root: Path, step: int, world_size: int, timeout: float) -> list[ShardRecord] | None:
+    """Every rank's record of ``step`` once all are there; None after ``timeout`` seconds."""
+    d = step_dir(root, step)
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sorted(d.glob("rank-*.record.json"))
+        if len(found) >= world_size:
+            return [ShardRecord(**json.loads(p.read_text())) for p in found[:world_size]]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
+
+
 def commit(root: Path, step: int, shards: list[ShardRecord], extra: dict[str, Any] | None = None) -> None:
     """Write the manifest of ``step`` and then move ``latest`` to it (in that order)."""
     manifest = {
@@ -101,6 +121,49 @@ def commit(root: Path, step: int, shards: list[ShardRecord], extra: dict[str, An
     }
     atomic_write(step_dir(root, step) / MANIFEST, json.dumps(manifest, indent=1).encode())
     atomic_write(root / LATEST, f"{step}\n".encode())
+
+
+def file_checksum(path: Path, block: int = 8 << 20) -> tuple[int, str]:
+    """Size and blake2b checksum of a file, read in blocks."""
+    h = hashlib.blake2b(digest_size=16)
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def commit_directory(root: Path, step: int, world_size: int, extra: dict[str, Any] | None = None) -> None:
+    """Commit a checkpoint directory written by another library (DCP): checksum every
+    file in it, fsync them, write the manifest, then move ``latest``."""
+    d = step_dir(root, step)
+    files = {}
+    for f in sorted(p for p in d.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        size, digest = file_checksum(f)
+        files[f.name] = {"size": size, "checksum": digest}
+    fsync_dir(d)
+    manifest = {"step": step, "world_size": world_size, "files": files, **(extra or {})}
+    atomic_write(d / MANIFEST, json.dumps(manifest, indent=1).encode())
+    atomic_write(root / LATEST, f"{step}\n".encode())
+
+
+def verify_directory(root: Path, step: int) -> None:
+    """Raise :class:`CheckpointCorrupt` unless every file the manifest lists matches it."""
+    d = step_dir(root, step)
+    manifest = read_manifest(root, step)
+    for name, rec in manifest.get("files", {}).items():
+        try:
+            size, digest = file_checksum(d / name)
+        except FileNotFoundError as e:
+            raise CheckpointCorrupt(f"{d / name}: missing") from e
+        if size != rec["size"] or digest != rec["checksum"]:
+            raise CheckpointCorrupt(f"{d / name}: checksum mismatch (size {size}, manifest {rec['size']})")
 
 
 def latest(root: Path) -> int | None:

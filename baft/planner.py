@@ -2,8 +2,8 @@
 
 The state of a stage (its parameters, buffers and optimizer tensors) is laid
 out as one flat byte range and cut into chunks of at most ``chunk_bytes``, never
-across a tensor boundary. With D data-parallel replicas of the stage, replica
-d copies chunks d, d+D, d+2D, ... (1/D of the state). The planner assigns this
+across a tensor boundary. With D data-parallel replicas of the stage, each
+replica copies about 1/D of it: whole tensors, balanced by bytes. The planner assigns this
 replica's chunks in order to the measured windows, filling each window up to
 ``fill`` of its duration at the measured copy bandwidth. What does not fit is
 the plan's overflow, and the plan says what happens to it — explicitly:
@@ -76,8 +76,24 @@ def make_chunks(spans: list[tuple[int, int]], chunk_bytes: int) -> list[Chunk]:
 
 
 def owned(chunks: list[Chunk], replica: int, replicas: int) -> list[Chunk]:
-    """The chunks replica ``replica`` of ``replicas`` copies."""
-    return [c for c in chunks if c.index % replicas == replica]
+    """The chunks replica ``replica`` of ``replicas`` copies.
+
+    Whole tensors are dealt to replicas, largest first to the least loaded, so
+    each replica holds complete tensors (its persistent copy is then a plain
+    set of tensors) and the bytes are balanced to within one tensor.
+    """
+    if replicas == 1:
+        return list(chunks)
+    sizes: dict[int, int] = {}
+    for c in chunks:
+        sizes[c.tensor] = sizes.get(c.tensor, 0) + c.nbytes
+    load = [0] * replicas
+    owner: dict[int, int] = {}
+    for t in sorted(sizes, key=lambda t: (-sizes[t], t)):
+        r = min(range(replicas), key=lambda i: (load[i], i))
+        owner[t] = r
+        load[r] += sizes[t]
+    return [c for c in chunks if owner[c.tensor] == replica]
 
 
 @dataclass(slots=True)

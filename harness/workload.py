@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -114,14 +114,94 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """One worker: build, restore if a checkpoint exists, train, journal every boundary."""
-    from baft import Checkpointer, CheckpointConfig, TrainState, events
-    from injectors import FAULTS, WorkerContext
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+class PipelineTrainer:
+    """One rank of the reference workload: its stage, schedule, optimizer and data.
 
-    from .data import ResumableBatchSampler, make_dataset, make_loader, mix
-    from .models import build_stage, loss_fn
+    ``iteration`` runs one training step and calls the checkpointer's hooks at
+    the right moments: ``begin_iteration`` at the step boundary (before the
+    data pipeline moves on), ``before_optimizer_step`` after the last backward.
+    """
+
+    def __init__(self, cfg: WorkloadConfig) -> None:
+        from baft import TrainState
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        from .data import ResumableBatchSampler, make_dataset, make_loader, mix
+        from .models import build_stage, loss_fn
+
+        self.cfg = cfg
+        self.rank = dist.get_rank()
+        P, D = cfg.stages, cfg.data_parallel
+        self.stage_index, self.replica = self.rank % P, self.rank // P
+        s, d = self.stage_index, self.replica
+        # Every rank creates every group in the same order (a collective requirement).
+        pp_groups = [dist.new_group([dd * P + ss for ss in range(P)]) for dd in range(D)]
+        dp_groups = [dist.new_group([dd * P + ss for dd in range(D)]) for ss in range(P)]
+        self.pp_group, self.dp_group = pp_groups[d], dp_groups[s]
+
+        shape = PRESETS[cfg.model]
+        self.module = build_stage(shape, cfg.seed, s, P)
+        seed_everything(mix(cfg.seed, 100, self.rank))  # dropout differs per rank, reproducibly
+        self.stage = PipelineStage(self.module, s, P, torch.device("cpu"), group=self.pp_group)
+        schedule_cls = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
+        self.schedule = schedule_cls(self.stage, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.warmup, cfg.steps))
+
+        loader_gen = torch.Generator().manual_seed(mix(cfg.seed, 200))
+        sampler = ResumableBatchSampler(cfg.dataset_size, cfg.global_batch, loader_gen, d, D)
+        loader = make_loader(make_dataset(shape, cfg.seed, cfg.dataset_size), sampler, loader_gen)
+        # Creating a DataLoader iterator draws a base seed from the loader's generator;
+        # do it before any restore so the restored generator state is what training sees.
+        self.batches = iter(loader)
+        self.state = TrainState(
+            model=self.module, optimizer=self.optimizer, scheduler=self.scheduler, data=sampler,
+            generators={"loader": loader_gen},
+        )
+
+    def attach(self, ckpt: Any) -> None:
+        ckpt.attach(self.stage, replica=self.replica, replicas=self.cfg.data_parallel, replica_group=self.dp_group)
+
+    def iteration(self, step: int, ckpt: Any) -> float | None:
+        """Train iteration ``step``; returns the (replica-averaged) loss on the last stage, else None."""
+        from baft import events
+
+        cfg = self.cfg
+        first, last = self.stage_index == 0, self.stage_index == cfg.stages - 1
+        events.emit("phase", phase="iteration", step=step)
+        ckpt.begin_iteration()
+        x, y = next(self.batches)
+        losses: list[torch.Tensor] = []
+        self.optimizer.zero_grad(set_to_none=True)
+        if first:
+            self.schedule.step(x, target=y if last else None, losses=losses if last else None)
+        elif last:
+            self.schedule.step(target=y, losses=losses)
+        else:
+            self.schedule.step()
+        if cfg.data_parallel > 1:
+            for p in self.module.parameters():
+                dist.all_reduce(p.grad, group=self.dp_group)
+                p.grad.div_(cfg.data_parallel)
+        ckpt.before_optimizer_step()
+        self.optimizer.step()
+        self.scheduler.step()
+        loss = None
+        if last:
+            mean = torch.stack([l.detach() for l in losses]).mean()
+            if cfg.data_parallel > 1:
+                dist.all_reduce(mean, group=self.dp_group)
+                mean.div_(cfg.data_parallel)
+            loss = float(mean)
+        self.state.step = step + 1
+        return loss
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One worker of a scenario run: build, restore if a checkpoint exists, train, journal every boundary."""
+    from baft import Checkpointer, CheckpointConfig
+    from injectors import FAULTS, WorkerContext
+
     from .probe import Probe
     from .schema import build
 
@@ -137,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != cfg.world_size:
         raise ScenarioError(str(spec_path), "workload", f"world size {cfg.world_size}", world)
-    P, D = cfg.stages, cfg.data_parallel
-    s, d = rank % P, rank // P
     probe = Probe.from_env(run_dir)
 
     ctx = WorkerContext(rank=rank, fault_dir=run_dir / "faults", record=probe.record)
@@ -149,63 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         inj.arm()
         injectors.append(inj)
 
-    # Every rank creates every group in the same order (a collective requirement).
-    pp_groups = [dist.new_group([dd * P + ss for ss in range(P)]) for dd in range(D)]
-    dp_groups = [dist.new_group([dd * P + ss for dd in range(D)]) for ss in range(P)]
-    pp_group, dp_group = pp_groups[d], dp_groups[s]
-
-    shape = PRESETS[cfg.model]
-    module = build_stage(shape, cfg.seed, s, P)
-    seed_everything(mix(cfg.seed, 100, rank))  # dropout differs per rank, reproducibly
-    stage = PipelineStage(module, s, P, torch.device("cpu"), group=pp_group)
-    schedule_cls = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
-    schedule = schedule_cls(stage, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
-    optimizer = torch.optim.Adam(module.parameters(), lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup, cfg.steps))
-
-    loader_gen = torch.Generator().manual_seed(mix(cfg.seed, 200))
-    sampler = ResumableBatchSampler(cfg.dataset_size, cfg.global_batch, loader_gen, d, D)
-    loader = make_loader(make_dataset(shape, cfg.seed, cfg.dataset_size), sampler, loader_gen)
-
-    # Creating a DataLoader iterator draws a base seed from the loader's generator;
-    # do it before the restore so the restored generator state is what training sees.
-    batches = iter(loader)
-
-    state = TrainState(model=module, optimizer=optimizer, scheduler=scheduler, data=sampler, generators={"loader": loader_gen})
+    trainer = PipelineTrainer(cfg)
+    state = trainer.state
     ckpt = Checkpointer(ckpt_cfg, state)
-    ckpt.attach(stage, replica=d, replicas=D, replica_group=dp_group)
+    trainer.attach(ckpt)
     start = ckpt.restore_latest()
     probe.state(start, state)
-    first, last = s == 0, s == P - 1
 
     for step in range(start, cfg.steps):
-        events.emit("phase", phase="iteration", step=step)
-        ckpt.begin_iteration()  # the boundary: before the data pipeline moves on
         t0 = time.perf_counter()
-        x, y = next(batches)
-        losses: list[torch.Tensor] = []
-        optimizer.zero_grad(set_to_none=True)
-        if first:
-            schedule.step(x, target=y if last else None, losses=losses if last else None)
-        elif last:
-            schedule.step(target=y, losses=losses)
-        else:
-            schedule.step()
-        if D > 1:
-            for p in module.parameters():
-                dist.all_reduce(p.grad, group=dp_group)
-                p.grad.div_(D)
-        ckpt.before_optimizer_step()
-        optimizer.step()
-        scheduler.step()
-        loss = None
-        if last:
-            mean = torch.stack([l.detach() for l in losses]).mean()
-            if D > 1:
-                dist.all_reduce(mean, group=dp_group)
-                mean.div_(D)
-            loss = float(mean)
-        state.step = step + 1
+        loss = trainer.iteration(step, ckpt)
         probe.step(step, loss, time.perf_counter() - t0)
         probe.state(state.step, state)
         ckpt.after_step()

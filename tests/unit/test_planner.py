@@ -37,9 +37,15 @@ def test_chunks_cover_every_byte_exactly_once(sz: list[int], chunk: int, replica
             assert off == pos  # no gap, no overlap
             pos += size
         assert pos == n
-    # Replicas split the chunks: each chunk belongs to exactly one replica.
+    # Replicas split the chunks: each chunk belongs to exactly one replica, whole tensors
+    # each, balanced to within the largest tensor.
     shares = [owned(chunks, r, replicas) for r in range(replicas)]
     assert sorted(c.index for s in shares for c in s) == [c.index for c in chunks]
+    for t in {c.tensor for c in chunks}:
+        assert sum(any(c.tensor == t for c in s) for s in shares) == 1
+    loads = [sum(c.nbytes for c in s) for s in shares]
+    biggest = max((n for _, n in spans), default=0)
+    assert max(loads) - min(loads) <= biggest
 
 
 @settings(max_examples=200, deadline=None)

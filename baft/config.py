@@ -1,0 +1,52 @@
+"""The checkpoint configuration: the ``checkpoint:`` section of a scenario."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import BaftConfigError
+from .planner import PlannerConfig
+from .profiler import ProfilerConfig
+from .state import COMPONENTS
+
+StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
+STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """How and where a job checkpoints."""
+
+    strategy: StrategyName = "sync"
+    """``none``: never. ``sync``: blocking ``torch.save`` of every rank's shard.
+    ``async-dcp``: ``torch.distributed.checkpoint.async_save``. ``checkfreq``: copy the
+    state to memory at the boundary, persist it in the background while training goes on.
+    ``baft``: a snapshot of every iteration in shared memory, copied inside the pipeline
+    bubbles; persisted in DCP format in the background every ``every`` steps."""
+    every: int = 1
+    """Write a persistent checkpoint after every this many completed steps."""
+    dir: str = "checkpoints"
+    """Directory of the persistent tier (created if missing)."""
+    keep: int = 3
+    """How many committed persistent checkpoints to keep."""
+    shm_dir: str = ""
+    """``baft``: directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    """``baft``: idle-window measurement and drift detection."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    """``baft``: chunking and packing into windows."""
+    omit: list[str] = field(default_factory=list)
+    """Components deliberately left out of every checkpoint. A test knob that
+    produces a broken checkpoint so the harness can prove it catches one."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise BaftConfigError("strategy", "one of " + ", ".join(STRATEGIES), self.strategy)
+        if not isinstance(self.every, int) or self.every < 1:
+            raise BaftConfigError("every", "an integer >= 1", self.every)
+        if not isinstance(self.keep, int) or self.keep < 1:
+            raise BaftConfigError("keep", "an integer >= 1", self.keep)
+        allowed = [c for c in COMPONENTS if c not in ("model", "step")]
+        for name in self.omit:
+            if name not in allowed:
+                raise BaftConfigError("omit", "components among " + ", ".join(allowed), name)

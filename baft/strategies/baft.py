@@ -1,0 +1,138 @@
+"""``baft``: a snapshot of every iteration in shared memory, persisted in the background.
+
+Tiers, nearest first:
+
+1. shared memory (``BubbleSnapshotter``): every iteration, copied inside the
+   pipeline bubbles into slots that outlive the worker;
+2. persistent storage (DCP format, ``dcpformat``): every ``every`` steps a
+   background thread reads the sealed version out of its slot (pinning the
+   slot for the moment of the copy), writes it with ``dcp.save`` over a
+   process group of its own, and rank 0 commits it (checksums, manifest,
+   ``latest`` moved only after the files are durable).
+
+Restore takes the newest version every rank holds in shared memory, else the
+newest persistent checkpoint every rank can verify.
+
+Persistence is collective, so it is never skipped on one rank alone: when a
+persist is due while the previous one still runs, the training thread waits
+for it and reports the wait (``persist_backpressure``) — choose a larger
+``every`` when that shows up.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .. import dcpformat, events, persist
+from ..bubble import BubbleSnapshotter
+from ..collective import rank_world
+from .base import Strategy
+from .dcp import checkpoint_group, restore_dcp, stage_key_of
+
+
+class BaftStrategy(Strategy):
+    """Bubble-aware snapshots plus asynchronous persistence."""
+
+    name = "baft"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.snap: BubbleSnapshotter | None = None
+        self.stage_key = f"rank{rank_world()[0]}"
+        self.group: Any = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baft-persist")
+        self._inflight: Future | None = None
+        self._persisted = -1
+
+    @property
+    def root(self) -> Path:
+        return Path(self.config.dir)
+
+    @property
+    def shm_dir(self) -> Path:
+        if self.config.shm_dir:
+            return Path(self.config.shm_dir)
+        tag = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=6).hexdigest()
+        return Path("/dev/shm") / f"baft-{tag}"
+
+    def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
+        rank, _ = rank_world()
+        self.snap = BubbleSnapshotter(
+            self.state, self.shm_dir, rank=rank, replica=replica, replicas=replicas, replica_group=replica_group,
+            profiler=self.config.profiler, planner=self.config.planner, omit=tuple(self.config.omit),
+        )
+        self.snap.attach(stage)
+        self.stage_key = stage_key_of(stage, rank)
+        self.group = checkpoint_group()
+
+    def _snap(self) -> BubbleSnapshotter:
+        if self.snap is None:
+            raise RuntimeError("baft: call attach(stage) before training")
+        return self.snap
+
+    def restore(self) -> int | None:
+        version = self._snap().restore()
+        if version is None:
+            version = restore_dcp(self, self.stage_key, self.group)
+        if version is not None:
+            self._persisted = version
+        return version
+
+    def begin_iteration(self) -> None:
+        self._snap().begin(self.state.step)
+
+    def before_optimizer_step(self) -> None:
+        self._snap().seal()
+
+    def after_step(self) -> bool:
+        snap = self._snap()
+        snap.end()
+        v = snap.last_sealed
+        if v is None or v <= self._persisted or not self.due(v):
+            return False
+        if self._inflight is not None and not self._inflight.done():
+            t = time.perf_counter()
+            self._inflight.result()
+            events.emit("persist_backpressure", step=v, seconds=time.perf_counter() - t)
+        if self._inflight is not None:
+            self._inflight.result()  # surface a failure of the previous persist
+        snap.pinned.add(v % 2)
+        self._persisted = v
+        self._inflight = self._pool.submit(self._persist, v)
+        return True
+
+    def _persist(self, version: int, components: dict[str, Any] | None = None) -> None:
+        """Write ``version`` (read from its slot unless ``components`` are given) and commit it."""
+        snap = self._snap()
+        t0 = time.perf_counter()
+        if components is None:
+            try:
+                components = snap.read_version(version)
+            finally:
+                snap.pinned.discard(version % 2)
+        rank, world = rank_world()
+        sd = dcpformat.to_state_dict(components, rank, self.stage_key, snap.owned_tensors())
+        dcpformat.save(self.root, version, sd, self.group)
+        if rank == 0:
+            persist.commit_directory(self.root, version, world, {"format": "dcp", "strategy": "baft"})
+            persist.prune(self.root, self.config.keep)
+        events.emit("checkpoint_saved", step=version, tier="persistent",
+                    bytes=sum(t.numel() * t.element_size() for t in sd.values()),
+                    seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))
+
+    def close(self) -> None:
+        """Finish the persist in flight, persist the final state if it is due, release everything."""
+        if self._inflight is not None:
+            self._inflight.result()
+        self._pool.shutdown(wait=True)
+        step = self.state.step
+        if self.snap is not None and step > self._persisted and self.due(step):
+            # The state after the last step never passes a boundary inside the loop.
+            self._persisted = step
+            self._persist(step, self.state.capture(omit=tuple(self.config.omit)))
+        if self.snap is not None:
+            self.snap.close()
+            self.snap = None

@@ -1,0 +1,76 @@
+"""What every checkpointing strategy implements: hooks at fixed points of an iteration.
+
+A training loop calls, every iteration, on every rank::
+
+    begin_iteration()          at the step boundary, before the data pipeline moves
+    before_optimizer_step()    after the last backward: the version still exists
+    after_step()               after the optimizer step and ``state.step += 1``
+
+and ``restore()`` once at start. Strategies differ only in what they do there.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from ..collective import all_gather, all_min
+from ..config import CheckpointConfig
+from ..state import TrainState
+
+
+class Strategy:
+    """The ``none`` strategy, and the base of the others: every hook does nothing."""
+
+    name: ClassVar[str] = "none"
+
+    def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
+        self.config = config
+        self.state = state
+
+    def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
+        """The pipeline stage and this rank's place among the stage's data-parallel replicas."""
+
+    def restore(self) -> int | None:
+        """Restore the newest usable checkpoint; the step restored, or None if there is none."""
+        return None
+
+    def begin_iteration(self) -> None:
+        pass
+
+    def before_optimizer_step(self) -> None:
+        pass
+
+    def after_step(self) -> bool:
+        """Returns whether this step started or wrote a checkpoint."""
+        return False
+
+    def due(self, step: int) -> bool:
+        return step > 0 and step % self.config.every == 0
+
+    def close(self) -> None:
+        """Finish background work (so nothing is lost) and release resources."""
+
+
+def restore_agreed(
+    candidates: list[int],
+    verify: Callable[[int], bool],
+    load: Callable[[int], None],
+) -> int | None:
+    """Restore the newest step in ``candidates`` (newest first) that every rank can verify.
+
+    Each rank proposes its newest verified step; all take the minimum; if some
+    rank cannot verify that one, all retry below it. One damaged copy makes the
+    whole job fall back together instead of mixing versions. Collective: every
+    rank calls it, and the loop runs the same number of times on each.
+    """
+    upper = max(all_gather(candidates[0] if candidates else -1))
+    while upper >= 0:
+        mine = next((s for s in candidates if s <= upper and verify(s)), -1)
+        agreed = all_min(mine)
+        if agreed == -1:
+            return None
+        if all_min(int(verify(agreed))) == 1:
+            load(agreed)
+            return agreed
+        upper = agreed - 1
+    return None

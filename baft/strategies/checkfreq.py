@@ -1,0 +1,95 @@
+"""``checkfreq``: copy the state to memory at the step boundary, persist it in the background.
+
+After CheckFreq (FAST'21): the snapshot (a copy of every tensor into buffers
+allocated once) blocks training only for the copy; serialising and writing the
+shard, fsync included, runs in a background thread pipelined with the next
+iterations. At most one persist is in flight: a snapshot that comes due while
+the last one is still being written waits for it. The commit needs no
+collective: each rank publishes its shard's record as a file and rank 0's
+thread commits when all are there.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import events, persist
+from ..collective import rank_world
+from .base import Strategy
+from .sync import restore_shards
+
+COMMIT_TIMEOUT = 300.0
+
+
+def copy_into(tree: Any, buffers: Any) -> Any:
+    """A copy of ``tree`` whose tensors live in ``buffers`` (same structure) when shapes match."""
+    if isinstance(tree, torch.Tensor):
+        if isinstance(buffers, torch.Tensor) and buffers.shape == tree.shape and buffers.dtype == tree.dtype:
+            return buffers.copy_(tree)
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        b = buffers if isinstance(buffers, dict) else {}
+        return {k: copy_into(v, b.get(k)) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        b = buffers if isinstance(buffers, (list, tuple)) and len(buffers) == len(tree) else [None] * len(tree)
+        out = [copy_into(v, bb) for v, bb in zip(tree, b)]
+        return out if isinstance(tree, list) else tuple(out)
+    return tree
+
+
+class CheckFreqStrategy(Strategy):
+    """Snapshot then persist, the persist overlapped with training."""
+
+    name = "checkfreq"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkfreq-persist")
+        self._inflight: Future | None = None
+        self._buffers: Any = None
+
+    @property
+    def root(self) -> Path:
+        return Path(self.config.dir)
+
+    def restore(self) -> int | None:
+        return restore_shards(self)
+
+    def after_step(self) -> bool:
+        step = self.state.step
+        if not self.due(step):
+            return False
+        if self._inflight is not None:
+            self._inflight.result()  # one persist in flight at most
+        t0 = time.perf_counter()
+        snapshot = copy_into(self.state.capture(omit=tuple(self.config.omit)), self._buffers)
+        snap_seconds = time.perf_counter() - t0
+        self._buffers = snapshot
+        self._inflight = self._pool.submit(self._persist, step, snapshot, t0, snap_seconds)
+        return True
+
+    def _persist(self, step: int, snapshot: Any, t0: float, snap_seconds: float) -> None:
+        rank, world = rank_world()
+        data = persist.serialize(snapshot)
+        record = persist.write_shard(self.root, step, rank, data)
+        persist.write_record(self.root, step, record)
+        if rank == 0:
+            records = persist.wait_records(self.root, step, world, COMMIT_TIMEOUT)
+            if records is None:
+                events.emit("checkpoint_rejected", step=step, tier="persistent",
+                            reason=f"not every rank's shard arrived within {COMMIT_TIMEOUT:.0f} s")
+                return
+            persist.commit(self.root, step, records, {"omit": list(self.config.omit)})
+            persist.prune(self.root, self.config.keep)
+        events.emit("checkpoint_saved", step=step, tier="persistent", bytes=len(data),
+                    seconds=time.perf_counter() - t0, snapshot_seconds=snap_seconds,
+                    path=str(persist.step_dir(self.root, step)))
+
+    def close(self) -> None:
+        if self._inflight is not None:
+            self._inflight.result()
+        self._pool.shutdown(wait=True)

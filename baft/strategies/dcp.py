@@ -1,0 +1,116 @@
+"""``async-dcp``: ``torch.distributed.checkpoint.async_save`` every ``every`` steps.
+
+DCP stages a copy of the state dict on the training thread, then writes it in
+a background thread over a process group of its own (so its collectives never
+interleave with training's). Rank 0 commits the directory (checksums,
+manifest, ``latest``) once its save has finished, which as DCP's coordinator
+means every rank's has. At most one save is in flight: the next waits.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+
+from .. import dcpformat, events, persist
+from ..collective import initialized, rank_world
+from ..errors import CheckpointCorrupt
+from .base import Strategy, restore_agreed
+
+
+def stage_key_of(stage: Any, rank: int) -> str:
+    """Key prefix of a stage's tensors, shared by its data-parallel replicas."""
+    index = getattr(stage, "stage_index", None)
+    return f"stage{index}" if index is not None else f"rank{rank}"
+
+
+def checkpoint_group() -> Any:
+    """A gloo group over all ranks, only for checkpoint traffic (collective: every rank calls it)."""
+    return dist.new_group(backend="gloo") if initialized() else None
+
+
+def restore_dcp(strategy: Strategy, stage_key: str, group: Any) -> int | None:
+    """Restore the newest DCP checkpoint under ``config.dir`` whose files all match the manifest."""
+    root = Path(strategy.config.dir)
+    rank, _ = rank_world()
+    t0 = time.perf_counter()
+    good: dict[int, bool] = {}
+
+    def verify(step: int) -> bool:
+        if step not in good:
+            try:
+                persist.verify_directory(root, step)
+                good[step] = True
+            except (CheckpointCorrupt, OSError, KeyError, ValueError) as e:
+                good[step] = False
+                events.emit("checkpoint_rejected", step=step, tier="persistent", reason=str(e))
+        return good[step]
+
+    def load(step: int) -> None:
+        strategy.state.restore(dcpformat.load(root, step, rank, stage_key, group))
+        events.emit("checkpoint_restored", step=step, tier="persistent",
+                    seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))
+
+    return restore_agreed(persist.committed_steps(root), verify, load)
+
+
+class AsyncDCPStrategy(Strategy):
+    """DCP's own asynchronous checkpointing, as a baseline."""
+
+    name = "async-dcp"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stage_key = f"rank{rank_world()[0]}"
+        self.group: Any = None
+        self._inflight: tuple[int, Future, float, int] | None = None
+
+    @property
+    def root(self) -> Path:
+        return Path(self.config.dir)
+
+    def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
+        self.stage_key = stage_key_of(stage, rank_world()[0])
+        self.group = checkpoint_group()
+
+    def restore(self) -> int | None:
+        return restore_dcp(self, self.stage_key, self.group)
+
+    def after_step(self) -> bool:
+        self._poll(block=False)
+        step = self.state.step
+        if not self.due(step):
+            return False
+        self._poll(block=True)
+        rank, _ = rank_world()
+        t0 = time.perf_counter()
+        sd = dcpformat.to_state_dict(self.state.capture(omit=tuple(self.config.omit)), rank, self.stage_key)
+        d = persist.step_dir(self.root, step)
+        d.mkdir(parents=True, exist_ok=True)
+        fut = dcp.async_save(sd, storage_writer=FileSystemWriter(str(d), sync_files=True), process_group=self.group)
+        nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+        self._inflight = (step, fut, t0, nbytes)
+        return True
+
+    def _poll(self, block: bool) -> None:
+        if self._inflight is None:
+            return
+        step, fut, t0, nbytes = self._inflight
+        if not block and not fut.done():
+            return
+        fut.result()
+        self._inflight = None
+        rank, world = rank_world()
+        if rank == 0:
+            persist.commit_directory(self.root, step, world, {"format": "dcp"})
+            persist.prune(self.root, self.config.keep)
+        events.emit("checkpoint_saved", step=step, tier="persistent", bytes=nbytes,
+                    seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, step)))
+
+    def close(self) -> None:
+        self._poll(block=True)

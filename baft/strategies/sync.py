@@ -1,0 +1,66 @@
+"""``sync``: every rank blocks while it writes its shard with ``torch.save``; rank 0 commits."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .. import events, persist
+from ..collective import all_gather, rank_world
+from ..errors import CheckpointCorrupt
+from .base import Strategy, restore_agreed
+
+
+class SyncStrategy(Strategy):
+    """The baseline: simple, durable, and on the critical path."""
+
+    name = "sync"
+
+    @property
+    def root(self) -> Path:
+        return Path(self.config.dir)
+
+    def after_step(self) -> bool:
+        if not self.due(self.state.step):
+            return False
+        self.save(self.state.step)
+        return True
+
+    def save(self, step: int) -> None:
+        rank, _ = rank_world()
+        t0 = time.perf_counter()
+        data = persist.serialize(self.state.capture(omit=tuple(self.config.omit)))
+        record = persist.write_shard(self.root, step, rank, data)
+        records = all_gather(record)
+        if rank == 0:
+            persist.commit(self.root, step, sorted(records, key=lambda r: r.rank), {"omit": list(self.config.omit)})
+            persist.prune(self.root, self.config.keep)
+        events.emit("checkpoint_saved", step=step, tier="persistent", bytes=len(data),
+                    seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, step)))
+
+    def restore(self) -> int | None:
+        return restore_shards(self)
+
+
+def restore_shards(strategy: Strategy) -> int | None:
+    """Restore the newest shard checkpoint in ``config.dir`` that every rank can verify."""
+    root = Path(strategy.config.dir)
+    rank, world = rank_world()
+    t0 = time.perf_counter()
+    verified: dict[int, bytes] = {}
+    bad: set[int] = set()
+
+    def verify(step: int) -> bool:
+        if step not in verified and step not in bad:
+            try:
+                verified[step] = persist.read_shard(root, step, rank, world)
+            except (CheckpointCorrupt, OSError, KeyError, ValueError) as e:
+                bad.add(step)
+                events.emit("checkpoint_rejected", step=step, tier="persistent", reason=str(e))
+        return step in verified
+
+    def load(step: int) -> None:
+        strategy.state.restore(persist.deserialize(verified[step]))
+        events.emit("checkpoint_restored", step=step, tier="persistent",
+                    seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))
+
+    return restore_agreed(persist.committed_steps(root), verify, load)
