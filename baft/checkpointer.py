@@ -54,5 +54,9 @@ class Checkpointer:
         """Returns whether this step produced (or started) a persistent checkpoint."""
         return self.strategy.after_step()
 
+    def drain(self) -> None:
+        """Wait for background checkpoint work in flight (benchmarks call it between blocks)."""
+        self.strategy.drain()
+
     def close(self) -> None:
         self.strategy.close()

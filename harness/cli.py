@@ -22,11 +22,54 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
     val = sub.add_parser("validate", help="validate scenario files without running anything")
     val.add_argument("scenarios", nargs="+")
+    bench = sub.add_parser("bench", help="measure each checkpointing strategy's cost against none (paired)")
+    bench.add_argument("--out", type=Path, default=Path("runs/bench"), help="output directory (default runs/bench)")
+    bench.add_argument("--model", help="gpt-tiny (default), gpt-small or mlp")
+    bench.add_argument("--stages", type=int)
+    bench.add_argument("--microbatches", type=int)
+    bench.add_argument("--microbatch-size", type=int, dest="microbatch_size")
+    bench.add_argument("--schedule", help="1f1b (default) or gpipe")
+    bench.add_argument("--strategies", help="comma-separated (default: none,sync,async-dcp,checkfreq,baft)")
+    bench.add_argument("--cycles", type=int, help="paired cycles (default 30)")
+    bench.add_argument("--block", type=int, help="iterations per block (default 4)")
+    bench.add_argument("--warmup", type=int, help="untimed cycles first (default 2)")
+    bench.add_argument("--persist-every", type=int, dest="persist_every", help="baft: persist every K iterations (default 20)")
+    bench.add_argument("--seed", type=int)
     return p
+
+
+_BENCH_FIELDS = ("model", "stages", "microbatches", "microbatch_size", "schedule", "strategies", "cycles", "block",
+                 "warmup", "persist_every", "seed")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import BenchConfig, run_bench, table
+    from .schema import build
+
+    given = {k: getattr(args, k) for k in _BENCH_FIELDS if getattr(args, k) is not None}
+    if "strategies" in given:
+        given["strategies"] = [x.strip() for x in given["strategies"].split(",") if x.strip()]
+    try:
+        cfg = build(BenchConfig, given, "<command line>", "bench")
+    except ScenarioError as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    print(f"baft: bench {cfg.model}, {cfg.stages} stages, {cfg.microbatches} microbatches, {cfg.schedule}; "
+          f"{cfg.cycles} cycles x {len(cfg.strategies)} strategies x {cfg.block} iterations -> {args.out}", flush=True)
+    try:
+        result = run_bench(cfg, args.out)
+    except HarnessError as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 1
+    print(table(result))
+    print(f"bench.json: {args.out / 'bench.json'} ({result['wall_seconds']:.0f} s)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
     from .scenario import load
 
     try:

@@ -71,6 +71,7 @@ def launch(
     world_size: int,
     max_restarts: int,
     timeout: float,
+    module: str = "harness.workload",
 ) -> LaunchResult:
     """Write the worker spec, start one torchrun agent per node, wait for all of them."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +97,7 @@ def launch(
                 "--rdzv-conf", f"is_host={1 if node == 0 else 0}",
                 "--max-restarts", str(max_restarts),
                 "--monitor-interval", "0.2",
-                "-m", "harness.workload", str(spec_path.resolve()),
+                "-m", module, str(spec_path.resolve()),
             ]
             log = open(logs / f"node{node}.log", "ab")
             procs.append(

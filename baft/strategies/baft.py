@@ -123,10 +123,13 @@ class BaftStrategy(Strategy):
                     bytes=sum(t.numel() * t.element_size() for t in sd.values()),
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))
 
-    def close(self) -> None:
-        """Finish the persist in flight, persist the final state if it is due, release everything."""
+    def drain(self) -> None:
         if self._inflight is not None:
             self._inflight.result()
+
+    def close(self) -> None:
+        """Finish the persist in flight, persist the final state if it is due, release everything."""
+        self.drain()
         self._pool.shutdown(wait=True)
         step = self.state.step
         if self.snap is not None and step > self._persisted and self.due(step):

@@ -47,6 +47,9 @@ class Strategy:
     def due(self, step: int) -> bool:
         return step > 0 and step % self.config.every == 0
 
+    def drain(self) -> None:
+        """Wait until no background work of this strategy is in flight."""
+
     def close(self) -> None:
         """Finish background work (so nothing is lost) and release resources."""
 

@@ -89,7 +89,10 @@ class CheckFreqStrategy(Strategy):
                     seconds=time.perf_counter() - t0, snapshot_seconds=snap_seconds,
                     path=str(persist.step_dir(self.root, step)))
 
-    def close(self) -> None:
+    def drain(self) -> None:
         if self._inflight is not None:
             self._inflight.result()
+
+    def close(self) -> None:
+        self.drain()
         self._pool.shutdown(wait=True)

@@ -112,5 +112,8 @@ class AsyncDCPStrategy(Strategy):
         events.emit("checkpoint_saved", step=step, tier="persistent", bytes=nbytes,
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, step)))
 
+    def drain(self) -> None:
+        self._poll(block=True)
+
     def close(self) -> None:
         self._poll(block=True)

@@ -1,0 +1,266 @@
+"""``baft bench``: the cost of each checkpointing strategy against none, measured paired.
+
+One torchrun job trains the reference workload; the strategies take turns in
+blocks of ``block`` iterations, in a freshly shuffled order every cycle, each
+checkpointing every iteration (``baft`` persists every ``persist_every``).
+Background work of a strategy is drained, untimed, before the next block
+starts. After the cycles the job times restores from each tier. The
+orchestrating process turns the raw timings into paired ratios
+(``analysis.benchstats``), prints a table and writes ``bench.json``.
+
+Worker: ``python -m harness.bench SPEC.json`` (started by the launcher).
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch.distributed as dist
+
+from .errors import ConfigValueError
+from .models import PRESETS
+
+ALL = ["none", "sync", "async-dcp", "checkfreq", "baft"]
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchConfig:
+    """What ``baft bench`` measures."""
+
+    model: Literal["gpt-tiny", "gpt-small", "mlp"] = "gpt-tiny"
+    """Model preset of the reference workload."""
+    stages: int = 2
+    """Pipeline stages (one rank each)."""
+    microbatches: int = 8
+    """Microbatches per iteration."""
+    microbatch_size: int = 4
+    """Samples per microbatch."""
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    """Pipeline schedule."""
+    strategies: list[str] = field(default_factory=lambda: list(ALL))
+    """Strategies to compare; ``none`` is always added (it is the baseline)."""
+    cycles: int = 30
+    """Cycles; each runs every strategy for one block (the n of the paired statistics)."""
+    block: int = 4
+    """Iterations per block; the first of each block is not counted."""
+    warmup: int = 2
+    """Untimed cycles first (allocations, first touch of shared memory, profiling)."""
+    persist_every: int = 20
+    """``baft`` only: persist to disk every this many iterations (its snapshot is every iteration)."""
+    restore_repeats: int = 3
+    """Timed restores per tier."""
+    seed: int = 0
+    """Seed of the model, the data and the block order."""
+
+    def __post_init__(self) -> None:
+        for name in ("stages", "microbatches", "microbatch_size", "cycles", "block", "persist_every", "restore_repeats"):
+            if getattr(self, name) < 1:
+                raise ConfigValueError(name, "an integer >= 1", getattr(self, name))
+        if self.block < 2:
+            raise ConfigValueError("block", "an integer >= 2 (the first iteration of a block is dropped)", self.block)
+        if self.warmup < 0:
+            raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
+        if self.stages > PRESETS[self.model].layers:
+            raise ConfigValueError("stages", f"at most {PRESETS[self.model].layers} for {self.model}", self.stages)
+        if self.microbatches < self.stages:
+            raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
+        for s in self.strategies:
+            if s not in ALL:
+                raise ConfigValueError("strategies", "names among " + ", ".join(ALL), s)
+        if "none" not in self.strategies:
+            self.strategies.insert(0, "none")
+
+    def order(self) -> list[tuple[int, str]]:
+        """(cycle, strategy) per block; cycle -1 for the untimed warm-up."""
+        rng = random.Random(self.seed)
+        out = [(-1, s) for _ in range(self.warmup) for s in self.strategies]
+        for c in range(self.cycles):
+            names = list(self.strategies)
+            rng.shuffle(names)
+            out += [(c, s) for s in names]
+        return out
+
+    @property
+    def iterations(self) -> int:
+        return len(self.order()) * self.block
+
+
+def worker(spec_path: Path) -> int:
+    """One rank of the benchmark job."""
+    from baft import CheckpointConfig, Checkpointer, events
+    from baft.strategies.dcp import restore_dcp
+    from baft.strategies.sync import restore_shards
+
+    from .schema import build
+    from .workload import PipelineTrainer, WorkloadConfig, set_determinism
+
+    spec = json.loads(spec_path.read_text())
+    cfg = build(BenchConfig, spec["bench"], str(spec_path), "bench")
+    run_dir = Path(spec["run_dir"])
+    set_determinism()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    wl = WorkloadConfig(model=cfg.model, stages=cfg.stages, microbatches=cfg.microbatches,
+                        microbatch_size=cfg.microbatch_size, schedule=cfg.schedule,
+                        steps=cfg.iterations, seed=cfg.seed, dataset_size=max(512, cfg.microbatches * cfg.microbatch_size))
+    trainer = PipelineTrainer(wl)
+    ckpts: dict[str, Checkpointer] = {}
+    for name in cfg.strategies:
+        c = CheckpointConfig(strategy=name, every=cfg.persist_every if name == "baft" else 1, keep=2,
+                             dir=str(run_dir / "checkpoints" / name), shm_dir=spec["shm_dir"])
+        ckpts[name] = Checkpointer(c, trainer.state)
+        trainer.attach(ckpts[name])
+
+    baft_events: list[dict[str, Any]] = []
+    events.subscribe(lambda kind, f: baft_events.append({"event": kind, **f}) if kind in ("snapshot", "bubbles", "replan") else None)
+
+    times: list[dict[str, Any]] = []
+    step = 0
+    for cycle, name in cfg.order():
+        ck = ckpts[name]
+        for pos in range(cfg.block):
+            t0 = time.perf_counter()
+            trainer.iteration(step, ck)
+            ck.after_step()
+            times.append({"cycle": cycle, "strategy": name, "position": pos, "seconds": time.perf_counter() - t0})
+            step += 1
+        ck.drain()
+        dist.barrier()
+
+    restores = _time_restores(cfg, ckpts, restore_shards, restore_dcp)
+    for ck in ckpts.values():
+        ck.drain()
+    dist.barrier()
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"times": times, "baft": baft_events, "restores": restores})
+    if rank == 0:
+        iterations = []
+        for i, it in enumerate(times):
+            it = dict(it)
+            it["seconds"] = max(g["times"][i]["seconds"] for g in gathered)  # the pipeline's pace
+            iterations.append(it)
+        raw = {"iterations": iterations, "ranks": [{"baft": g["baft"], "restores": g["restores"]} for g in gathered]}
+        (run_dir / "bench-raw.json").write_text(json.dumps(raw))
+    for ck in ckpts.values():
+        ck.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _time_restores(cfg: BenchConfig, ckpts: dict[str, Any], restore_shards: Any, restore_dcp: Any) -> dict[str, list[float]]:
+    """Seconds per restore from each tier this run filled (collective; state is overwritten)."""
+    out: dict[str, list[float]] = {}
+    tiers: list[tuple[str, Any]] = []
+    if "baft" in ckpts:
+        strat = ckpts["baft"].strategy
+        tiers.append(("shm", lambda: strat.snap.restore()))
+        tiers.append(("persistent-dcp", lambda: restore_dcp(strat, strat.stage_key, strat.group)))
+    if "sync" in ckpts:
+        tiers.append(("persistent-sync", lambda: restore_shards(ckpts["sync"].strategy)))
+    for tier, fn in tiers:
+        secs = []
+        for _ in range(cfg.restore_repeats):
+            dist.barrier()
+            t = time.perf_counter()
+            got = fn()
+            secs.append(time.perf_counter() - t)
+            if got is None:
+                secs = []
+                break
+        out[tier] = secs
+    if "baft" in ckpts:
+        ckpts["baft"].strategy.snap.restored_version = None
+    return out
+
+
+def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
+    """bench.json: paired ratios per strategy, baft's bubble use, restore times per tier."""
+    from analysis.benchstats import paired_ratios
+
+    strategies = paired_ratios(raw["iterations"])
+    snaps = [e for r in raw["ranks"] for e in r["baft"] if e["event"] == "snapshot"]
+    bubbles = [e for r in raw["ranks"] for e in r["baft"] if e["event"] == "bubbles"]
+    baft: dict[str, Any] = {}
+    if snaps:
+        copy_s = sum(e["copy_seconds"] + e["stall_seconds"] for e in snaps)
+        baft = {
+            "snapshots": len(snaps),
+            "snapshot_bytes_per_rank": statistics.median(e["bytes"] for e in snaps),
+            "snapshot_gbytes_per_s": (sum(e["bytes"] for e in snaps) / copy_s / 1e9) if copy_s else None,
+            "in_window_fraction": statistics.median(b["in_window_fraction"] for b in bubbles) if bubbles else None,
+            "bubble_utilisation": statistics.median(b["utilisation"] for b in bubbles) if bubbles else None,
+            "idle_ms_per_iteration": statistics.median(b["idle_seconds"] for b in bubbles) * 1e3 if bubbles else None,
+            "stall_ms_median": statistics.median(e["stall_seconds"] for e in snaps) * 1e3,
+            "replans": sum(1 for r in raw["ranks"] for e in r["baft"] if e["event"] == "replan"),
+        }
+    restores: dict[str, Any] = {}
+    for tier in sorted({t for r in raw["ranks"] for t in r["restores"]}):
+        per_rank = [r["restores"].get(tier, []) for r in raw["ranks"]]
+        vals = [max(xs) for xs in zip(*per_rank)] if all(per_rank) else []
+        restores[tier] = {"seconds_median": statistics.median(vals) if vals else None, "n": len(vals)}
+    if restores.get("shm", {}).get("seconds_median"):
+        for tier in ("persistent-dcp", "persistent-sync"):
+            if restores.get(tier, {}).get("seconds_median"):
+                restores[tier]["slower_than_shm"] = restores[tier]["seconds_median"] / restores["shm"]["seconds_median"]
+    return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "strategies": strategies,
+            "baft": baft, "restore": restores}
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"{'strategy':<11} {'ratio vs none':>13} {'IQR':>17} {'95% CI':>17} {'n':>3} {'iter ms':>8}"]
+    for name, s in sorted(result["strategies"].items(), key=lambda kv: kv[1]["ratio_vs_none"]):
+        lines.append(
+            f"{name:<11} {s['ratio_vs_none']:>13.4f} {s['iqr'][0]:>8.4f}-{s['iqr'][1]:<8.4f} "
+            f"{s['ci95'][0]:>8.4f}-{s['ci95'][1]:<8.4f} {s['n']:>3} {s['median_iteration_ms']:>8.1f}"
+        )
+    b = result.get("baft") or {}
+    if b:
+        lines.append(
+            f"baft: {b['snapshot_bytes_per_rank'] / 1e6:.2f} MB/rank per snapshot, "
+            f"{(b['in_window_fraction'] or 0) * 100:.1f}% of bytes copied inside bubbles, "
+            f"{b['snapshot_gbytes_per_s'] or 0:.2f} GB/s, idle {b['idle_ms_per_iteration'] or 0:.1f} ms/iteration, "
+            f"stall median {b['stall_ms_median']:.3f} ms, {b['replans']} plans"
+        )
+    for tier, r in result["restore"].items():
+        if r["seconds_median"] is not None:
+            extra = f" ({r['slower_than_shm']:.1f}x shm)" if "slower_than_shm" in r else ""
+            lines.append(f"restore from {tier:<15} {r['seconds_median'] * 1e3:8.1f} ms{extra}")
+    return "\n".join(lines)
+
+
+def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, Any]:
+    """Launch the benchmark job, then write ``out/bench.json``."""
+    import shutil
+    import uuid
+
+    from .errors import LaunchError
+    from .launcher import launch
+    from .schema import to_plain
+
+    out.mkdir(parents=True, exist_ok=True)
+    shm = Path("/dev/shm") / f"baft-bench-{uuid.uuid4().hex[:10]}"
+    try:
+        result = launch(out, {"bench": to_plain(cfg), "shm_dir": str(shm)}, nodes=1, world_size=cfg.stages,
+                        max_restarts=0, timeout=timeout, module="harness.bench")
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    raw_path = out / "bench-raw.json"
+    if not result.ok or not raw_path.is_file():
+        raise LaunchError(f"the benchmark job failed (exit codes {result.returncodes}); logs in {out / 'logs'}")
+    summary = summarize(cfg, json.loads(raw_path.read_text()))
+    summary["wall_seconds"] = result.seconds
+    (out / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(worker(Path(sys.argv[1])))
