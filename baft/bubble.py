@@ -19,6 +19,7 @@ plan order, so an early-ending window only moves chunks to the next one.
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,16 +27,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import events, persist
+from . import codec, events
 from .collective import all_gather
-from .engine import CopyEngine, CopyJob, CopyStats
+from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
 from .layout import TensorSpec, as_bytes, layout, rebuild, split, total_bytes
 from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
 from .profiler import BubbleProfiler, ProfilerConfig
-from .snapshot import COMPLETE, WRITING, Slot, SnapshotBuffer
-from .state import TrainState
+from .snapshot import COMPLETE, WRITING, SnapshotBuffer
+from .state import COMPONENTS, TrainState
 
 META_CAPACITY = 4 << 20
+#: Captured at the step boundary itself; everything else is captured inside the bubbles.
+BOUNDARY_COMPONENTS = ("rng", "data", "step")
+#: How long the copier may hold the GIL when the training thread wants it back.
+SWITCH_INTERVAL = 0.0005
 INITIAL_BANDWIDTH = 5e9
 
 
@@ -64,7 +69,8 @@ class BubbleSnapshotter:
         self.planner_config = planner or PlannerConfig()
         self.omit = omit
         self.profiler = BubbleProfiler(profiler)
-        self.engine = CopyEngine()
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        self.engine = CopyEngine(self.planner_config.copier, budget=self._window_budget)
         self.profiler.listeners.append(self.engine.on_wait)
         self.buffer = SnapshotBuffer(shm_dir, rank)
         self.specs: list[TensorSpec] | None = None
@@ -73,7 +79,8 @@ class BubbleSnapshotter:
         self.plan: Plan | None = None
         self.bandwidth = INITIAL_BANDWIDTH
         self.restored_version: int | None = None
-        self._pending: tuple[int, Any, Slot] | None = None
+        self._pending: dict[str, Any] | None = None
+        self._jobs: dict[int, tuple[tuple, list[CopyJob]]] = {}
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
         self.pinned: set[int] = set()
@@ -93,6 +100,7 @@ class BubbleSnapshotter:
         return version % every == 0
 
     def begin(self, version: int) -> None:
+        """At boundary ``version``: capture what changes during the iteration, queue the rest."""
         self.profiler.begin_iteration(version)
         self._pending = None
         if version == self.restored_version or not self.due(version):
@@ -100,19 +108,55 @@ class BubbleSnapshotter:
         if version % 2 in self.pinned:
             events.emit("snapshot_skipped", step=version, tier="shm", reason="slot still being persisted")
             return
-        skeleton, tensors = split(self.state.capture(omit=self.omit))
+        # The RNGs move in the first forward and the data position with the next batch:
+        # these are taken now. Parameters, optimizer and scheduler stay put until the
+        # optimizer step, so capturing them is part of the work done inside the bubbles.
+        boundary = self.state.capture(only=BOUNDARY_COMPONENTS, omit=self.omit)
+        pending: dict[str, Any] = {"version": version}
+        self._pending = pending
+        self.engine.start([Task("prepare", lambda: self._prepare(version, boundary, pending))])
+
+    def _window_budget(self, window: int) -> float:
+        """Seconds of snapshot work the current plan allows in the window at ``window``."""
+        if self.plan is None or window >= len(self.plan.windows):
+            return 0.0
+        return self.plan.windows[window] * self.planner_config.fill
+
+    def _prepare(self, version: int, boundary: dict[str, Any], pending: dict[str, Any]) -> list[Item]:
+        """Runs in a bubble (or in the stall): lay out the state and make the copy jobs."""
+        rest = self.state.capture(only=tuple(c for c in COMPONENTS if c not in BOUNDARY_COMPONENTS), omit=self.omit)
+        components = {c: (boundary[c] if c in boundary else rest[c]) for c in COMPONENTS if c in boundary or c in rest}
+        skeleton, tensors = split(components)
         specs = layout(tensors)
         if specs != self.specs:
             self._relayout(specs)
         slot = self.buffer.slot_for(version)
         slot.begin(version)
-        data = slot.data()
-        jobs = []
-        for c in self.mine:
-            src = as_bytes(tensors[c.tensor][1])[c.tensor_offset : c.tensor_offset + c.nbytes]
-            jobs.append(CopyJob(index=c.index, src=src, dst=data[c.offset : c.offset + c.nbytes]))
-        self.engine.start(jobs)
-        self._pending = (version, skeleton, slot)
+        pending["slot"] = slot
+        # Parameters and optimizer tensors are updated in place, so the same storages
+        # come back every iteration: reuse the copy jobs while they do.
+        signature = tuple((t.data_ptr(), t.numel()) for _, t in tensors)
+        cached = self._jobs.get(version % 2)
+        if cached is None or cached[0] != signature:
+            data = slot.data()
+            jobs = []
+            for c in self.mine:
+                src = as_bytes(tensors[c.tensor][1])[c.tensor_offset : c.tensor_offset + c.nbytes]
+                jobs.append(CopyJob(index=c.index, src=src, dst=data[c.offset : c.offset + c.nbytes]))
+            cached = (signature, jobs)
+            self._jobs[version % 2] = cached
+        items: list[Item] = list(cached[1])
+        items.append(Task("metadata", lambda: self._metadata(version, skeleton, pending)))
+        return items
+
+    def _metadata(self, version: int, skeleton: Any, pending: dict[str, Any]) -> None:
+        pending["meta"] = codec.encode({
+            "skeleton": skeleton,
+            "layout": [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in self.specs or []],
+            "version": version,
+            "replica": self.replica,
+            "replicas": self.replicas,
+        })
 
     def _relayout(self, specs: list[TensorSpec]) -> None:
         reason = "first snapshot" if self.specs is None else "state layout changed"
@@ -120,25 +164,19 @@ class BubbleSnapshotter:
         self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.planner_config.chunk_bytes)
         self.mine = owned(self.chunks, self.replica, self.replicas)
         self.buffer.allocate(total_bytes(specs), META_CAPACITY)
+        self._jobs.clear()
         self._replan(reason)
 
     def seal(self) -> None:
-        """Finish version v before the optimizer step changes it."""
+        """Finish version v before the optimizer step changes it: run what the bubbles left, commit."""
         if self._pending is None:
             return
-        version, skeleton, slot = self._pending
-        self._pending = None
+        pending, self._pending = self._pending, None
         left, stats = self.engine.finish()
         if left:
             self.engine.run_now(left)
-        meta = persist.serialize({
-            "skeleton": skeleton,
-            "layout": [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in self.specs or []],
-            "version": version,
-            "replica": self.replica,
-            "replicas": self.replicas,
-        })
-        slot.complete(version, meta)
+        version = pending["version"]
+        pending["slot"].complete(version, pending["meta"])
         self.last_sealed = version
         self.last_stats = stats
         if stats.bandwidth > 0:
@@ -147,6 +185,7 @@ class BubbleSnapshotter:
             "snapshot", step=version, tier="shm", bytes=stats.window_bytes + stats.stall_bytes,
             window_bytes=stats.window_bytes, stall_bytes=stats.stall_bytes,
             copy_seconds=stats.window_seconds, stall_seconds=stats.stall_seconds,
+            task_seconds=stats.task_seconds,
         )
 
     def end(self) -> None:
@@ -180,7 +219,7 @@ class BubbleSnapshotter:
         info = slot.info(version % 2)
         if info is None or info.state != COMPLETE or info.version != version:
             raise RuntimeError(f"version {version} is no longer in shared memory")
-        meta = persist.deserialize(slot.meta())
+        meta = codec.decode(slot.meta())
         return rebuild(meta["skeleton"], _specs(meta), slot.data())
 
     # -- restore ----------------------------------------------------------------------------
@@ -199,7 +238,7 @@ class BubbleSnapshotter:
             return None
         version = max(common)
         slot = self.buffer.slots[complete[version]]
-        meta = persist.deserialize(slot.meta())
+        meta = codec.decode(slot.meta())
         specs = _specs(meta)
         data = slot.data()
         if meta["replicas"] > 1:

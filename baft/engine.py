@@ -1,11 +1,13 @@
-"""The background copier: copies planned chunks only while the training thread waits.
+"""The background copier: runs a snapshot's work only while the training thread waits.
 
 The training thread announces each pipeline wait (through the profiler's wait
-listeners); the copier thread copies one chunk at a time while a wait is in
-progress and sleeps otherwise, so the copy fills the bubbles and stays out of
-compute. A chunk is small (1 MiB by default, ~0.1 ms), so a copy that overruns
-the end of a wait delays compute by at most that much. ``torch`` copies release
-the GIL, so the copy runs in parallel with the waiting thread.
+listeners); the copier thread works through its queue while a wait is in
+progress and sleeps otherwise, so the work fills the bubbles and stays out of
+compute. A queue item is either a :class:`CopyJob` (one chunk, 1 MiB by
+default, ~0.1 ms) or a :class:`Task`, a Python callable that may return more
+items to run next (building the copy jobs, serialising the metadata). Copies
+release the GIL; Python work holds it, so ``BubbleSnapshotter`` lowers the
+interpreter's switch interval to hand it back quickly when a wait ends.
 
 Measured here: a copier at SCHED_IDLE priority was starved; normal priority works.
 """
@@ -14,7 +16,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Union
 
 import torch
 
@@ -29,13 +33,25 @@ class CopyJob:
 
 
 @dataclass(slots=True)
+class Task:
+    """Python work; returns the items to run right after it (or None)."""
+
+    name: str
+    fn: Callable[[], "list[Item] | None"]
+
+
+Item = Union[CopyJob, Task]
+
+
+@dataclass(slots=True)
 class CopyStats:
-    """What one snapshot's copy did."""
+    """What one snapshot's work did, inside the windows and in the stall."""
 
     window_bytes: int = 0
     window_seconds: float = 0.0
     stall_bytes: int = 0
     stall_seconds: float = 0.0
+    task_seconds: float = 0.0
     chunks_by_window: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -44,61 +60,134 @@ class CopyStats:
         return (self.window_bytes + self.stall_bytes) / secs if secs > 0 else 0.0
 
 
-class CopyEngine:
-    """One copier thread per process, fed a queue of jobs per snapshot."""
+Budget = Callable[[int], float]
+"""``budget(window)``: seconds of work the plan allows in the window at that position."""
 
-    def __init__(self) -> None:
+
+class CopyEngine:
+    """Runs a snapshot's queue inside the waits, in one of two modes.
+
+    ``inline``: the training thread itself works through the queue when it
+    enters a wait, for as long as the plan's budget for that window allows,
+    then waits. The transfer it waits for progresses meanwhile in gloo's own
+    threads; no second Python thread, no GIL hand-over. The plan's window
+    estimates decide how much goes where.
+
+    ``thread``: a copier thread works while the training thread is inside a
+    wait and sleeps otherwise; it uses the real window, whatever its length,
+    but Python work on it competes for the GIL when the wait ends.
+    """
+
+    def __init__(self, mode: str = "inline", budget: Budget | None = None) -> None:
+        self.mode = mode
+        self.budget = budget or (lambda window: 0.0)
         self._cond = threading.Condition()
-        self._queue: deque[CopyJob] = deque()
+        self._queue: deque[Item] = deque()
         self._idle = False
         self._window = -1
         self._busy = False
         self._closed = False
+        self._error: BaseException | None = None
         self.stats = CopyStats()
-        self._thread = threading.Thread(target=self._run, name="baft-copier", daemon=True)
-        self._thread.start()
+        self._cost: dict[str, float] = {}
+        self.bandwidth = 5e9
+        self._thread: threading.Thread | None = None
+        if mode == "thread":
+            self._thread = threading.Thread(target=self._run, name="baft-copier", daemon=True)
+            self._thread.start()
 
     # Called by the training thread -------------------------------------------------------
     def on_wait(self, entering: bool, window: int) -> None:
-        """Profiler wait listener: open the gate while the training thread waits."""
+        """Profiler wait listener: work inside the wait (inline) or open the gate (thread)."""
+        if self.mode == "inline":
+            if entering and self._queue:
+                self._run_inline(window, self.budget(window))
+            return
         with self._cond:
             self._idle = entering
             self._window = window
             if entering and self._queue:
                 self._cond.notify()
 
-    def start(self, jobs: list[CopyJob]) -> None:
+    def start(self, items: list[Item]) -> None:
         with self._cond:
-            self._queue = deque(jobs)
+            self._queue = deque(items)
             self.stats = CopyStats()
+            self._error = None
             if self._idle and self._queue:
                 self._cond.notify()
 
-    def finish(self) -> tuple[list[CopyJob], CopyStats]:
-        """Stop copying; returns the jobs not yet done (after any in-flight chunk) and the stats."""
+    def finish(self) -> tuple[list[Item], CopyStats]:
+        """Stop; returns the items not yet run (after the one in flight) and the stats.
+
+        Re-raises an exception a background item raised, so a failed snapshot is never sealed.
+        """
         with self._cond:
             while self._busy:
                 self._cond.wait()
             left = list(self._queue)
             self._queue.clear()
+            if self._error is not None:
+                err, self._error = self._error, None
+                raise err
             return left, self.stats
 
-    def run_now(self, jobs: list[CopyJob]) -> None:
-        """Copy ``jobs`` in the calling thread (the stall), counted as stall time."""
+    def run_now(self, items: list[Item]) -> None:
+        """Run ``items`` (and whatever they spawn) in the calling thread: the stall."""
         t = time.perf_counter()
+        pending = deque(items)
         n = 0
-        for job in jobs:
-            job.dst.copy_(job.src)
-            n += job.src.numel()
+        while pending:
+            item = pending.popleft()
+            if isinstance(item, CopyJob):
+                item.dst.copy_(item.src)
+                n += item.src.numel()
+            else:
+                more = item.fn()
+                if more:
+                    pending.extendleft(reversed(more))
         self.stats.stall_bytes += n
         self.stats.stall_seconds += time.perf_counter() - t
+
+    def _estimate(self, item: Item) -> float:
+        if isinstance(item, CopyJob):
+            return item.src.numel() / self.bandwidth
+        return self._cost.get(item.name, 1e-3)
+
+    def _run_inline(self, window: int, budget: float) -> None:
+        """Work through the queue while the next item still fits in ``budget`` seconds."""
+        start = time.perf_counter()
+        stats = self.stats
+        while self._queue:
+            item = self._queue[0]
+            if time.perf_counter() - start + self._estimate(item) > budget:
+                return
+            self._queue.popleft()
+            t = time.perf_counter()
+            if isinstance(item, CopyJob):
+                item.dst.copy_(item.src)
+                dt = time.perf_counter() - t
+                n = item.src.numel()
+                stats.window_bytes += n
+                stats.window_seconds += dt
+                stats.chunks_by_window[window] = stats.chunks_by_window.get(window, 0) + 1
+                if dt > 0 and n >= 1 << 16:
+                    self.bandwidth = 0.8 * self.bandwidth + 0.2 * (n / dt)
+            else:
+                more = item.fn()
+                dt = time.perf_counter() - t
+                stats.task_seconds += dt
+                self._cost[item.name] = 0.5 * self._cost.get(item.name, dt) + 0.5 * dt
+                if more:
+                    self._queue.extendleft(reversed(more))
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._queue.clear()
             self._cond.notify_all()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
     # The copier thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -108,17 +197,30 @@ class CopyEngine:
                     self._cond.wait()
                 if self._closed:
                     return
-                job = self._queue.popleft()
+                item = self._queue.popleft()
                 window = self._window
                 self._busy = True
             t = time.perf_counter()
+            more: list[Item] | None = None
             try:
-                job.dst.copy_(job.src)
+                if isinstance(item, CopyJob):
+                    item.dst.copy_(item.src)
+                else:
+                    more = item.fn()
+            except BaseException as e:  # surfaced by finish() on the training thread
+                with self._cond:
+                    self._error = e
+                    self._queue.clear()
             finally:
                 dt = time.perf_counter() - t
                 with self._cond:
                     self._busy = False
-                    self.stats.window_bytes += job.src.numel()
-                    self.stats.window_seconds += dt
-                    self.stats.chunks_by_window[window] = self.stats.chunks_by_window.get(window, 0) + 1
+                    if isinstance(item, CopyJob):
+                        self.stats.window_bytes += item.src.numel()
+                        self.stats.window_seconds += dt
+                        self.stats.chunks_by_window[window] = self.stats.chunks_by_window.get(window, 0) + 1
+                    else:
+                        self.stats.task_seconds += dt
+                    if more:
+                        self._queue.extendleft(reversed(more))
                     self._cond.notify_all()

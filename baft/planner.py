@@ -26,6 +26,7 @@ from typing import Literal
 from .errors import BaftConfigError
 
 Overflow = Literal["stall", "every_k"]
+Copier = Literal["inline", "thread"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,6 +41,9 @@ class PlannerConfig:
     """What to do with what does not fit: ``stall`` or ``every_k``."""
     stall_budget: float = 0.01
     """With ``every_k``: the stall allowed per iteration, as a fraction of the iteration time."""
+    copier: Copier = "inline"
+    """``inline``: the training thread does the planned work when it enters each wait, within
+    the window's budget; ``thread``: a copier thread works while the training thread waits."""
 
     def __post_init__(self) -> None:
         if self.chunk_bytes < 1024:
@@ -50,6 +54,8 @@ class PlannerConfig:
             raise BaftConfigError("overflow", "stall or every_k", self.overflow)
         if not 0 < self.stall_budget < 1:
             raise BaftConfigError("stall_budget", "a number in (0, 1)", self.stall_budget)
+        if self.copier not in ("inline", "thread"):
+            raise BaftConfigError("copier", "inline or thread", self.copier)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,9 +41,9 @@ class ProfilerConfig:
     """Iterations measured before the first plan."""
     drift_threshold: float = 0.3
     """Relative change of an iteration's total idle time against the plan's that counts as drift."""
-    patience: int = 2
+    patience: int = 3
     """Consecutive drifted iterations before a re-plan."""
-    smoothing: float = 0.5
+    smoothing: float = 0.3
     """Weight of the newest iteration in the moving average of each window."""
 
     def __post_init__(self) -> None:
@@ -61,7 +61,7 @@ class ProfilerConfig:
 class Span:
     """One timed span of an iteration, seconds relative to its start."""
 
-    kind: str  # forward, backward, backward_weight, wait, optimizer
+    kind: str  # forward, backward, backward_weight, wait, snapshot (inline work at a wait's start), optimizer
     index: int  # microbatch for compute, position for waits
     start: float
     end: float
@@ -89,8 +89,12 @@ class IterationProfile:
 
     @property
     def compute(self) -> float:
-        return sum(s.duration for s in self.spans if s.kind != "wait")
+        return sum(s.duration for s in self.spans if s.kind not in ("wait", "snapshot"))
 
+
+#: A wait shorter than this after inline work means it did not block: the work overran.
+BLOCKED = 50e-6
+OVERRUN_SHRINK = 0.75
 
 WaitListener = Callable[[bool, int], None]
 """``listener(entering, window_index)``: called when a wait starts (True) and ends (False)."""
@@ -152,6 +156,8 @@ class BubbleProfiler:
         self._t0 = 0.0
         self._wait_index = 0
         self._drifted = 0
+        self.overruns = 0
+        """Waits whose inline work outlasted the transfer (see :meth:`waiting`)."""
         self._stage: Any = None
         self._originals: dict[str, Callable[..., Any]] = {}
 
@@ -191,19 +197,34 @@ class BubbleProfiler:
 
     @contextmanager
     def waiting(self):
-        """Mark the calling thread as idle (waiting on the pipeline) for the duration."""
+        """Mark the calling thread as idle (waiting on the pipeline) for the duration.
+
+        Listeners may work inline when the wait starts (the inline copier). The
+        window is then measured from the start: if the wait still blocked after
+        the work, the transfer ended when it returned and the window is exact;
+        if it returned at once, the work overran a window of unknown length, and
+        the window is recorded as ``OVERRUN_SHRINK`` of the work time, so the
+        next plan asks for less instead of feeding on its own overruns.
+        """
         index = self._wait_index
         self._wait_index += 1
+        t0 = self.clock()
         for fn in self.listeners:
             fn(True, index)
-        t = self.clock()
+        t1 = self.clock()
         try:
             yield
         finally:
-            end = self.clock()
+            t2 = self.clock()
             for fn in self.listeners:
                 fn(False, index)
-            self._span("wait", index, t, end)
+            if t1 > t0:
+                self._span("snapshot", index, t0, t1)
+            if t1 > t0 and t2 - t1 < BLOCKED:
+                self.overruns += 1
+                self._span("wait", index, t0, t0 + (t1 - t0) * OVERRUN_SHRINK)
+            else:
+                self._span("wait", index, t0, t2)
 
     @contextmanager
     def optimizer_step(self):
@@ -251,10 +272,11 @@ class BubbleProfiler:
         if len(last) != len(self.baseline):
             self._drifted = 0
             return f"window count changed: {len(self.baseline)} -> {len(last)}"
-        # The plan depends on how much idle time there is to fill; single windows are noisy,
-        # so compare the idle total, and require ``patience`` drifted iterations in a row.
+        # The plan depends on how much idle time there is to fill; single windows and
+        # single iterations are noisy, so compare the smoothed idle total, and require
+        # ``patience`` drifted iterations in a row.
         total = max(sum(self.baseline), 1e-6)
-        change = abs(sum(last) - sum(self.baseline)) / total
+        change = abs(sum(self.expected) - sum(self.baseline)) / total
         self._drifted = self._drifted + 1 if change > self.config.drift_threshold else 0
         if self._drifted >= self.config.patience:
             self._drifted = 0

@@ -53,6 +53,8 @@ class BenchConfig:
     """Untimed cycles first (allocations, first touch of shared memory, profiling)."""
     persist_every: int = 20
     """``baft`` only: persist to disk every this many iterations (its snapshot is every iteration)."""
+    baft_copier: Literal["inline", "thread"] = "inline"
+    """``baft`` only: who does the snapshot work inside the waits (see ``baft.engine``)."""
     restore_repeats: int = 3
     """Timed restores per tier."""
     seed: int = 0
@@ -94,6 +96,7 @@ class BenchConfig:
 def worker(spec_path: Path) -> int:
     """One rank of the benchmark job."""
     from baft import CheckpointConfig, Checkpointer, events
+    from baft.planner import PlannerConfig
     from baft.strategies.dcp import restore_dcp
     from baft.strategies.sync import restore_shards
 
@@ -113,7 +116,8 @@ def worker(spec_path: Path) -> int:
     ckpts: dict[str, Checkpointer] = {}
     for name in cfg.strategies:
         c = CheckpointConfig(strategy=name, every=cfg.persist_every if name == "baft" else 1, keep=2,
-                             dir=str(run_dir / "checkpoints" / name), shm_dir=spec["shm_dir"])
+                             dir=str(run_dir / "checkpoints" / name), shm_dir=spec["shm_dir"],
+                             planner=PlannerConfig(copier=cfg.baft_copier))
         ckpts[name] = Checkpointer(c, trainer.state)
         trainer.attach(ckpts[name])
 

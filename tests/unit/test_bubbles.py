@@ -159,3 +159,26 @@ def test_snapshotter_version_matches_live_state(tmp_path: Path) -> None:
     finally:
         other.close()
     assert digest_components(fresh.capture()) == expected
+
+
+def test_inline_work_that_overruns_shrinks_the_window() -> None:
+    clock = FakeClock()
+    prof = BubbleProfiler(ProfilerConfig(warmup=1), clock=clock)
+    work = {"seconds": 0.0}
+
+    def listener(entering: bool, index: int) -> None:
+        if entering:
+            clock.t += work["seconds"]
+
+    prof.listeners.append(listener)
+    prof.begin_iteration(0)
+    work["seconds"] = 0.002
+    with prof.waiting():
+        clock.t += 0.003  # the wait still blocked after the work: the window is exact
+    work["seconds"] = 0.004
+    with prof.waiting():
+        pass  # returned at once: the work overran a window of unknown length
+    it = prof.end_iteration()
+    assert it.windows == pytest.approx([0.005, 0.003])
+    assert prof.overruns == 1
+    assert [s.kind for s in it.spans] == ["snapshot", "wait", "snapshot", "wait"]
