@@ -39,21 +39,31 @@ class Recovery:
 
 
 def recoveries(run: Journal) -> list[Recovery]:
-    """One :class:`Recovery` per fault event, in the order they fired."""
+    """One :class:`Recovery` per fault event, in the order they fired.
+
+    The job has recovered from a fault in the first later incarnation in which
+    every rank completed a step (a restart can itself be interrupted, e.g. by a
+    fault during the restore); the restore of that incarnation is the one that
+    counts.
+    """
     out = []
+    incarnations = sorted({e["incarnation"] for e in run.events("start")})
     for fault in run.events("fault"):
         t_f, inc = fault["t"], fault["incarnation"]
         done = [e["step"] + 1 for e in run.events("step") if e["incarnation"] <= inc and e["t"] <= t_f]
         progress = max(done, default=0)
-        after = inc + 1
-        restores = [e for e in run.events("checkpoint_restored") if e["incarnation"] == after]
+        recovered, first_steps = None, []
+        for k in (i for i in incarnations if i > inc):
+            firsts = []
+            for rank in run.ranks:
+                steps = [e for e in run.events("step", rank) if e["incarnation"] == k]
+                if steps:
+                    firsts.append(steps[0]["t"])
+            if len(firsts) == len(run.ranks):
+                recovered, first_steps = k, firsts
+                break
+        restores = [e for e in run.events("checkpoint_restored") if e["incarnation"] == recovered]
         restored = min((e["step"] for e in restores), default=0)
-        first_steps = []
-        for rank in run.ranks:
-            steps = [e for e in run.events("step", rank) if e["incarnation"] == after]
-            if steps:
-                first_steps.append(steps[0]["t"])
-        complete = len(first_steps) == len(run.ranks) and first_steps
         out.append(
             Recovery(
                 fault=fault,
@@ -61,7 +71,7 @@ def recoveries(run: Journal) -> list[Recovery]:
                 restored_step=restored,
                 restored_tier=restores[0]["tier"] if restores else None,
                 lost_steps=max(0, progress - restored),
-                recovery_seconds=(max(first_steps) - t_f) if complete else None,
+                recovery_seconds=(max(first_steps) - t_f) if recovered is not None else None,
                 restore_seconds=max((e["seconds"] for e in restores), default=None),
             )
         )

@@ -19,6 +19,7 @@ plan order, so an early-ending window only moves chunks to the next one.
 """
 from __future__ import annotations
 
+import struct
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from . import codec, events
 from .collective import all_gather
 from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
-from .layout import TensorSpec, as_bytes, layout, rebuild, split, total_bytes
+from .layout import BULK_COMPONENTS, MARKER, TensorSpec, as_bytes, layout, rebuild, split, total_bytes
 from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
 from .profiler import BubbleProfiler, ProfilerConfig
 from .snapshot import COMPLETE, WRITING, SnapshotBuffer
@@ -46,6 +47,37 @@ INITIAL_BANDWIDTH = 5e9
 
 def _specs(meta: dict[str, Any]) -> list[TensorSpec]:
     return [TensorSpec(name=n, dtype=d, shape=tuple(s), offset=o, nbytes=b) for n, d, s, o, b in meta["layout"]]
+
+
+def _only_markers(tree: Any) -> bool:
+    if isinstance(tree, dict):
+        return set(tree) == {MARKER} or all(_only_markers(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return all(_only_markers(v) for v in tree)
+    return tree is None
+
+
+def _pack(static: bytes, dynamic: bytes) -> bytes:
+    return struct.pack("<Q", len(static)) + static + dynamic
+
+
+def _components(meta: bytes, data: torch.Tensor) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The components of a sealed version from its metadata and its slot's bytes; and the static part."""
+    (n,) = struct.unpack_from("<Q", meta, 0)
+    static = codec.decode(meta[8 : 8 + n])
+    dynamic = codec.decode(meta[8 + n :])
+    specs = _specs(static)
+    bulk = dynamic.pop("bulk_skeleton", None)
+    if bulk is None:
+        bulk = {"model": static["model"]}
+        if static.get("optimizer_state") is not None:
+            bulk["optimizer"] = {"state": static["optimizer_state"]}
+    out = dict(rebuild(bulk, specs, data))
+    if "optimizer_groups" in dynamic:
+        out.setdefault("optimizer", {})["param_groups"] = dynamic.pop("optimizer_groups")
+    for c, v in dynamic.items():
+        out[c] = v
+    return {c: out[c] for c in COMPONENTS if c in out}, static
 
 
 class BubbleSnapshotter:
@@ -80,7 +112,8 @@ class BubbleSnapshotter:
         self.bandwidth = INITIAL_BANDWIDTH
         self.restored_version: int | None = None
         self._pending: dict[str, Any] | None = None
-        self._jobs: dict[int, tuple[tuple, list[CopyJob]]] = {}
+        self._jobs: dict[int, list[CopyJob]] = {}
+        self._static: tuple[tuple, bytes | None] | None = None
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
         self.pinned: set[int] = set()
@@ -122,41 +155,71 @@ class BubbleSnapshotter:
             return 0.0
         return self.plan.windows[window] * self.planner_config.fill
 
+    def _bulk_identity(self) -> tuple:
+        """Which storages hold the bulk state: unchanged while training updates them in place.
+
+        It changes when the optimizer creates its state (after the first step) or
+        when a tensor is reallocated; then the layout and the copy jobs are rebuilt.
+        """
+        ids: list[Any] = [(id(t), t.data_ptr(), t.numel()) for t in self.state.model.state_dict(keep_vars=True).values()]
+        opt = self.state.optimizer
+        if opt is not None and "optimizer" not in self.omit:
+            for per_param in opt.state.values():
+                ids.append(len(per_param))
+                ids.extend((id(t), t.data_ptr(), t.numel()) for t in per_param.values() if isinstance(t, torch.Tensor))
+        return tuple(ids)
+
     def _prepare(self, version: int, boundary: dict[str, Any], pending: dict[str, Any]) -> list[Item]:
-        """Runs in a bubble (or in the stall): lay out the state and make the copy jobs."""
-        rest = self.state.capture(only=tuple(c for c in COMPONENTS if c not in BOUNDARY_COMPONENTS), omit=self.omit)
-        components = {c: (boundary[c] if c in boundary else rest[c]) for c in COMPONENTS if c in boundary or c in rest}
+        """Runs in a bubble (or in the stall): make sure the layout is current, queue the copies."""
+        events.emit("phase", phase="snapshot", step=version)
+        identity = self._bulk_identity()
+        if self._static is None or self._static[0] != identity or self._static[1] is None:
+            self._build_static(identity)
+        static_meta = self._static[1]
+        slot = self.buffer.slot_for(version)
+        slot.begin(version)
+        pending["slot"] = slot
+        dynamic = self._dynamic(boundary, full=static_meta is None)
+        items: list[Item] = list(self._jobs[version % 2])
+        items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(self._static[1] or b"", codec.encode(dynamic)))))
+        return items
+
+    def _build_static(self, identity: tuple) -> None:
+        """Lay out the bulk tensors, make both slots' copy jobs, encode what does not change."""
+        components = self.state.capture(only=BULK_COMPONENTS, omit=self.omit)
         skeleton, tensors = split(components)
         specs = layout(tensors)
         if specs != self.specs:
             self._relayout(specs)
-        slot = self.buffer.slot_for(version)
-        slot.begin(version)
-        pending["slot"] = slot
-        # Parameters and optimizer tensors are updated in place, so the same storages
-        # come back every iteration: reuse the copy jobs while they do.
-        signature = tuple((t.data_ptr(), t.numel()) for _, t in tensors)
-        cached = self._jobs.get(version % 2)
-        if cached is None or cached[0] != signature:
+        self._jobs = {}
+        for k, slot in self.buffer.slots.items():
             data = slot.data()
-            jobs = []
-            for c in self.mine:
-                src = as_bytes(tensors[c.tensor][1])[c.tensor_offset : c.tensor_offset + c.nbytes]
-                jobs.append(CopyJob(index=c.index, src=src, dst=data[c.offset : c.offset + c.nbytes]))
-            cached = (signature, jobs)
-            self._jobs[version % 2] = cached
-        items: list[Item] = list(cached[1])
-        items.append(Task("metadata", lambda: self._metadata(version, skeleton, pending)))
-        return items
-
-    def _metadata(self, version: int, skeleton: Any, pending: dict[str, Any]) -> None:
-        pending["meta"] = codec.encode({
-            "skeleton": skeleton,
+            self._jobs[k] = [
+                CopyJob(index=c.index, src=as_bytes(tensors[c.tensor][1])[c.tensor_offset : c.tensor_offset + c.nbytes],
+                        dst=data[c.offset : c.offset + c.nbytes])
+                for c in self.mine
+            ]
+        static = {"model": skeleton.get("model"), "optimizer_state": (skeleton.get("optimizer") or {}).get("state")}
+        meta_static = {
             "layout": [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in self.specs or []],
-            "version": version,
-            "replica": self.replica,
-            "replicas": self.replicas,
-        })
+            "replica": self.replica, "replicas": self.replicas, **static,
+        }
+        # Only markers and structure may be cached; any other leaf could change between steps.
+        self._static = (identity, codec.encode(meta_static) if _only_markers(static) else None)
+
+    def _dynamic(self, boundary: dict[str, Any], full: bool) -> dict[str, Any]:
+        """What must be written with every version besides the bulk tensors."""
+        rest = self.state.capture(only=("optimizer", "scheduler", "scaler"), omit=self.omit)
+        out = dict(boundary)
+        for c in ("scheduler", "scaler"):
+            if c in rest:
+                out[c] = rest[c]
+        if "optimizer" in rest:
+            out["optimizer_groups"] = rest["optimizer"]["param_groups"]
+        if full:  # the bulk skeleton has non-tensor leaves: write it every time
+            skeleton, _ = split(self.state.capture(only=BULK_COMPONENTS, omit=self.omit))
+            out["bulk_skeleton"] = skeleton
+        return out
 
     def _relayout(self, specs: list[TensorSpec]) -> None:
         reason = "first snapshot" if self.specs is None else "state layout changed"
@@ -164,7 +227,6 @@ class BubbleSnapshotter:
         self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.planner_config.chunk_bytes)
         self.mine = owned(self.chunks, self.replica, self.replicas)
         self.buffer.allocate(total_bytes(specs), META_CAPACITY)
-        self._jobs.clear()
         self._replan(reason)
 
     def seal(self) -> None:
@@ -219,8 +281,7 @@ class BubbleSnapshotter:
         info = slot.info(version % 2)
         if info is None or info.state != COMPLETE or info.version != version:
             raise RuntimeError(f"version {version} is no longer in shared memory")
-        meta = codec.decode(slot.meta())
-        return rebuild(meta["skeleton"], _specs(meta), slot.data())
+        return _components(slot.meta(), slot.data())[0]
 
     # -- restore ----------------------------------------------------------------------------
     def restore(self) -> int | None:
@@ -237,15 +298,14 @@ class BubbleSnapshotter:
             self.buffer.close()
             return None
         version = max(common)
+        events.emit("phase", phase="restore", step=version, tier="shm")
         slot = self.buffer.slots[complete[version]]
-        meta = codec.decode(slot.meta())
-        specs = _specs(meta)
         data = slot.data()
-        if meta["replicas"] > 1:
-            # Each replica holds its own 1/D of the chunks (zeros elsewhere): summing rebuilds the whole.
+        if self.replicas > 1:
+            # Each replica holds its own tensors (zeros elsewhere): summing rebuilds the whole.
             data = data.clone()
             dist.all_reduce(data, group=self.replica_group)
-        self.state.restore(rebuild(meta["skeleton"], specs, data))
+        self.state.restore(_components(slot.meta(), data)[0])
         self.buffer.close()
         self.restored_version = version
         events.emit("checkpoint_restored", step=version, tier="shm", seconds=time.perf_counter() - t0, path=str(self.buffer.root))

@@ -13,7 +13,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-#: Phases of one training iteration, in order. Injector triggers use these names.
+#: Phases announced as ``emit("phase", phase=NAME, step=S)``; injector triggers use these names.
+#: ``iteration`` and ``optimizer`` come from the training loop, ``snapshot``, ``persist`` and
+#: ``restore`` from the checkpointing strategies (``step`` is then the version concerned).
 PHASES = ("iteration", "forward", "backward", "optimizer", "snapshot", "replicate", "persist", "restore")
 
 Subscriber = Callable[[str, dict[str, Any]], None]

@@ -184,6 +184,7 @@ class PipelineTrainer:
                 dist.all_reduce(p.grad, group=self.dp_group)
                 p.grad.div_(cfg.data_parallel)
         ckpt.before_optimizer_step()
+        events.emit("phase", phase="optimizer", step=step)
         self.optimizer.step()
         self.scheduler.step()
         loss = None

@@ -108,6 +108,7 @@ class BaftStrategy(Strategy):
         """Write ``version`` (read from its slot unless ``components`` are given) and commit it."""
         snap = self._snap()
         t0 = time.perf_counter()
+        events.emit("phase", phase="persist", step=version)
         if components is None:
             try:
                 components = snap.read_version(version)

@@ -52,6 +52,7 @@ def restore_dcp(strategy: Strategy, stage_key: str, group: Any) -> int | None:
         return good[step]
 
     def load(step: int) -> None:
+        events.emit("phase", phase="restore", step=step, tier="persistent")
         strategy.state.restore(dcpformat.load(root, step, rank, stage_key, group))
         events.emit("checkpoint_restored", step=step, tier="persistent",
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))

@@ -59,6 +59,7 @@ def restore_shards(strategy: Strategy) -> int | None:
         return step in verified
 
     def load(step: int) -> None:
+        events.emit("phase", phase="restore", step=step, tier="persistent")
         strategy.state.restore(persist.deserialize(verified[step]))
         events.emit("checkpoint_restored", step=step, tier="persistent",
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))

@@ -1,0 +1,41 @@
+"""Kills keyed to baft's phases: during a snapshot, during persistence, during a restore."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.journal import Journal
+from baft import persist
+
+from .conftest import ROOT, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_kill_during_snapshot_discards_the_torn_version(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-kill-during-snapshot.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec = v["recoveries"][0]
+    assert rec["restored_tier"] == "shm" and rec["restored_step"] == 11 and v["lost_steps"] == 1
+    assert v["bitwise_equal"]
+
+
+def test_kill_during_persist_never_uses_the_partial_checkpoint(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-kill-during-persist.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and v["recoveries"][0]["restored_tier"] == "shm"
+    root = tmp_path / "out" / "faulted" / "checkpoints"
+    committed = persist.committed_steps(root)
+    assert committed and all(s % 5 == 0 for s in committed)
+    for s in committed:
+        persist.verify_directory(root, s)  # whatever was committed is whole
+
+
+def test_kill_during_restore_restores_again(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-kill-during-restore.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["faults_fired"] == 2 and v["bitwise_equal"]
+    assert [r["restored_step"] for r in v["recoveries"]] == [16, 16]
+    j = Journal.load(tmp_path / "out" / "faulted")
+    assert max(e["incarnation"] for e in j.events("start")) == 2
