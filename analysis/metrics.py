@@ -69,7 +69,7 @@ def recoveries(run: Journal) -> list[Recovery]:
                 fault=fault,
                 progress_before=progress,
                 restored_step=restored,
-                restored_tier=restores[0]["tier"] if restores else None,
+                restored_tier="+".join(sorted({e["tier"] for e in restores})) or None,
                 lost_steps=max(0, progress - restored),
                 recovery_seconds=(max(first_steps) - t_f) if recovered is not None else None,
                 restore_seconds=max((e["seconds"] for e in restores), default=None),

@@ -29,15 +29,16 @@ import torch
 import torch.distributed as dist
 
 from . import codec, events
-from .collective import all_gather
+from .collective import all_gather, all_min
 from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
 from .layout import BULK_COMPONENTS, MARKER, TensorSpec, as_bytes, layout, rebuild, split, total_bytes
 from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
 from .profiler import BubbleProfiler, ProfilerConfig
 from .snapshot import COMPLETE, WRITING, SnapshotBuffer
 from .state import COMPONENTS, TrainState
+from .store import StoreClient
 
-META_CAPACITY = 4 << 20
+META_CAPACITY = 1 << 20
 #: Captured at the step boundary itself; everything else is captured inside the bubbles.
 BOUNDARY_COMPONENTS = ("rng", "data", "step")
 #: How long the copier may hold the GIL when the training thread wants it back.
@@ -95,6 +96,8 @@ class BubbleSnapshotter:
         profiler: ProfilerConfig | None = None,
         planner: PlannerConfig | None = None,
         omit: tuple[str, ...] = (),
+        store: StoreClient | None = None,
+        node: int = 0,
     ) -> None:
         self.state = state
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
@@ -114,6 +117,8 @@ class BubbleSnapshotter:
         self._pending: dict[str, Any] | None = None
         self._jobs: dict[int, list[CopyJob]] = {}
         self._static: tuple[tuple, bytes | None] | None = None
+        self.store, self.node = store, node
+        self._torn: list[int] = []
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
         self.pinned: set[int] = set()
@@ -126,6 +131,8 @@ class BubbleSnapshotter:
         self.profiler.detach()
         self.engine.close()
         self.buffer.close()
+        if self.store is not None:
+            self.store.close()
 
     # -- the iteration ----------------------------------------------------------------------
     def due(self, version: int) -> bool:
@@ -240,6 +247,8 @@ class BubbleSnapshotter:
         version = pending["version"]
         pending["slot"].complete(version, pending["meta"])
         self.last_sealed = version
+        if self.store is not None:
+            self.store.sealed(self.rank, version, self.buffer.path(version % 2))
         self.last_stats = stats
         if stats.bandwidth > 0:
             self.bandwidth = 0.7 * self.bandwidth + 0.3 * stats.bandwidth
@@ -285,20 +294,31 @@ class BubbleSnapshotter:
 
     # -- restore ----------------------------------------------------------------------------
     def restore(self) -> int | None:
-        """Restore the newest version complete in every rank's shared memory; None if there is none."""
+        """Restore the newest version every rank can get: from its own slots, else from a peer
+        node's replica (through the node's store). None if there is none (then the caller falls
+        back to the persistent tier)."""
         t0 = time.perf_counter()
-        infos = self.buffer.open_existing()
-        complete = {i.version: i.slot for i in infos if i.state == COMPLETE}
-        for i in infos:
-            if i.state == WRITING:
-                events.emit("checkpoint_rejected", step=i.version, tier="shm", reason="torn: the writer stopped mid-copy")
-        everyone = all_gather(sorted(complete))
+        complete = self._open_slots()
+        for i in self._torn:
+            events.emit("checkpoint_rejected", step=i, tier="shm", reason="torn: the writer stopped mid-copy")
+        remote = self.store.locate(self.rank) if self.store is not None else []
+        events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=sorted(remote))
+        everyone = all_gather(sorted(set(complete) | {v for v, _ in remote}))
         common = set(everyone[0]).intersection(*map(set, everyone[1:])) if everyone else set()
         if not common:
             self.buffer.close()
             return None
         version = max(common)
-        events.emit("phase", phase="restore", step=version, tier="shm")
+        tier = "shm"
+        if version not in complete and self.store is not None:
+            self.buffer.close()
+            source = self.store.pull(self.rank, version, self.buffer.path(version % 2))
+            complete = self._open_slots()
+            tier = "peer" if source is not None and source != self.node else "shm"
+        if all_min(int(version in complete)) == 0:  # some rank could not get it: all fall back together
+            self.buffer.close()
+            return None
+        events.emit("phase", phase="restore", step=version, tier=tier)
         slot = self.buffer.slots[complete[version]]
         data = slot.data()
         if self.replicas > 1:
@@ -308,5 +328,13 @@ class BubbleSnapshotter:
         self.state.restore(_components(slot.meta(), data)[0])
         self.buffer.close()
         self.restored_version = version
-        events.emit("checkpoint_restored", step=version, tier="shm", seconds=time.perf_counter() - t0, path=str(self.buffer.root))
+        events.emit("checkpoint_restored", step=version, tier=tier, seconds=time.perf_counter() - t0, path=str(self.buffer.root))
         return version
+
+    def _open_slots(self) -> dict[int, int]:
+        """Map this rank's slot files; complete versions -> slot index (torn ones in ``_torn``)."""
+        infos = self.buffer.open_existing()
+        self._torn = [i.version for i in infos if i.state == WRITING]
+        return {i.version: i.slot for i in infos if i.state == COMPLETE}
+
+

@@ -31,6 +31,15 @@ class CheckpointConfig:
     """How many committed persistent checkpoints to keep."""
     shm_dir: str = ""
     """``baft``: directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
+    replicas: int = 1
+    """``baft``: peer nodes that keep a copy of each snapshot (ring placement; needs nodes > 1)."""
+    replication_rate: float = 0.0
+    """``baft``: replication rate limit per node in bytes/s (0: none). When the link cannot
+    carry a replica per iteration, older versions are skipped and the skips journaled."""
+    store: str = ""
+    """``baft``: host:port of this node's store (set by the harness; empty: no store, no peers)."""
+    node: int = 0
+    """``baft``: this node's index (set by the harness)."""
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     """``baft``: idle-window measurement and drift detection."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -46,6 +55,10 @@ class CheckpointConfig:
             raise BaftConfigError("every", "an integer >= 1", self.every)
         if not isinstance(self.keep, int) or self.keep < 1:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
+        if self.replicas < 0:
+            raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
+        if self.replication_rate < 0:
+            raise BaftConfigError("replication_rate", "a number >= 0 (bytes/s; 0 means no limit)", self.replication_rate)
         allowed = [c for c in COMPONENTS if c not in ("model", "step")]
         for name in self.omit:
             if name not in allowed:

@@ -21,11 +21,14 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analysis.journal import JournalWriter, launcher_journal
 
 from .errors import LaunchError
+
+if TYPE_CHECKING:
+    from .stores import StoreSpec
 
 
 def free_port() -> int:
@@ -55,6 +58,7 @@ def worker_env(node: int) -> dict[str, str]:
         MKL_NUM_THREADS="1",
         GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"),
         BAFT_NODE=f"node{node}",
+        BAFT_NODE_INDEX=str(node),
         PYTHONUNBUFFERED="1",
     )
     # The workload must import this checkout even when run from another cwd.
@@ -72,14 +76,22 @@ def launch(
     max_restarts: int,
     timeout: float,
     module: str = "harness.workload",
+    stores: StoreSpec | None = None,
 ) -> LaunchResult:
-    """Write the worker spec, start one torchrun agent per node, wait for all of them."""
+    """Start the node stores (if any), write the worker spec, start one torchrun agent per
+    node, wait for all of them; stop the stores."""
+    from .stores import StoreFleet
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = run_dir / "worker-spec.json"
-    spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve())}, indent=1))
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     journal = JournalWriter(launcher_journal(run_dir))
+    fleet = StoreFleet(stores, nodes, run_dir, journal) if stores is not None else None
+    if fleet is not None:
+        spec = {**spec, "stores": fleet.addresses, "node_memory": str(stores.base)}
+        fleet.start()
+    spec_path = run_dir / "worker-spec.json"
+    spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve())}, indent=1))
     port = free_port()
     run_id = uuid.uuid4().hex[:12]
     per_node = world_size // nodes
@@ -122,6 +134,8 @@ def launch(
             _kill_all(procs)
         for i, p in enumerate(procs):
             journal.write("agent_exit", node=f"node{i}", returncode=p.returncode)
+        if fleet is not None:
+            fleet.stop()
         journal.close()
     if not procs:
         raise LaunchError("no torchrun agent started")

@@ -20,7 +20,8 @@ from baft.state import TrainState, digest_components
 
 
 #: ``baft`` events copied into the journal.
-JOURNALED = ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected", "snapshot", "bubbles", "replan")
+JOURNALED = ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected", "restore_candidates", "snapshot",
+             "snapshot_skipped", "bubbles", "replan", "persist_backpressure")
 
 
 class Probe:

@@ -31,6 +31,7 @@ from analysis.verdict import judge
 from .errors import LaunchError
 from .launcher import launch
 from .scenario import Scenario
+from .stores import StoreSpec
 from .schema import to_plain
 from .workload import WorkloadConfig
 
@@ -90,15 +91,19 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
     faulted = out / "faulted"
     checkpoint = to_plain(scenario.checkpoint)
     checkpoint["dir"] = str((faulted / "checkpoints").resolve())
-    # Shared-memory snapshots of this run only; removed when it ends, whatever happened.
+    # Shared-memory snapshots of this run only (node i under shm/node<i>); removed when it
+    # ends, whatever happened. baft gets a store per node for replicas and restores.
     shm = Path("/dev/shm") / f"baft-{uuid.uuid4().hex[:12]}"
     checkpoint["shm_dir"] = str(shm)
+    stores = None
+    if scenario.checkpoint.strategy == "baft":
+        stores = StoreSpec(base=shm, replicas=scenario.checkpoint.replicas, rate=scenario.checkpoint.replication_rate)
     spec = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": scenario.fault_plan()}
     t0 = time.monotonic()
     try:
         result = launch(
             faulted, spec, nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
-            max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout,
+            max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
         )
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -132,8 +137,10 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
     for r in verdict["recoveries"]:
         f = r["fault"]
         rec = f"{r['recovery_seconds']:.2f} s" if r["recovery_seconds"] is not None else "never"
+        target = f"rank {f['rank']}" if f.get("rank") is not None and f["fault"] != "node_loss" else f"node {f.get('node')}"
+        phase = "" if f.get("phase") in (None, "iteration") else f" ({f['phase']})"
         lines.append(
-            f"  {f['fault']} rank {f.get('rank')} at step {f['step']}: restored step {r['restored_step']}"
+            f"  {f['fault']} {target} at step {f['step']}{phase}: restored step {r['restored_step']}"
             f" ({r['restored_tier'] or 'no checkpoint'}), lost {r['lost_steps']} steps, recovered in {rec}"
         )
     w = verdict["wall_seconds"]

@@ -212,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = build(WorkloadConfig, spec["workload"], str(spec_path), "workload")
     ckpt_cfg = build(CheckpointConfig, spec["checkpoint"], str(spec_path), "checkpoint")
     run_dir = Path(spec["run_dir"])
+    node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
+    node_memory = Path(spec["node_memory"]) / f"node{node}" if spec.get("node_memory") else None
+    if node_memory is not None:  # this node's memory and its store (filled in here, per node)
+        ckpt_cfg.shm_dir, ckpt_cfg.store, ckpt_cfg.node = str(node_memory), spec["stores"][node], node
 
     set_determinism()
     dist.init_process_group("gloo")
@@ -220,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ScenarioError(str(spec_path), "workload", f"world size {cfg.world_size}", world)
     probe = Probe.from_env(run_dir)
 
-    ctx = WorkerContext(rank=rank, fault_dir=run_dir / "faults", record=probe.record)
+    ctx = WorkerContext(rank=rank, fault_dir=run_dir / "faults", record=probe.record, node=node,
+                        local_rank=int(os.environ.get("LOCAL_RANK", "0")), node_memory=node_memory)
     injectors = []
     for i, item in enumerate(spec.get("faults", [])):
         config_cls, injector_cls = FAULTS[item["kind"]]

@@ -46,6 +46,9 @@ class FaultConfig:
         rank = getattr(self, "rank", None)
         if rank is not None and not 0 <= rank < run.world_size:
             raise FaultConfigError("rank", f"a rank in 0..{run.world_size - 1}", rank)
+        node = getattr(self, "node", None)
+        if node is not None and not 0 <= node < run.nodes:
+            raise FaultConfigError("node", f"a node in 0..{run.nodes - 1}", node)
         at_step = getattr(self, "at_step", None)
         if at_step is not None and not 0 <= at_step < run.steps:
             raise FaultConfigError("at_step", f"a step in 0..{run.steps - 1}", at_step)
@@ -58,6 +61,10 @@ class WorkerContext:
     rank: int
     fault_dir: Path
     record: Recorder
+    node: int = 0
+    local_rank: int = 0
+    node_memory: Path | None = None
+    """The node's shared-memory directory (where baft's snapshots and replicas live)."""
 
 
 class InWorkerInjector(ABC):
@@ -74,8 +81,12 @@ class InWorkerInjector(ABC):
     def fired(self) -> bool:
         return self.marker.exists()
 
+    def mine(self) -> bool:
+        """Whether this worker is the one that fires the fault."""
+        return self.ctx.rank == self.config.rank
+
     def arm(self) -> None:
-        if self.ctx.rank == self.config.rank and not self.fired():
+        if self.mine() and not self.fired():
             self._unsubscribe = events.subscribe(self._on_event)
 
     def disarm(self) -> None:

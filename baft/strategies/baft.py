@@ -29,6 +29,7 @@ from typing import Any
 from .. import dcpformat, events, persist
 from ..bubble import BubbleSnapshotter
 from ..collective import rank_world
+from ..store import StoreClient
 from .base import Strategy
 from .dcp import checkpoint_group, restore_dcp, stage_key_of
 
@@ -63,6 +64,7 @@ class BaftStrategy(Strategy):
         self.snap = BubbleSnapshotter(
             self.state, self.shm_dir, rank=rank, replica=replica, replicas=replicas, replica_group=replica_group,
             profiler=self.config.profiler, planner=self.config.planner, omit=tuple(self.config.omit),
+            store=StoreClient(self.config.store) if self.config.store else None, node=self.config.node,
         )
         self.snap.attach(stage)
         self.stage_key = stage_key_of(stage, rank)

@@ -39,3 +39,14 @@ def test_kill_during_restore_restores_again(tmp_path: Path, ref_cache: Path) -> 
     assert [r["restored_step"] for r in v["recoveries"]] == [16, 16]
     j = Journal.load(tmp_path / "out" / "faulted")
     assert max(e["incarnation"] for e in j.events("start")) == 2
+
+
+def test_node_loss_recovers_from_peer_replicas(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-node-loss.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec = v["recoveries"][0]
+    assert "peer" in rec["restored_tier"] and v["lost_steps"] <= 2 and v["bitwise_equal"]
+    j = Journal.load(tmp_path / "out" / "faulted")
+    launcher = [e["event"] for e in j.launcher]
+    assert "store_exit" in launcher and launcher.count("store_start") == 3  # two, then the replacement
+    assert not persist.committed_steps(tmp_path / "out" / "faulted" / "checkpoints")  # no disk copy to fall back on

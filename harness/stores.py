@@ -1,0 +1,101 @@
+"""The per-node ``baft`` store processes of a run: started before the agents, replaced when lost.
+
+A store dies with its node (the node-loss fault kills it and wipes the node's
+shared memory). A replacement node comes up with a fresh store and empty
+memory, so the fleet restarts any store that exits while the run goes on,
+and journals it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis.journal import JournalWriter
+
+from .launcher import free_port, worker_env
+
+
+@dataclass(kw_only=True, slots=True)
+class StoreSpec:
+    """Where the stores keep memory and how they replicate."""
+
+    base: Path
+    """Shared-memory directory of the run; node i uses ``base/node<i>``."""
+    replicas: int
+    rate: float
+
+
+class StoreFleet:
+    """One store per node, monitored."""
+
+    def __init__(self, spec: StoreSpec, nodes: int, run_dir: Path, journal: JournalWriter) -> None:
+        self.spec, self.nodes, self.run_dir, self.journal = spec, nodes, run_dir, journal
+        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(nodes)]
+        self.procs: list[subprocess.Popen | None] = [None] * nodes
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    def node_dir(self, node: int) -> Path:
+        return self.spec.base / f"node{node}"
+
+    def _start(self, node: int) -> None:
+        cmd = [
+            sys.executable, "-m", "baft.store", "--root", str(self.node_dir(node)), "--node", str(node),
+            "--addresses", ",".join(self.addresses), "--replicas", str(self.spec.replicas),
+            "--rate", str(self.spec.rate), "--journal", str(self.run_dir / "journal" / f"store-node{node}.jsonl"),
+        ]
+        log = open(self.run_dir / "logs" / f"store-node{node}.log", "ab")
+        self.procs[node] = subprocess.Popen(cmd, env=worker_env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.journal.write("store_start", node=f"node{node}", pid=self.procs[node].pid, address=self.addresses[node])
+
+    def start(self) -> None:
+        for node in range(self.nodes):
+            self._start(node)
+        self._wait_ready()
+        self._monitor = threading.Thread(target=self._watch, name="store-monitor", daemon=True)
+        self._monitor.start()
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        from baft.store import request
+
+        deadline = time.monotonic() + timeout
+        for addr in self.addresses:
+            while True:
+                try:
+                    request(addr, {"op": "ping"}, timeout=1)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            for node, p in enumerate(self.procs):
+                if p is not None and p.poll() is not None and not self._stop.is_set():
+                    self.journal.write("store_exit", node=f"node{node}", returncode=p.returncode)
+                    self._start(node)  # the replacement node's store, with whatever memory is left
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=2)
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                    p.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        shutil.rmtree(self.spec.base, ignore_errors=True)

@@ -1,0 +1,90 @@
+"""The node store: replicates sealed slots to the next node, locates and pulls copies for a restore."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from baft.snapshot import COMPLETE, SnapshotBuffer
+from baft.store import Store, StoreClient, _Handler, _Server, request, slot_header
+from harness.launcher import free_port
+
+
+@pytest.fixture
+def two_stores(tmp_path: Path):
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    servers = []
+    for node in range(2):
+        store = Store(tmp_path / f"node{node}", node, addresses, replicas=1, rate=0.0, journal=tmp_path / f"j{node}.jsonl")
+        host, port = addresses[node].rsplit(":", 1)
+        server = _Server((host, int(port)), _Handler)
+        server.store = store
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append((server, store))
+    yield tmp_path, addresses
+    for server, store in servers:
+        store.close()
+        server.shutdown()
+        server.server_close()
+
+
+def seal(root: Path, rank: int, version: int, fill: int) -> Path:
+    buf = SnapshotBuffer(root, rank)
+    buf.allocate(64, 4096)
+    slot = buf.slot_for(version)
+    slot.begin(version)
+    slot.data().fill_(fill)
+    slot.complete(version, b"m")
+    path = buf.path(version % 2)
+    buf.close()
+    return path
+
+
+def wait_for(cond, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_sealed_versions_reach_the_next_node_and_can_be_pulled_back(two_stores) -> None:
+    root, addresses = two_stores
+    path = seal(root / "node0", rank=3, version=7, fill=5)
+    client = StoreClient(addresses[0])
+    assert client.sealed(3, 7, path)
+    replica = root / "node1" / "replica-rank-00003.slot1"
+    wait_for(lambda: slot_header(replica) is not None and slot_header(replica)[:2] == (COMPLETE, 7))
+
+    # node 0 loses its memory; a new worker of rank 3 there asks its store
+    path.unlink()
+    assert (7, 1) in client.locate(3)
+    dest = root / "node0" / "rank-00003.slot1"
+    assert client.pull(3, 7, dest) == 1
+    buf = SnapshotBuffer(root / "node0", 3)
+    infos = {i.version: i for i in buf.open_existing()}
+    assert infos[7].state == COMPLETE and torch.all(buf.slots[1].data() == 5)
+    buf.close()
+    client.close()
+
+
+def test_a_torn_slot_is_never_replicated(two_stores) -> None:
+    root, addresses = two_stores
+    path = seal(root / "node0", rank=0, version=2, fill=1)
+    buf = SnapshotBuffer(root / "node0", 0)
+    buf.open_existing()
+    buf.slots[0].begin(4)  # a writer started the next version in that slot and died
+    buf.close()
+    StoreClient(addresses[0]).sealed(0, 2, path)
+    time.sleep(0.3)
+    assert not (root / "node1" / "replica-rank-00000.slot0").exists()
+    assert "slot rewritten" in (root / "j0.jsonl").read_text()
+
+
+def test_unknown_ops_and_missing_versions_are_answered(two_stores) -> None:
+    _, addresses = two_stores
+    reply, _ = request(addresses[1], {"op": "frobnicate"})
+    assert reply["ok"] is False and "unknown" in reply["error"]
+    assert StoreClient(addresses[1]).pull(9, 9, Path("/nonexistent/x")) is None
