@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .. import dcpformat, events, persist
+from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
 from ..collective import rank_world
 from ..store import StoreClient
@@ -44,8 +44,7 @@ class BaftStrategy(Strategy):
         self.snap: BubbleSnapshotter | None = None
         self.stage_key = f"rank{rank_world()[0]}"
         self.group: Any = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baft-persist")
-        self._inflight: Future | None = None
+        self._writer = OneInFlight("baft-persist")
         self._persisted = -1
 
     @property
@@ -95,15 +94,14 @@ class BaftStrategy(Strategy):
         v = snap.last_sealed
         if v is None or v <= self._persisted or not self.due(v):
             return False
-        if self._inflight is not None and not self._inflight.done():
+        if self._writer.busy:
             t = time.perf_counter()
-            self._inflight.result()
+            self._writer.drain()
             events.emit("persist_backpressure", step=v, seconds=time.perf_counter() - t)
-        if self._inflight is not None:
-            self._inflight.result()  # surface a failure of the previous persist
+        self._writer.drain()  # surfaces a failure of the previous persist
         snap.pinned.add(v % 2)
         self._persisted = v
-        self._inflight = self._pool.submit(self._persist, v)
+        self._writer.submit(self._persist, v)
         return True
 
     def _persist(self, version: int, components: dict[str, Any] | None = None) -> None:
@@ -127,13 +125,11 @@ class BaftStrategy(Strategy):
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))
 
     def drain(self) -> None:
-        if self._inflight is not None:
-            self._inflight.result()
+        self._writer.drain()
 
     def close(self) -> None:
         """Finish the persist in flight, persist the final state if it is due, release everything."""
-        self.drain()
-        self._pool.shutdown(wait=True)
+        self._writer.close()
         step = self.state.step
         if self.snap is not None and step > self._persisted and self.due(step):
             # The state after the last step never passes a boundary inside the loop.

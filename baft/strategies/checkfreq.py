@@ -11,13 +11,13 @@ thread commits when all are there.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import events, persist
+from ..background import OneInFlight
 from ..collective import rank_world
 from .base import Strategy
 from .sync import restore_shards
@@ -48,8 +48,7 @@ class CheckFreqStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkfreq-persist")
-        self._inflight: Future | None = None
+        self._writer = OneInFlight("checkfreq-persist")
         self._buffers: Any = None
 
     @property
@@ -63,13 +62,12 @@ class CheckFreqStrategy(Strategy):
         step = self.state.step
         if not self.due(step):
             return False
-        if self._inflight is not None:
-            self._inflight.result()  # one persist in flight at most
+        self._writer.drain()  # one persist in flight at most; the buffers are reused
         t0 = time.perf_counter()
         snapshot = copy_into(self.state.capture(omit=tuple(self.config.omit)), self._buffers)
         snap_seconds = time.perf_counter() - t0
         self._buffers = snapshot
-        self._inflight = self._pool.submit(self._persist, step, snapshot, t0, snap_seconds)
+        self._writer.submit(self._persist, step, snapshot, t0, snap_seconds)
         return True
 
     def _persist(self, step: int, snapshot: Any, t0: float, snap_seconds: float) -> None:
@@ -90,9 +88,7 @@ class CheckFreqStrategy(Strategy):
                     path=str(persist.step_dir(self.root, step)))
 
     def drain(self) -> None:
-        if self._inflight is not None:
-            self._inflight.result()
+        self._writer.drain()
 
     def close(self) -> None:
-        self.drain()
-        self._pool.shutdown(wait=True)
+        self._writer.close()

@@ -1,0 +1,37 @@
+"""One background thread with at most one job in flight (persisting checkpoints).
+
+A new job waits for the previous one, so background writes never pile up and
+a failure of one surfaces at the next submit, drain or close instead of being
+lost.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+
+class OneInFlight:
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._inflight: Future | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._inflight is not None and not self._inflight.done()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.drain()
+        self._inflight = self._pool.submit(fn, *args)
+
+    def drain(self) -> None:
+        """Wait for the job in flight; re-raise its exception if it failed."""
+        if self._inflight is not None:
+            fut, self._inflight = self._inflight, None
+            fut.result()
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self._pool.shutdown(wait=True)
