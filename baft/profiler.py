@@ -158,25 +158,25 @@ class BubbleProfiler:
         self._drifted = 0
         self.overruns = 0
         """Waits whose inline work outlasted the transfer (see :meth:`waiting`)."""
-        self._stage: Any = None
-        self._originals: dict[str, Callable[..., Any]] = {}
+        self._originals: list[tuple[Any, str, Callable[..., Any]]] = []
 
     # -- attaching -------------------------------------------------------------------------
     def attach(self, stage: Any) -> None:
-        """Wrap a ``PipelineStage``'s compute methods and the schedule's wait helper."""
-        self._stage = stage
-        for name, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward"),
-                           ("backward_weight_one_chunk", "backward_weight")):
-            fn = getattr(stage, name, None)
-            if fn is None:
-                continue
-            self._originals[name] = fn
-            setattr(stage, name, self._timed(fn, kind))
+        """Wrap the compute methods of a ``PipelineStage`` (or of each stage in a list, for
+        interleaved schedules) and the schedule's wait helper."""
+        for st in stage if isinstance(stage, (list, tuple)) else [stage]:
+            for name, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward"),
+                               ("backward_weight_one_chunk", "backward_weight")):
+                fn = getattr(st, name, None)
+                if fn is None:
+                    continue
+                self._originals.append((st, name, fn))
+                setattr(st, name, self._timed(fn, kind))
         _WaitHook.install(self)
 
     def detach(self) -> None:
-        for name, fn in self._originals.items():
-            setattr(self._stage, name, fn)
+        for st, name, fn in self._originals:
+            setattr(st, name, fn)
         self._originals.clear()
         _WaitHook.uninstall(self)
 

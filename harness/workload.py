@@ -29,7 +29,7 @@ import torch.distributed as dist
 from .errors import ConfigValueError, ScenarioError
 from .models import PRESETS
 
-Schedule = Literal["gpipe", "1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,7 +47,9 @@ class WorkloadConfig:
     microbatch_size: int = 4
     """Samples per microbatch."""
     schedule: Schedule = "1f1b"
-    """Pipeline schedule."""
+    """Pipeline schedule; ``interleaved-1f1b`` gives each rank ``virtual_stages`` model chunks."""
+    virtual_stages: int = 1
+    """Model chunks per rank (interleaved schedules: >= 2; the others: 1)."""
     steps: int = 30
     """Optimizer steps (iterations) to train."""
     seed: int = 0
@@ -63,12 +65,20 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         layers = PRESETS[self.model].layers
-        for name in ("stages", "data_parallel", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
+        for name in ("stages", "virtual_stages", "data_parallel", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
             value = getattr(self, name)
             if value < 1:
                 raise ConfigValueError(name, "an integer >= 1", value)
-        if self.stages > layers:
-            raise ConfigValueError("stages", f"at most {layers} for {self.model}", self.stages)
+        if self.schedule == "interleaved-1f1b":
+            if self.virtual_stages < 2:
+                raise ConfigValueError("virtual_stages", "at least 2 with schedule interleaved-1f1b", self.virtual_stages)
+            if self.microbatches % self.stages:
+                raise ConfigValueError("microbatches", f"a multiple of stages ({self.stages}) with an interleaved schedule", self.microbatches)
+        elif self.virtual_stages != 1:
+            raise ConfigValueError("virtual_stages", f"1 with schedule {self.schedule}", self.virtual_stages)
+        if self.stages * self.virtual_stages > layers:
+            raise ConfigValueError("stages", f"at most {layers // self.virtual_stages} for {self.model} with "
+                                   f"{self.virtual_stages} virtual stages", self.stages)
         if self.microbatches < self.stages:
             raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
         if self.world_size % self.nodes:
@@ -124,7 +134,7 @@ class PipelineTrainer:
 
     def __init__(self, cfg: WorkloadConfig) -> None:
         from baft import TrainState
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
         from .data import ResumableBatchSampler, make_dataset, make_loader, mix
         from .models import build_stage, loss_fn
@@ -140,11 +150,19 @@ class PipelineTrainer:
         self.pp_group, self.dp_group = pp_groups[d], dp_groups[s]
 
         shape = PRESETS[cfg.model]
-        self.module = build_stage(shape, cfg.seed, s, P)
+        V = cfg.virtual_stages
+        # Rank s holds model chunks s, s+P, s+2P, ... (one chunk without interleaving).
+        chunks = [build_stage(shape, cfg.seed, s + k * P, P * V) for k in range(V)]
+        self.module = chunks[0] if V == 1 else torch.nn.ModuleList(chunks)
         seed_everything(mix(cfg.seed, 100, self.rank))  # dropout differs per rank, reproducibly
-        self.stage = PipelineStage(self.module, s, P, torch.device("cpu"), group=self.pp_group)
-        schedule_cls = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
-        self.schedule = schedule_cls(self.stage, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+        self.stages = [
+            PipelineStage(m, s + k * P, P * V, torch.device("cpu"), group=self.pp_group) for k, m in enumerate(chunks)
+        ]
+        if cfg.schedule == "interleaved-1f1b":
+            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+        else:
+            schedule_cls = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
+            self.schedule = schedule_cls(self.stages[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.warmup, cfg.steps))
 
@@ -160,7 +178,8 @@ class PipelineTrainer:
         )
 
     def attach(self, ckpt: Any) -> None:
-        ckpt.attach(self.stage, replica=self.replica, replicas=self.cfg.data_parallel, replica_group=self.dp_group)
+        stages = self.stages[0] if len(self.stages) == 1 else self.stages
+        ckpt.attach(stages, replica=self.replica, replicas=self.cfg.data_parallel, replica_group=self.dp_group)
 
     def iteration(self, step: int, ckpt: Any) -> float | None:
         """Train iteration ``step``; returns the (replica-averaged) loss on the last stage, else None."""

@@ -25,8 +25,11 @@ from .base import Strategy, restore_agreed
 
 def stage_key_of(stage: Any, rank: int) -> str:
     """Key prefix of a stage's tensors, shared by its data-parallel replicas."""
-    index = getattr(stage, "stage_index", None)
-    return f"stage{index}" if index is not None else f"rank{rank}"
+    stages = stage if isinstance(stage, (list, tuple)) else [stage]
+    indices = [getattr(st, "stage_index", None) for st in stages]
+    if not indices or any(i is None for i in indices):
+        return f"rank{rank}"
+    return "stage" + "-".join(str(i) for i in indices)
 
 
 def checkpoint_group() -> Any:

@@ -47,3 +47,12 @@ def test_baft_data_parallel_shards_the_copy(tmp_path: Path, ref_cache: Path) -> 
     b0 = j.events("snapshot", 0)[-1]["bytes"]
     b2 = j.events("snapshot", 2)[-1]["bytes"]
     assert b0 > 0 and b2 > 0 and abs(b0 - b2) <= max(b0, b2) // 2
+
+
+def test_baft_interleaved_schedule(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-interleaved.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["recoveries"][0]["restored_tier"] == "shm" and v["lost_steps"] == 1
+    j = Journal.load(tmp_path / "out" / "faulted")
+    windows = {b["windows"] for b in j.events("bubbles", 0)}
+    assert min(windows) > 20  # two chunks per rank: many short windows, all profiled

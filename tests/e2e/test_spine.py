@@ -29,6 +29,8 @@ MATRIX = [
     pytest.param(dict(model="gpt-tiny", stages=3, schedule="1f1b", steps=20), 4, 2, 13, id="1f1b-3st-kill-r2"),
     pytest.param(dict(model="gpt-tiny", stages=4, schedule="1f1b", steps=16, nodes=2), 3, 1, 8, id="1f1b-4st-2nodes"),
     pytest.param(dict(model="mlp", stages=2, data_parallel=2, schedule="gpipe", steps=20), 5, 3, 11, id="mlp-2st-2dp"),
+    pytest.param(dict(model="gpt-tiny", stages=2, virtual_stages=2, schedule="interleaved-1f1b", steps=16), 4, 0, 10,
+                 id="interleaved-2st-2v"),
 ]
 
 
