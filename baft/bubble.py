@@ -247,8 +247,8 @@ class BubbleSnapshotter:
         version = pending["version"]
         pending["slot"].complete(version, pending["meta"])
         self.last_sealed = version
-        if self.store is not None:
-            self.store.sealed(self.rank, version, self.buffer.path(version % 2))
+        if self.store is not None and self.store.sealed(self.rank, version, self.buffer.path(version % 2)):
+            events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
         self.last_stats = stats
         if stats.bandwidth > 0:
             self.bandwidth = 0.7 * self.bandwidth + 0.3 * stats.bandwidth

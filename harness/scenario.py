@@ -95,7 +95,7 @@ def parse(data: Any, file: str) -> Scenario:
     run = build(RunConfig, data.get("run"), file, "run")
     shape = RunShape(world_size=workload.world_size, steps=workload.steps, nodes=workload.nodes)
     faults = parse_faults(data.get("faults") or [], file, shape)
-    check_phases(faults, checkpoint, file)
+    check_phases(faults, checkpoint, file, workload.nodes)
     return Scenario(name=name, description=description, workload=workload, checkpoint=checkpoint,
                     faults=faults, expect=expect, run=run, source=file)
 
@@ -123,10 +123,10 @@ def parse_faults(items: Any, file: str, shape: RunShape) -> list[FaultSpec]:
 
 
 #: Which strategies announce which background phases.
-_PHASE_STRATEGIES = {"snapshot": ("baft",), "persist": ("baft",)}
+_PHASE_STRATEGIES = {"snapshot": ("baft",), "replicate": ("baft",), "persist": ("baft",)}
 
 
-def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str) -> None:
+def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int) -> None:
     """A fault keyed to a strategy's phase must be able to fire under this scenario's strategy."""
     for i, f in enumerate(faults):
         phase = getattr(f.config, "phase", "iteration")
@@ -135,11 +135,14 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
         allowed = _PHASE_STRATEGIES.get(phase)
         if allowed and checkpoint.strategy not in allowed:
             raise ScenarioError(file, f"{path}.phase", f"a phase of checkpoint strategy {checkpoint.strategy!r} "
-                                "(snapshot and persist need baft)", phase)
+                                "(snapshot, replicate and persist need baft)", phase)
         if phase == "persist" and at is not None and (at == 0 or at % checkpoint.every):
             raise ScenarioError(file, f"{path}.at_step", f"a step baft persists (a multiple of checkpoint.every = {checkpoint.every})", at)
         if phase == "restore" and checkpoint.strategy == "none":
             raise ScenarioError(file, f"{path}.phase", "a checkpoint strategy that restores (not none)", phase)
+        if phase == "replicate" and checkpoint.strategy == "baft" and (checkpoint.replicas < 1 or nodes < 2):
+            raise ScenarioError(file, f"{path}.phase", "replication, which needs workload.nodes >= 2 and "
+                                "checkpoint.replicas >= 1", phase)
 
 
 def load(path: str | Path) -> Scenario:

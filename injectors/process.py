@@ -21,11 +21,12 @@ class KillConfig(FaultConfig):
     """Global rank to kill."""
     at_step: int
     """0-based iteration at whose start the signal is sent (that many steps have completed)."""
-    phase: Literal["iteration", "optimizer", "snapshot", "persist", "restore"] = "iteration"
+    phase: Literal["iteration", "optimizer", "snapshot", "replicate", "persist", "restore"] = "iteration"
     """Where it fires: ``iteration`` at the start of step ``at_step``; ``optimizer`` just before
     its optimizer step; ``snapshot`` when baft starts copying version ``at_step`` (inside the
-    bubbles); ``persist`` when baft's background thread starts writing version ``at_step``;
-    ``restore`` when a restarted job starts loading step ``at_step``."""
+    bubbles); ``replicate`` right after handing sealed version ``at_step`` to the node's store
+    for replication; ``persist`` when baft's background thread starts writing version
+    ``at_step``; ``restore`` when a restarted job starts loading step ``at_step``."""
     signal: Literal["SIGKILL", "SIGTERM"] = "SIGKILL"
     """SIGKILL: no cleanup at all; SIGTERM: the process may run its handlers."""
 

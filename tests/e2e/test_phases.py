@@ -50,3 +50,12 @@ def test_node_loss_recovers_from_peer_replicas(tmp_path: Path, ref_cache: Path) 
     launcher = [e["event"] for e in j.launcher]
     assert "store_exit" in launcher and launcher.count("store_start") == 3  # two, then the replacement
     assert not persist.committed_steps(tmp_path / "out" / "faulted" / "checkpoints")  # no disk copy to fall back on
+
+
+def test_kill_during_replication_keeps_the_replica_flowing(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-kill-during-replication.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and v["lost_steps"] <= 1 and v["recoveries"][0]["restored_tier"] == "shm"
+    stores = (tmp_path / "out" / "faulted" / "journal").glob("store-node*.jsonl")
+    replicated = [line for f in stores for line in f.read_text().splitlines() if '"replicated"' in line and '"rank": 2' in line]
+    assert any('"version": 9' in line for line in replicated)  # the killed rank's version 9 still reached node 0
