@@ -36,7 +36,8 @@ from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
 from .profiler import BubbleProfiler, ProfilerConfig
 from .snapshot import COMPLETE, WRITING, SnapshotBuffer
 from .state import COMPONENTS, TrainState
-from .store import StoreClient
+from .store import TRAFFIC_FILE, StoreClient
+from .traffic import TrafficFlag
 
 META_CAPACITY = 1 << 20
 #: Captured at the step boundary itself; everything else is captured inside the bubbles.
@@ -118,6 +119,10 @@ class BubbleSnapshotter:
         self._jobs: dict[int, list[CopyJob]] = {}
         self._static: tuple[tuple, bytes | None] | None = None
         self.store, self.node = store, node
+        self.traffic: TrafficFlag | None = None
+        if store is not None:  # tell the node's store when pipeline traffic is in flight
+            self.traffic = TrafficFlag(Path(shm_dir) / TRAFFIC_FILE, rank)
+            self.profiler.listeners.insert(0, lambda entering, _window: self.traffic.set(entering))
         self._torn: list[int] = []
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
@@ -133,6 +138,8 @@ class BubbleSnapshotter:
         self.buffer.close()
         if self.store is not None:
             self.store.close()
+        if self.traffic is not None:
+            self.traffic.close()
 
     # -- the iteration ----------------------------------------------------------------------
     def due(self, version: int) -> bool:

@@ -36,6 +36,9 @@ class CheckpointConfig:
     replication_rate: float = 0.0
     """``baft``: replication rate limit per node in bytes/s (0: none). When the link cannot
     carry a replica per iteration, older versions are skipped and the skips journaled."""
+    replication_yield: bool = True
+    """``baft``: the store sends replica data only while no rank of its node has pipeline
+    traffic in flight (each 256 KiB piece waits at most 20 ms)."""
     store: str = ""
     """``baft``: host:port of this node's store (set by the harness; empty: no store, no peers)."""
     node: int = 0

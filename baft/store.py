@@ -9,6 +9,9 @@ snapshot slots are files in the node's shared-memory directory; the store
   under a rate limit, newest version first: when a rank seals faster than the
   link carries its replicas, older pending versions are dropped and the drop
   is journaled (the replication frequency degrades instead of the training);
+* sends each replica in 256 KiB pieces, each only while no worker of the node
+  has pipeline traffic in flight (``baft.traffic``; a piece waits at most 20 ms,
+  so replication always progresses);
 * keeps the replicas it receives as slot files of the same format
   (``replica-rank-R.slotK``), double-buffered like the originals;
 * answers restores: ``locate`` lists every complete copy of a rank's state on
@@ -34,8 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from .snapshot import COMPLETE, HEADER, MAGIC
+from .traffic import TrafficFlags
 
 _FIELDS = struct.Struct("<6q")
+#: Replicas are sent in pieces of this size, each gated on training traffic.
+PIECE = 256 << 10
+#: The longest a piece waits for the node's pipeline traffic to pause (progress is guaranteed).
+MAX_DEFER = 0.02
+DEFER_POLL = 0.0002
+TRAFFIC_FILE = "traffic"
 
 
 # -- wire ---------------------------------------------------------------------------------------
@@ -141,11 +151,13 @@ def copies(root: Path, rank: int) -> list[tuple[int, Path]]:
 class Store:
     """State and logic of one node's store (the TCP server calls :meth:`handle`)."""
 
-    def __init__(self, root: Path, node: int, addresses: list[str], replicas: int, rate: float, journal: Path | None) -> None:
+    def __init__(self, root: Path, node: int, addresses: list[str], replicas: int, rate: float, journal: Path | None,
+                 yield_to_training: bool = True) -> None:
         self.root, self.node, self.addresses = root, node, addresses
         self.replicas = min(replicas, len(addresses) - 1)
         self.rate = rate
         self.root.mkdir(parents=True, exist_ok=True)
+        self.flags = TrafficFlags(self.root / TRAFFIC_FILE) if yield_to_training else None
         self._journal = open(journal, "a", buffering=1) if journal else None
         self._jlock = threading.Lock()
         self._cond = threading.Condition()
@@ -236,14 +248,37 @@ class Store:
             for target in self.targets:
                 t = time.perf_counter()
                 try:
-                    request(target, {"op": "put", "rank": rank, "version": version}, data)
+                    deferred = self._send_put(target, rank, version, data)
                 except OSError as e:
                     self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
                     continue
-                dt = time.perf_counter() - t
-                self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data), seconds=dt)
-                if self.rate > 0:  # keep the average under the limit
-                    time.sleep(max(0.0, len(data) / self.rate - dt))
+                self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data),
+                         seconds=time.perf_counter() - t, deferred_seconds=deferred)
+
+    def _send_put(self, target: str, rank: int, version: int, data: bytes) -> float:
+        """Send a replica in pieces: each piece waits (up to ``MAX_DEFER``) until no local rank
+        has pipeline traffic in flight, and the pieces keep the average under ``rate``.
+        Returns the seconds spent deferring to training traffic."""
+        host, port = target.rsplit(":", 1)
+        deferred = 0.0
+        view = memoryview(data)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": len(data)}).encode()
+            s.sendall(struct.pack(">I", len(raw)) + raw)
+            start = time.perf_counter()
+            for off in range(0, len(data), PIECE):
+                if self.flags is not None:
+                    t = time.perf_counter()
+                    while not self.flags.idle() and time.perf_counter() - t < MAX_DEFER:
+                        time.sleep(DEFER_POLL)
+                    deferred += time.perf_counter() - t
+                s.sendall(view[off : off + PIECE])
+                if self.rate > 0:
+                    ahead = (off + PIECE) / self.rate - (time.perf_counter() - start)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            recv(s)
+        return deferred
 
     def close(self) -> None:
         with self._cond:
@@ -322,9 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=1, help="peer nodes that hold a replica of each snapshot")
     p.add_argument("--rate", type=float, default=0.0, help="replication rate limit in bytes/s (0: none)")
     p.add_argument("--journal", type=Path, help="JSONL file for the store's events")
+    p.add_argument("--no-yield", action="store_true", help="send replicas even while training traffic is in flight")
     a = p.parse_args(argv)
     addresses = a.addresses.split(",")
-    store = Store(a.root, a.node, addresses, a.replicas, a.rate, a.journal)
+    store = Store(a.root, a.node, addresses, a.replicas, a.rate, a.journal, yield_to_training=not a.no_yield)
     host, port = addresses[a.node].rsplit(":", 1)
     server = _Server((host, int(port)), _Handler)
     server.store = store  # type: ignore[attr-defined]

@@ -37,6 +37,9 @@ class BenchConfig:
     """Model preset of the reference workload."""
     stages: int = 2
     """Pipeline stages (one rank each)."""
+    nodes: int = 1
+    """Hosts to spread the ranks over; with 2+ and ``baft``, node stores replicate and the
+    restore from a peer's replica is timed too."""
     microbatches: int = 8
     """Microbatches per iteration."""
     microbatch_size: int = 4
@@ -61,7 +64,7 @@ class BenchConfig:
     """Seed of the model, the data and the block order."""
 
     def __post_init__(self) -> None:
-        for name in ("stages", "microbatches", "microbatch_size", "cycles", "block", "persist_every", "restore_repeats"):
+        for name in ("stages", "nodes", "microbatches", "microbatch_size", "cycles", "block", "persist_every", "restore_repeats"):
             if getattr(self, name) < 1:
                 raise ConfigValueError(name, "an integer >= 1", getattr(self, name))
         if self.block < 2:
@@ -70,6 +73,8 @@ class BenchConfig:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
         if self.stages > PRESETS[self.model].layers:
             raise ConfigValueError("stages", f"at most {PRESETS[self.model].layers} for {self.model}", self.stages)
+        if self.stages % self.nodes:
+            raise ConfigValueError("nodes", f"a divisor of stages ({self.stages})", self.nodes)
         if self.microbatches < self.stages:
             raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
         for s in self.strategies:
@@ -101,7 +106,7 @@ def worker(spec_path: Path) -> int:
     from baft.strategies.sync import restore_shards
 
     from .schema import build
-    from .workload import PipelineTrainer, WorkloadConfig, set_determinism
+    from .workload import PipelineTrainer, WorkloadConfig, place_on_node, set_determinism
 
     spec = json.loads(spec_path.read_text())
     cfg = build(BenchConfig, spec["bench"], str(spec_path), "bench")
@@ -109,7 +114,7 @@ def worker(spec_path: Path) -> int:
     set_determinism()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    wl = WorkloadConfig(model=cfg.model, stages=cfg.stages, microbatches=cfg.microbatches,
+    wl = WorkloadConfig(model=cfg.model, stages=cfg.stages, nodes=cfg.nodes, microbatches=cfg.microbatches,
                         microbatch_size=cfg.microbatch_size, schedule=cfg.schedule,
                         steps=cfg.iterations, seed=cfg.seed, dataset_size=max(512, cfg.microbatches * cfg.microbatch_size))
     trainer = PipelineTrainer(wl)
@@ -118,6 +123,8 @@ def worker(spec_path: Path) -> int:
         c = CheckpointConfig(strategy=name, every=cfg.persist_every if name == "baft" else 1, keep=2,
                              dir=str(run_dir / "checkpoints" / name), shm_dir=spec["shm_dir"],
                              planner=PlannerConfig(copier=cfg.baft_copier))
+        if name == "baft":
+            place_on_node(c, spec)
         ckpts[name] = Checkpointer(c, trainer.state)
         trainer.attach(ckpts[name])
 
@@ -166,6 +173,8 @@ def _time_restores(cfg: BenchConfig, ckpts: dict[str, Any], restore_shards: Any,
     if "baft" in ckpts:
         strat = ckpts["baft"].strategy
         tiers.append(("shm", lambda: strat.snap.restore()))
+        if strat.snap.store is not None and cfg.nodes > 1:
+            tiers.append(("peer", lambda: _restore_without_own_memory(strat.snap)))
         tiers.append(("persistent-dcp", lambda: restore_dcp(strat, strat.stage_key, strat.group)))
     if "sync" in ckpts:
         tiers.append(("persistent-sync", lambda: restore_shards(ckpts["sync"].strategy)))
@@ -183,6 +192,14 @@ def _time_restores(cfg: BenchConfig, ckpts: dict[str, Any], restore_shards: Any,
     if "baft" in ckpts:
         ckpts["baft"].strategy.snap.restored_version = None
     return out
+
+
+def _restore_without_own_memory(snap: Any) -> int | None:
+    """Delete this rank's own slots (its memory is gone), then restore: from a peer's replica."""
+    snap.buffer.close()
+    for k in (0, 1):
+        snap.buffer.path(k).unlink(missing_ok=True)
+    return snap.restore()
 
 
 def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
@@ -211,7 +228,7 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
         vals = [max(xs) for xs in zip(*per_rank)] if all(per_rank) else []
         restores[tier] = {"seconds_median": statistics.median(vals) if vals else None, "n": len(vals)}
     if restores.get("shm", {}).get("seconds_median"):
-        for tier in ("persistent-dcp", "persistent-sync"):
+        for tier in ("peer", "persistent-dcp", "persistent-sync"):
             if restores.get(tier, {}).get("seconds_median"):
                 restores[tier]["slower_than_shm"] = restores[tier]["seconds_median"] / restores["shm"]["seconds_median"]
     return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "strategies": strategies,
@@ -236,6 +253,8 @@ def table(result: dict[str, Any]) -> str:
     for tier, r in result["restore"].items():
         if r["seconds_median"] is not None:
             extra = f" ({r['slower_than_shm']:.1f}x shm)" if "slower_than_shm" in r else ""
+            if tier == "persistent-dcp" and result["restore"].get("peer", {}).get("seconds_median"):
+                extra += f" ({r['seconds_median'] / result['restore']['peer']['seconds_median']:.1f}x peer)"
             lines.append(f"restore from {tier:<15} {r['seconds_median'] * 1e3:8.1f} ms{extra}")
     return "\n".join(lines)
 
@@ -248,12 +267,14 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     from .errors import LaunchError
     from .launcher import launch
     from .schema import to_plain
+    from .stores import StoreSpec
 
     out.mkdir(parents=True, exist_ok=True)
     shm = Path("/dev/shm") / f"baft-bench-{uuid.uuid4().hex[:10]}"
+    stores = StoreSpec(base=shm, replicas=1, rate=0.0) if "baft" in cfg.strategies and cfg.nodes > 1 else None
     try:
-        result = launch(out, {"bench": to_plain(cfg), "shm_dir": str(shm)}, nodes=1, world_size=cfg.stages,
-                        max_restarts=0, timeout=timeout, module="harness.bench")
+        result = launch(out, {"bench": to_plain(cfg), "shm_dir": str(shm)}, nodes=cfg.nodes, world_size=cfg.stages,
+                        max_restarts=0, timeout=timeout, module="harness.bench", stores=stores)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)

@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", type=Path, default=Path("runs/bench"), help="output directory (default runs/bench)")
     bench.add_argument("--model", help="gpt-tiny (default), gpt-small or mlp")
     bench.add_argument("--stages", type=int)
+    bench.add_argument("--nodes", type=int, help="hosts for the ranks (default 1; 2+ also times restores from a peer)")
     bench.add_argument("--microbatches", type=int)
     bench.add_argument("--microbatch-size", type=int, dest="microbatch_size")
     bench.add_argument("--schedule", help="1f1b (default) or gpipe")
@@ -39,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-_BENCH_FIELDS = ("model", "stages", "microbatches", "microbatch_size", "schedule", "strategies", "cycles", "block",
+_BENCH_FIELDS = ("model", "stages", "nodes", "microbatches", "microbatch_size", "schedule", "strategies", "cycles", "block",
                  "warmup", "persist_every", "baft_copier", "seed")
 
 

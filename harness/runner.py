@@ -97,7 +97,8 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
     checkpoint["shm_dir"] = str(shm)
     stores = None
     if scenario.checkpoint.strategy == "baft":
-        stores = StoreSpec(base=shm, replicas=scenario.checkpoint.replicas, rate=scenario.checkpoint.replication_rate)
+        stores = StoreSpec(base=shm, replicas=scenario.checkpoint.replicas, rate=scenario.checkpoint.replication_rate,
+                           yield_to_training=scenario.checkpoint.replication_yield)
     spec = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": scenario.fault_plan()}
     t0 = time.monotonic()
     try:

@@ -30,6 +30,7 @@ class StoreSpec:
     """Shared-memory directory of the run; node i uses ``base/node<i>``."""
     replicas: int
     rate: float
+    yield_to_training: bool = True
 
 
 class StoreFleet:
@@ -50,7 +51,7 @@ class StoreFleet:
             sys.executable, "-m", "baft.store", "--root", str(self.node_dir(node)), "--node", str(node),
             "--addresses", ",".join(self.addresses), "--replicas", str(self.spec.replicas),
             "--rate", str(self.spec.rate), "--journal", str(self.run_dir / "journal" / f"store-node{node}.jsonl"),
-        ]
+        ] + ([] if self.spec.yield_to_training else ["--no-yield"])
         log = open(self.run_dir / "logs" / f"store-node{node}.log", "ab")
         self.procs[node] = subprocess.Popen(cmd, env=worker_env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()

@@ -124,6 +124,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def place_on_node(ckpt_cfg: Any, spec: dict[str, Any]) -> tuple[int, Path | None]:
+    """This worker's node index and shared-memory directory; points a baft config at them.
+
+    The launcher sets ``BAFT_NODE_INDEX`` and, when it runs node stores, puts their
+    addresses and the run's memory directory into the spec; the per-node values are
+    filled in here because only the worker knows its node.
+    """
+    node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
+    node_memory = Path(spec["node_memory"]) / f"node{node}" if spec.get("node_memory") else None
+    if node_memory is not None:
+        ckpt_cfg.shm_dir, ckpt_cfg.store, ckpt_cfg.node = str(node_memory), spec["stores"][node], node
+    return node, node_memory
+
+
 class PipelineTrainer:
     """One rank of the reference workload: its stage, schedule, optimizer and data.
 
@@ -231,10 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = build(WorkloadConfig, spec["workload"], str(spec_path), "workload")
     ckpt_cfg = build(CheckpointConfig, spec["checkpoint"], str(spec_path), "checkpoint")
     run_dir = Path(spec["run_dir"])
-    node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
-    node_memory = Path(spec["node_memory"]) / f"node{node}" if spec.get("node_memory") else None
-    if node_memory is not None:  # this node's memory and its store (filled in here, per node)
-        ckpt_cfg.shm_dir, ckpt_cfg.store, ckpt_cfg.node = str(node_memory), spec["stores"][node], node
+    node, node_memory = place_on_node(ckpt_cfg, spec)
 
     set_determinism()
     dist.init_process_group("gloo")

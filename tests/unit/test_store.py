@@ -88,3 +88,23 @@ def test_unknown_ops_and_missing_versions_are_answered(two_stores) -> None:
     reply, _ = request(addresses[1], {"op": "frobnicate"})
     assert reply["ok"] is False and "unknown" in reply["error"]
     assert StoreClient(addresses[1]).pull(9, 9, Path("/nonexistent/x")) is None
+
+
+def test_replicas_wait_for_training_traffic_to_pause(two_stores) -> None:
+    import json
+
+    from baft.store import TRAFFIC_FILE
+    from baft.traffic import TrafficFlag
+
+    root, addresses = two_stores
+    flag = TrafficFlag(root / "node0" / TRAFFIC_FILE, rank=1)
+    flag.set(True)  # rank 1 of node 0 is waiting on a pipeline transfer
+    path = seal(root / "node0", rank=0, version=1, fill=3)
+    StoreClient(addresses[0]).sealed(0, 1, path)
+    time.sleep(0.1)
+    flag.set(False)
+    replica = root / "node1" / "replica-rank-00000.slot1"
+    wait_for(lambda: slot_header(replica) is not None and slot_header(replica)[1] == 1)
+    log = [line for line in (root / "j0.jsonl").read_text().splitlines() if '"replicated"' in line]
+    assert json.loads(log[-1])["deferred_seconds"] >= 0.015  # the piece waited (up to its 20 ms cap)
+    flag.close()
