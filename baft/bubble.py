@@ -99,6 +99,7 @@ class BubbleSnapshotter:
         omit: tuple[str, ...] = (),
         store: StoreClient | None = None,
         node: int = 0,
+        replicate_every: int = 1,
     ) -> None:
         self.state = state
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
@@ -118,7 +119,7 @@ class BubbleSnapshotter:
         self._pending: dict[str, Any] | None = None
         self._jobs: dict[int, list[CopyJob]] = {}
         self._static: tuple[tuple, bytes | None] | None = None
-        self.store, self.node = store, node
+        self.store, self.node, self.replicate_every = store, node, replicate_every
         self.traffic: TrafficFlag | None = None
         if store is not None:  # tell the node's store when pipeline traffic is in flight
             self.traffic = TrafficFlag(Path(shm_dir) / TRAFFIC_FILE, rank)
@@ -254,7 +255,8 @@ class BubbleSnapshotter:
         version = pending["version"]
         pending["slot"].complete(version, pending["meta"])
         self.last_sealed = version
-        if self.store is not None and self.store.sealed(self.rank, version, self.buffer.path(version % 2)):
+        if (self.store is not None and version % self.replicate_every == 0
+                and self.store.sealed(self.rank, version, self.buffer.path(version % 2))):
             events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
         self.last_stats = stats
         if stats.bandwidth > 0:

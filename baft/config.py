@@ -33,6 +33,8 @@ class CheckpointConfig:
     """``baft``: directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
     replicas: int = 1
     """``baft``: peer nodes that keep a copy of each snapshot (ring placement; needs nodes > 1)."""
+    replicate_every: int = 1
+    """``baft``: hand every this many versions to the store for replication (1: every one)."""
     replication_rate: float = 0.0
     """``baft``: replication rate limit per node in bytes/s (0: none). When the link cannot
     carry a replica per iteration, older versions are skipped and the skips journaled."""
@@ -60,6 +62,8 @@ class CheckpointConfig:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
         if self.replicas < 0:
             raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
+        if self.replicate_every < 1:
+            raise BaftConfigError("replicate_every", "an integer >= 1", self.replicate_every)
         if self.replication_rate < 0:
             raise BaftConfigError("replication_rate", "a number >= 0 (bytes/s; 0 means no limit)", self.replication_rate)
         allowed = [c for c in COMPONENTS if c not in ("model", "step")]

@@ -44,7 +44,7 @@ _FIELDS = struct.Struct("<6q")
 PIECE = 256 << 10
 #: The longest a piece waits for the node's pipeline traffic to pause (progress is guaranteed).
 MAX_DEFER = 0.02
-DEFER_POLL = 0.0002
+DEFER_POLL = 0.001
 TRAFFIC_FILE = "traffic"
 
 

@@ -56,6 +56,8 @@ class BenchConfig:
     """Untimed cycles first (allocations, first touch of shared memory, profiling)."""
     persist_every: int = 20
     """``baft`` only: persist to disk every this many iterations (its snapshot is every iteration)."""
+    replicate_every: int = 1
+    """``baft`` with 2+ nodes: replicate every this many versions."""
     baft_copier: Literal["inline", "thread"] = "inline"
     """``baft`` only: who does the snapshot work inside the waits (see ``baft.engine``)."""
     restore_repeats: int = 3
@@ -64,7 +66,7 @@ class BenchConfig:
     """Seed of the model, the data and the block order."""
 
     def __post_init__(self) -> None:
-        for name in ("stages", "nodes", "microbatches", "microbatch_size", "cycles", "block", "persist_every", "restore_repeats"):
+        for name in ("stages", "nodes", "replicate_every", "microbatches", "microbatch_size", "cycles", "block", "persist_every", "restore_repeats"):
             if getattr(self, name) < 1:
                 raise ConfigValueError(name, "an integer >= 1", getattr(self, name))
         if self.block < 2:
@@ -122,7 +124,7 @@ def worker(spec_path: Path) -> int:
     for name in cfg.strategies:
         c = CheckpointConfig(strategy=name, every=cfg.persist_every if name == "baft" else 1, keep=2,
                              dir=str(run_dir / "checkpoints" / name), shm_dir=spec["shm_dir"],
-                             planner=PlannerConfig(copier=cfg.baft_copier))
+                             planner=PlannerConfig(copier=cfg.baft_copier), replicate_every=cfg.replicate_every)
         if name == "baft":
             place_on_node(c, spec)
         ckpts[name] = Checkpointer(c, trainer.state)

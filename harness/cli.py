@@ -35,13 +35,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--block", type=int, help="iterations per block (default 4)")
     bench.add_argument("--warmup", type=int, help="untimed cycles first (default 2)")
     bench.add_argument("--persist-every", type=int, dest="persist_every", help="baft: persist every K iterations (default 20)")
+    bench.add_argument("--replicate-every", type=int, dest="replicate_every", help="baft, 2+ nodes: replicate every K versions (default 1)")
     bench.add_argument("--baft-copier", dest="baft_copier", help="baft: inline (default) or thread")
     bench.add_argument("--seed", type=int)
     return p
 
 
 _BENCH_FIELDS = ("model", "stages", "nodes", "microbatches", "microbatch_size", "schedule", "strategies", "cycles", "block",
-                 "warmup", "persist_every", "baft_copier", "seed")
+                 "warmup", "persist_every", "replicate_every", "baft_copier", "seed")
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -64,6 +64,7 @@ class BaftStrategy(Strategy):
             self.state, self.shm_dir, rank=rank, replica=replica, replicas=replicas, replica_group=replica_group,
             profiler=self.config.profiler, planner=self.config.planner, omit=tuple(self.config.omit),
             store=StoreClient(self.config.store) if self.config.store else None, node=self.config.node,
+            replicate_every=self.config.replicate_every,
         )
         self.snap.attach(stage)
         self.stage_key = stage_key_of(stage, rank)
