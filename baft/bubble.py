@@ -186,7 +186,6 @@ class BubbleSnapshotter:
 
     def _prepare(self, version: int, boundary: dict[str, Any], pending: dict[str, Any]) -> list[Item]:
         """Runs in a bubble (or in the stall): make sure the layout is current, queue the copies."""
-        events.emit("phase", phase="snapshot", step=version)
         identity = self._bulk_identity()
         if self._static is None or self._static[0] != identity or self._static[1] is None:
             self._build_static(identity)
@@ -194,6 +193,7 @@ class BubbleSnapshotter:
         slot = self.buffer.slot_for(version)
         slot.begin(version)
         pending["slot"] = slot
+        events.emit("phase", phase="snapshot", step=version)  # the slot is now being written
         dynamic = self._dynamic(boundary, full=static_meta is None)
         items: list[Item] = list(self._jobs[version % 2])
         items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(self._static[1] or b"", codec.encode(dynamic)))))
