@@ -25,6 +25,14 @@ Event fields:
 ``bubbles``             step, idle_seconds, windows, copy_in_windows_seconds, utilisation (copy time / idle time),
                         in_window_fraction (bytes copied inside windows / all bytes), iteration_seconds
 ``replan``              windows, idle_ms, bandwidth_gbps, bytes, overflow_bytes, stall_ms, policy, every, reason
+``snapshot_skipped``    step, tier, reason (its slot was still being persisted)
+``restore_candidates``  tier, local (versions in the rank's own memory), remote ([version, node] held by stores)
+``persist_backpressure`` step, seconds the training thread waited for the previous persist
+``store_start`` / ``store_exit`` (launcher) node, pid / returncode
+
+Each node's store writes ``journal/store-node<N>.jsonl``: store_start, replicated
+(rank, version, peer, bytes, seconds, deferred_seconds), replication_skipped
+(rank, version, reason), replication_failed, pulled (rank, version, source, bytes).
 ``finish``              step
 ``agent_start`` / ``agent_exit`` (launcher) node, returncode
 """
@@ -52,8 +60,13 @@ EVENTS = (
     "fault",
     "finish",
     "snapshot",
+    "snapshot_skipped",
     "bubbles",
     "replan",
+    "restore_candidates",
+    "persist_backpressure",
+    "store_start",
+    "store_exit",
     "agent_start",
     "agent_exit",
 )
