@@ -126,9 +126,6 @@ class Plan:
     def fits(self) -> bool:
         return not self.overflow
 
-    def window_bytes(self, chunks: dict[int, Chunk]) -> list[int]:
-        return [sum(chunks[i].nbytes for i in w) for w in self.assignment]
-
     def describe(self) -> dict[str, object]:
         return {
             "windows": len(self.windows),

@@ -6,7 +6,7 @@ wraps the stage's ``forward_one_chunk`` / ``backward_one_chunk`` and the
 schedule module's p2p wait helper — at most a wrapper around the user's stage
 and schedule, nothing re-implemented — and records per iteration:
 
-* compute spans (forward and backward per microbatch, optimizer step),
+* compute spans (forward and backward per microbatch),
 * idle windows: each wait, by its position in the iteration (the k-th wait of
   every iteration is the same place in a static schedule), with offset and
   duration.
@@ -61,7 +61,7 @@ class ProfilerConfig:
 class Span:
     """One timed span of an iteration, seconds relative to its start."""
 
-    kind: str  # forward, backward, backward_weight, wait, snapshot (inline work at a wait's start), optimizer
+    kind: str  # forward, backward, backward_weight, wait, snapshot (inline work at a wait's start)
     index: int  # microbatch for compute, position for waits
     start: float
     end: float
@@ -104,7 +104,6 @@ class _WaitHook:
     """The process-wide wrapper of ``torch.distributed.pipelining.schedules._wait_batch_p2p``."""
 
     _lock = threading.Lock()
-    _installed: Callable[..., Any] | None = None
     _original: Callable[..., Any] | None = None
     _active: BubbleProfiler | None = None
 
@@ -124,7 +123,6 @@ class _WaitHook:
                     with prof.waiting():
                         return original(work)
 
-                cls._installed = wait
                 schedules._wait_batch_p2p = wait
             cls._active = profiler
 
@@ -137,7 +135,7 @@ class _WaitHook:
                 cls._active = None
             if cls._original is not None and cls._active is None:
                 schedules._wait_batch_p2p = cls._original
-                cls._original = cls._installed = None
+                cls._original = None
 
 
 class BubbleProfiler:
@@ -225,15 +223,6 @@ class BubbleProfiler:
                 self._span("wait", index, t0, t0 + (t1 - t0) * OVERRUN_SHRINK)
             else:
                 self._span("wait", index, t0, t2)
-
-    @contextmanager
-    def optimizer_step(self):
-        """Time the optimizer step (the end of the window in which a state version is constant)."""
-        t = self.clock()
-        try:
-            yield
-        finally:
-            self._span("optimizer", 0, t, self.clock())
 
     def begin_iteration(self, step: int) -> None:
         self._t0 = self.clock()
