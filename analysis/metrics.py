@@ -25,6 +25,8 @@ class Recovery:
     lost_steps: int
     recovery_seconds: float | None
     restore_seconds: float | None
+    detection_seconds: float | None = None
+    """For a hang: from the fault to the watchdog's ``hang_detected``."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -35,11 +37,15 @@ class Recovery:
             "lost_steps": self.lost_steps,
             "recovery_seconds": self.recovery_seconds,
             "restore_seconds": self.restore_seconds,
+            "detection_seconds": self.detection_seconds,
         }
 
 
 def recoveries(run: Journal) -> list[Recovery]:
-    """One :class:`Recovery` per fault event, in the order they fired.
+    """One :class:`Recovery` per firing of a fatal fault, in the order they fired.
+
+    Faults that do not take workers down (jitter, a straggler, a throttled link) are
+    journaled with ``fatal: false`` and need no recovery.
 
     The job has recovered from a fault in the first later incarnation in which
     every rank completed a step (a restart can itself be interrupted, e.g. by a
@@ -48,7 +54,10 @@ def recoveries(run: Journal) -> list[Recovery]:
     """
     out = []
     incarnations = sorted({e["incarnation"] for e in run.events("start")})
+    hangs = [e["t"] for e in run.launcher if e.get("event") == "hang_detected"]
     for fault in run.events("fault"):
+        if not fault.get("fatal", True):
+            continue
         t_f, inc = fault["t"], fault["incarnation"]
         done = [e["step"] + 1 for e in run.events("step") if e["incarnation"] <= inc and e["t"] <= t_f]
         progress = max(done, default=0)
@@ -73,6 +82,7 @@ def recoveries(run: Journal) -> list[Recovery]:
                 lost_steps=max(0, progress - restored),
                 recovery_seconds=(max(first_steps) - t_f) if recovered is not None else None,
                 restore_seconds=max((e["seconds"] for e in restores), default=None),
+                detection_seconds=next((t - t_f for t in hangs if t >= t_f), None) if fault.get("fault") == "hang" else None,
             )
         )
     return out
@@ -81,3 +91,47 @@ def recoveries(run: Journal) -> list[Recovery]:
 def final_step(run: Journal) -> dict[int, int]:
     """Per rank, the step its ``finish`` event reports (missing ranks did not finish)."""
     return {rank: evs[-1]["step"] for rank in run.ranks if (evs := run.events("finish", rank))}
+
+
+#: Events in which a window fault reports what it did, by fault ``id``.
+EFFECTS = ("jitter_summary", "straggler_summary", "link_measured")
+_BOOKKEEPING = {"t", "event", "id", "rank", "attempt", "incarnation"}
+
+
+def windows(run: Journal) -> list[dict[str, Any]]:
+    """One entry per non-fatal fault (a window: jitter, straggler, link): where it began and
+    ended and what it did, summed over ranks and restarts."""
+    out: dict[Any, dict[str, Any]] = {}
+    for e in run.events("fault"):
+        if e.get("fatal", True):
+            continue
+        w = out.setdefault(e.get("id"), {"fault": e["fault"], "id": e.get("id"), "target": fault_target(e),
+                                         "from_step": e.get("step"), "to_step": None, "effects": {}})
+        w["from_step"] = min(w["from_step"], e.get("step", w["from_step"]))
+    everything = [ev for evs in run.ranks.values() for ev in evs] + run.launcher
+    for e in sorted(everything, key=lambda ev: ev["t"]):
+        w = out.get(e.get("id"))
+        if w is None:
+            continue
+        if e["event"] == "fault_rollback":
+            w["to_step"] = e.get("step") if w["to_step"] is None else max(w["to_step"], e.get("step", 0))
+        elif e["event"] in EFFECTS:
+            for k, v in e.items():
+                if k not in _BOOKKEEPING and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    w["effects"][k] = round(w["effects"].get(k, 0) + v, 4) if e["event"] != "link_measured" else v
+    for w in out.values():
+        w["effect"] = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in w["effects"].items()) or "no effect journaled"
+    return list(out.values())
+
+
+def fault_target(f: dict[str, Any]) -> str:
+    """What a journaled fault hit, in words (``rank 1``, ``node 0``, ``all ranks``, ``link 0-1``)."""
+    if f.get("fault") == "node_loss":  # journaled by a worker, so it also carries that worker's rank
+        return f"node {f.get('node')}"
+    if f.get("ranks") is not None:
+        return "all ranks" if f["ranks"] == "all" else "ranks " + ",".join(map(str, f["ranks"]))
+    if f.get("link") is not None:
+        return "link " + "-".join(map(str, f["link"]))
+    if f.get("rank") is not None:
+        return f"rank {f['rank']}"
+    return f"node {f['node']}" if f.get("node") is not None else str(f.get("tier", ""))

@@ -7,7 +7,7 @@ from typing import Any
 from .compare import compare
 from .errors import AnalysisError
 from .journal import Journal
-from .metrics import final_step, recoveries
+from .metrics import final_step, recoveries, windows
 
 
 class ExpectValueError(AnalysisError, ValueError):
@@ -45,9 +45,11 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     completed = len(finished) == len(reference.ranks) and all(s == steps for s in finished.values())
     if not completed:
         failures.append(f"run did not complete: finished ranks {sorted(finished)} of {sorted(reference.ranks)}")
-    fired = len(run.events("fault"))
+    fault_events = run.events("fault")
+    fired = len({e.get("id") for e in fault_events})
     if fired < faults_declared:
-        failures.append(f"only {fired} of {faults_declared} faults fired")
+        missing = sorted(set(range(faults_declared)) - {e.get("id") for e in fault_events})
+        failures.append(f"only {fired} of {faults_declared} faults fired (never fired: faults[{'], faults['.join(map(str, missing))}])")
     if expect.bitwise and not cmp.equal:
         first = cmp.first
         if first is not None:
@@ -75,7 +77,9 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         "lost_steps": lost,
         "recovery_seconds": worst,
         "faults_fired": fired,
+        "fault_occurrences": len(fault_events),
         "faults_declared": faults_declared,
         "completed": completed,
         "recoveries": [r.as_dict() for r in recs],
+        "windows": windows(run),
     }

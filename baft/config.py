@@ -8,6 +8,7 @@ from .errors import BaftConfigError
 from .planner import PlannerConfig
 from .profiler import ProfilerConfig
 from .state import COMPONENTS
+from .storage import check_url, is_url
 
 StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
 STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
@@ -26,7 +27,11 @@ class CheckpointConfig:
     every: int = 1
     """Write a persistent checkpoint after every this many completed steps."""
     dir: str = "checkpoints"
-    """Directory of the persistent tier (created if missing)."""
+    """Where the persistent tier lives: a local directory (created if missing; files
+    fsynced and renamed into place) or an fsspec URL such as ``s3://bucket/prefix``,
+    ``file:///abs/path`` or ``memory://name`` (needs ``pip install 'baft-harness[fsspec]'``
+    and the protocol's backend, e.g. s3fs; each object written whole, the manifest and
+    ``latest`` only after every data file is stored and checksummed)."""
     keep: int = 3
     """How many committed persistent checkpoints to keep."""
     shm_dir: str = ""
@@ -60,6 +65,10 @@ class CheckpointConfig:
             raise BaftConfigError("every", "an integer >= 1", self.every)
         if not isinstance(self.keep, int) or self.keep < 1:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
+        if not isinstance(self.dir, str) or not self.dir:
+            raise BaftConfigError("dir", "a directory or an fsspec URL", self.dir)
+        if is_url(self.dir):
+            check_url(self.dir)
         if self.replicas < 0:
             raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
         if self.replicate_every < 1:

@@ -1,39 +1,51 @@
 """A checkpoint directory on durable storage with atomic commits.
 
-Layout under ``root``::
+Layout under ``root`` (a local directory or an fsspec URL, see :mod:`baft.storage`)::
 
     step-00000015/rank-00000.pt     one shard per rank (torch.save of plain data)
     step-00000015/manifest.json     written after every shard is durable:
                                     step, world size, per-shard size and blake2b checksum
     latest                          the newest committed step, moved last
 
-Each file is written to a temporary name, fsynced, renamed into place and the
-directory fsynced, so a crash at any moment leaves either the old or the new
-version, never a torn one. A shard is loaded with ``weights_only=True`` only
-after its checksum matches the manifest.
+On a local disk each file is written to a temporary name, fsynced, renamed
+into place and the directory fsynced, so a crash at any moment leaves either
+the old or the new version, never a torn one. On an object store, which has no
+rename, each object is written whole and its checksum computed by reading it
+back; the manifest is written only after every data file is, and ``latest``
+only after the manifest. Either way ``latest`` advances only once the data
+is durable. A shard is loaded with ``weights_only=True`` only after its
+checksum matches the manifest.
 """
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import json
-import os
-import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import storage
 from .errors import CheckpointCorrupt
+from .storage import Root, Storage
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
+def step_name(step: int) -> str:
+    """The directory of checkpoint ``step``, relative to the root."""
+    return f"step-{step:08d}"
+
+
+def step_dir(root: Root, step: int) -> Path | str:
+    """Where checkpoint ``step`` lives: a Path under a local root, a URL under a URL root."""
+    return storage.at(root).location(step_name(step))
 
 
 def shard_name(rank: int) -> str:
@@ -44,23 +56,15 @@ def checksum(data: bytes | memoryview) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` so that readers see all of it or none of it."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+def file_checksum(st: Storage, rel: str, block: int = 8 << 20) -> tuple[int, str]:
+    """Size and blake2b checksum of a stored file, read back in blocks."""
+    h = hashlib.blake2b(digest_size=16)
+    size = 0
+    with st.open(rel) as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
 
 
 def serialize(components: dict[str, Any]) -> bytes:
@@ -83,118 +87,145 @@ class ShardRecord:
     checksum: str
 
 
-def write_shard(root: Path, step: int, rank: int, data: bytes) -> ShardRecord:
-    """Durably write one rank's serialized shard of checkpoint ``step``."""
-    d = step_dir(root, step)
-    d.mkdir(parents=True, exist_ok=True)
-    name = shard_name(rank)
-    atomic_write(d / name, data)
-    return ShardRecord(rank=rank, file=name, size=len(data), checksum=checksum(data))
+def write_shard(root: Root, step: int, rank: int, data: bytes) -> ShardRecord:
+    """Durably write one rank's serialized shard of checkpoint ``step``.
+
+    On storage that cannot be fsynced the stored object is read back, and a
+    :class:`CheckpointCorrupt` raised unless it is exactly ``data``."""
+    st = storage.at(root)
+    rel = f"{step_name(step)}/{shard_name(rank)}"
+    st.write(rel, data)
+    record = ShardRecord(rank=rank, file=shard_name(rank), size=len(data), checksum=checksum(data))
+    if st.read_back:
+        size, digest = file_checksum(st, rel)
+        if (size, digest) != (record.size, record.checksum):
+            raise CheckpointCorrupt(f"{st.location(rel)}: stored {size} bytes that differ from the {record.size} written")
+    return record
 
 
-def write_record(root: Path, step: int, record: ShardRecord) -> None:
+def write_record(root: Root, step: int, record: ShardRecord) -> None:
     """Publish a durable shard's record as a file, for a committer that cannot use collectives."""
     rec = {"rank": record.rank, "file": record.file, "size": record.size, "checksum": record.checksum}
-    atomic_write(step_dir(root, step) / f"rank-{record.rank:05d}.record.json", json.dumps(rec).encode())
+    storage.at(root).write(f"{step_name(step)}/rank-{record.rank:05d}.record.json", json.dumps(rec).encode())
 
 
-def wait_records(root: Path, step: int, world_size: int, timeout: float) -> list[ShardRecord] | None:
+def wait_records(root: Root, step: int, world_size: int, timeout: float) -> list[ShardRecord] | None:
     """Every rank's record of ``step`` once all are there; None after ``timeout`` seconds."""
-    d = step_dir(root, step)
+    st = storage.at(root)
+    d = step_name(step)
     deadline = time.monotonic() + timeout
     while True:
-        found = sorted(d.glob("rank-*.record.json"))
+        found = [n for n in st.files(d) if fnmatch.fnmatch(n, "rank-*.record.json")]
         if len(found) >= world_size:
-            return [ShardRecord(**json.loads(p.read_text())) for p in found[:world_size]]
+            try:
+                return [ShardRecord(**json.loads(st.read(f"{d}/{n}"))) for n in found[:world_size]]
+            except ValueError:
+                pass  # a record still being written where writes are not atomic (file://): poll again
         if time.monotonic() > deadline:
             return None
         time.sleep(0.01)
 
 
-def commit(root: Path, step: int, shards: list[ShardRecord], extra: dict[str, Any] | None = None) -> None:
-    """Write the manifest of ``step`` and then move ``latest`` to it (in that order)."""
-    manifest = {
+def _publish(st: Storage, step: int, manifest: dict[str, Any]) -> None:
+    """Write the manifest of ``step``, then move ``latest`` to it: the two steps of every commit."""
+    st.write(f"{step_name(step)}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+    st.write(LATEST, f"{step}\n".encode())
+
+
+def commit(root: Root, step: int, shards: list[ShardRecord], extra: dict[str, Any] | None = None) -> None:
+    """Write the manifest of ``step`` and then move ``latest`` to it (in that order).
+
+    Raises :class:`CheckpointCorrupt`, committing nothing, when a shard file is
+    missing or not the size its record says."""
+    st = storage.at(root)
+    for s in shards:
+        rel = f"{step_name(step)}/{s.file}"
+        try:
+            size = st.size(rel)
+        except FileNotFoundError as e:
+            raise CheckpointCorrupt(f"{st.location(rel)}: missing at commit; step {step} not committed") from e
+        if size != s.size:
+            raise CheckpointCorrupt(f"{st.location(rel)}: {size} bytes at commit, record says {s.size}")
+    _publish(st, step, {
         "step": step,
         "world_size": len(shards),
         "shards": {str(s.rank): {"file": s.file, "size": s.size, "checksum": s.checksum} for s in shards},
         **(extra or {}),
-    }
-    atomic_write(step_dir(root, step) / MANIFEST, json.dumps(manifest, indent=1).encode())
-    atomic_write(root / LATEST, f"{step}\n".encode())
+    })
 
 
-def file_checksum(path: Path, block: int = 8 << 20) -> tuple[int, str]:
-    """Size and blake2b checksum of a file, read in blocks."""
-    h = hashlib.blake2b(digest_size=16)
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
+def commit_directory(root: Root, step: int, world_size: int, extra: dict[str, Any] | None = None,
+                     required: Mapping[str, int] | None = None) -> None:
+    """Commit a checkpoint directory written by another library (DCP): make every file in
+    it durable, checksum it as stored, write the manifest, then move ``latest``.
 
-
-def commit_directory(root: Path, step: int, world_size: int, extra: dict[str, Any] | None = None) -> None:
-    """Commit a checkpoint directory written by another library (DCP): checksum every
-    file in it, fsync them, write the manifest, then move ``latest``."""
-    d = step_dir(root, step)
+    ``required``: files that must be there, each with its least acceptable size
+    (what the writer's own metadata says it wrote). A missing or short one
+    raises :class:`CheckpointCorrupt` and nothing is committed."""
+    st = storage.at(root)
+    d = step_name(step)
+    names = [n for n in st.files(d) if n != MANIFEST and not n.endswith(".tmp")]
+    missing = sorted(set(required or {}) - set(names)) or ([] if names else ["every file"])
+    if missing:
+        raise CheckpointCorrupt(f"{st.location(d)}: {', '.join(missing)} missing at commit; step {step} not committed")
+    st.sync(d, names)
     files = {}
-    for f in sorted(p for p in d.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp")):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        size, digest = file_checksum(f)
-        files[f.name] = {"size": size, "checksum": digest}
-    fsync_dir(d)
-    manifest = {"step": step, "world_size": world_size, "files": files, **(extra or {})}
-    atomic_write(d / MANIFEST, json.dumps(manifest, indent=1).encode())
-    atomic_write(root / LATEST, f"{step}\n".encode())
+    for name in names:
+        size, digest = file_checksum(st, f"{d}/{name}")
+        least = (required or {}).get(name, 0)
+        if size < least:
+            raise CheckpointCorrupt(f"{st.location(d)}/{name}: {size} bytes at commit, its writer wrote {least}")
+        files[name] = {"size": size, "checksum": digest}
+    _publish(st, step, {"step": step, "world_size": world_size, "files": files, **(extra or {})})
 
 
-def verify_directory(root: Path, step: int) -> None:
+def verify_directory(root: Root, step: int) -> None:
     """Raise :class:`CheckpointCorrupt` unless every file the manifest lists matches it."""
-    d = step_dir(root, step)
-    manifest = read_manifest(root, step)
-    for name, rec in manifest.get("files", {}).items():
+    st = storage.at(root)
+    d = step_name(step)
+    for name, rec in read_manifest(root, step).get("files", {}).items():
+        rel = f"{d}/{name}"
         try:
-            size, digest = file_checksum(d / name)
+            size, digest = file_checksum(st, rel)
         except FileNotFoundError as e:
-            raise CheckpointCorrupt(f"{d / name}: missing") from e
+            raise CheckpointCorrupt(f"{st.location(rel)}: missing") from e
         if size != rec["size"] or digest != rec["checksum"]:
-            raise CheckpointCorrupt(f"{d / name}: checksum mismatch (size {size}, manifest {rec['size']})")
+            raise CheckpointCorrupt(f"{st.location(rel)}: checksum mismatch (size {size}, manifest {rec['size']})")
 
 
-def latest(root: Path) -> int | None:
+def latest(root: Root) -> int | None:
+    st = storage.at(root)  # outside the try: a BaftConfigError is a ValueError too
     try:
-        return int((root / LATEST).read_text().strip())
+        return int(st.read(LATEST).decode().strip())
     except (FileNotFoundError, ValueError):
         return None
 
 
-def committed_steps(root: Path) -> list[int]:
-    """Steps with a manifest, newest first, never newer than ``latest``."""
-    if not root.is_dir():
-        return []
-    top = latest(root)
-    steps = []
-    for d in root.glob("step-*"):
-        if (d / MANIFEST).is_file():
+def _step_dirs(st: Storage) -> dict[int, str]:
+    """Step number -> directory name of every ``step-*`` directory under the root."""
+    steps = {}
+    for name in st.dirs():
+        if name.startswith("step-"):
             try:
-                s = int(d.name.split("-", 1)[1])
+                steps[int(name.split("-", 1)[1])] = name
             except ValueError:
                 continue
-            if top is None or s <= top:
-                steps.append(s)
-    return sorted(steps, reverse=True)
+    return steps
 
 
-def read_manifest(root: Path, step: int) -> dict[str, Any]:
-    return json.loads((step_dir(root, step) / MANIFEST).read_text())
+def committed_steps(root: Root) -> list[int]:
+    """Steps with a manifest, newest first, never newer than ``latest``."""
+    st = storage.at(root)
+    top = latest(root)
+    return sorted((s for s, name in _step_dirs(st).items()
+                   if (top is None or s <= top) and st.is_file(f"{name}/{MANIFEST}")), reverse=True)
 
 
-def read_shard(root: Path, step: int, rank: int, world_size: int) -> bytes:
+def read_manifest(root: Root, step: int) -> dict[str, Any]:
+    return json.loads(storage.at(root).read(f"{step_name(step)}/{MANIFEST}"))
+
+
+def read_shard(root: Root, step: int, rank: int, world_size: int) -> bytes:
     """The verified bytes of ``rank``'s shard; raises :class:`CheckpointCorrupt`."""
     manifest = read_manifest(root, step)
     if manifest["world_size"] != world_size:
@@ -202,25 +233,23 @@ def read_shard(root: Path, step: int, rank: int, world_size: int) -> bytes:
     rec = manifest["shards"].get(str(rank))
     if rec is None:
         raise CheckpointCorrupt(f"step {step}: manifest has no shard for rank {rank}")
-    path = step_dir(root, step) / rec["file"]
+    st = storage.at(root)
+    rel = f"{step_name(step)}/{rec['file']}"
     try:
-        data = path.read_bytes()
+        data = st.read(rel)
     except FileNotFoundError as e:
-        raise CheckpointCorrupt(f"{path}: missing") from e
+        raise CheckpointCorrupt(f"{st.location(rel)}: missing") from e
     if len(data) != rec["size"] or checksum(data) != rec["checksum"]:
-        raise CheckpointCorrupt(f"{path}: checksum mismatch (size {len(data)}, manifest {rec['size']})")
+        raise CheckpointCorrupt(f"{st.location(rel)}: checksum mismatch (size {len(data)}, manifest {rec['size']})")
     return data
 
 
-def prune(root: Path, keep: int) -> None:
+def prune(root: Root, keep: int) -> None:
     """Delete all but the newest ``keep`` committed checkpoints (and stale partial ones)."""
+    st = storage.at(root)
     steps = committed_steps(root)
     keep_set = set(steps[:keep])
     newest = steps[0] if steps else -1
-    for d in root.glob("step-*"):
-        try:
-            s = int(d.name.split("-", 1)[1])
-        except ValueError:
-            continue
+    for s, name in _step_dirs(st).items():
         if s not in keep_set and s < newest:
-            shutil.rmtree(d, ignore_errors=True)
+            st.remove_tree(name)

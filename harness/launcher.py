@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from analysis.journal import JournalWriter, launcher_journal
 
 from .errors import LaunchError
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from .stores import StoreSpec
@@ -77,6 +78,7 @@ def launch(
     timeout: float,
     module: str = "harness.workload",
     stores: StoreSpec | None = None,
+    hang_timeout: float | None = None,
 ) -> LaunchResult:
     """Start the node stores (if any), write the worker spec, start one torchrun agent per
     node, wait for all of them; stop the stores."""
@@ -91,11 +93,13 @@ def launch(
         spec = {**spec, "stores": fleet.addresses, "node_memory": str(stores.base)}
         fleet.start()
     spec_path = run_dir / "worker-spec.json"
-    spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve())}, indent=1))
+    # started_at: the origin of the faults' time triggers, shared by every worker and restart.
+    spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve()), "started_at": time.time()}, indent=1))
     port = free_port()
     run_id = uuid.uuid4().hex[:12]
     per_node = world_size // nodes
     procs: list[subprocess.Popen] = []
+    watchdog = None
     t0 = time.monotonic()
     try:
         for node in range(nodes):
@@ -117,6 +121,9 @@ def launch(
             )
             log.close()
             journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
+        if hang_timeout is not None:
+            watchdog = Watchdog(run_dir, procs, journal, hang_timeout)
+            watchdog.start()
         deadline = t0 + timeout
         timed_out = False
         for p in procs:
@@ -130,6 +137,8 @@ def launch(
         _kill_all(procs)
         raise
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         if any(p.poll() is None for p in procs):
             _kill_all(procs)
         for i, p in enumerate(procs):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from analysis.journal import Journal
+from analysis.metrics import fault_target as target
 from analysis.verdict import judge
 
 from .errors import LaunchError
@@ -90,7 +91,8 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
 
     faulted = out / "faulted"
     checkpoint = to_plain(scenario.checkpoint)
-    checkpoint["dir"] = str((faulted / "checkpoints").resolve())
+    if "://" not in scenario.checkpoint.dir:  # a URL (object store) is the user's; a directory goes into the run
+        checkpoint["dir"] = str((faulted / "checkpoints").resolve())
     # Shared-memory snapshots of this run only (node i under shm/node<i>); removed when it
     # ends, whatever happened. baft gets a store per node for replicas and restores.
     shm = Path("/dev/shm") / f"baft-{uuid.uuid4().hex[:12]}"
@@ -105,6 +107,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
         result = launch(
             faulted, spec, nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
+            hang_timeout=scenario.run.hang_timeout,
         )
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -134,16 +137,20 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
     if verdict["first_divergence"]:
         d = verdict["first_divergence"]
         lines.append(f"  first divergence step {d['step']}, {d['component']} / {d['key']} (rank {d['rank']})")
-    lines.append(f"  faults fired     {verdict['faults_fired']}/{verdict['faults_declared']}")
+    lines.append(f"  faults fired     {verdict['faults_fired']}/{verdict['faults_declared']}"
+                 f" ({verdict.get('fault_occurrences', verdict['faults_fired'])} occurrences)")
     for r in verdict["recoveries"]:
         f = r["fault"]
         rec = f"{r['recovery_seconds']:.2f} s" if r["recovery_seconds"] is not None else "never"
-        target = f"rank {f['rank']}" if f.get("rank") is not None and f["fault"] != "node_loss" else f"node {f.get('node')}"
         phase = "" if f.get("phase") in (None, "iteration") else f" ({f['phase']})"
+        detect = f", hang detected after {r['detection_seconds']:.1f} s" if r.get("detection_seconds") is not None else ""
         lines.append(
-            f"  {f['fault']} {target} at step {f['step']}{phase}: restored step {r['restored_step']}"
-            f" ({r['restored_tier'] or 'no checkpoint'}), lost {r['lost_steps']} steps, recovered in {rec}"
+            f"  {f['fault']} {target(f)} at step {f['step']}{phase}: restored step {r['restored_step']}"
+            f" ({r['restored_tier'] or 'no checkpoint'}), lost {r['lost_steps']} steps{detect}, recovered in {rec}"
         )
+    for w in verdict.get("windows", []):
+        lines.append(f"  {w['fault']} {w['target']}: active from step {w['from_step']}"
+                     + (f" to step {w['to_step']}" if w["to_step"] is not None else " to the end") + f" ({w['effect']})")
     w = verdict["wall_seconds"]
     lines.append(f"  wall time        reference {w['reference']:.1f} s{' (cached)' if w['reference_cached'] else ''}, faulted {w['faulted']:.1f} s")
     for f in verdict["failures"]:

@@ -21,7 +21,7 @@ import yaml
 
 from analysis.verdict import ExpectConfig
 from baft import CheckpointConfig
-from injectors import FAULTS, FaultConfig, RunShape
+from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
 from .errors import ConfigValueError, ScenarioError
 from .schema import build, found_repr, to_plain
@@ -36,12 +36,17 @@ class RunConfig:
     """torchrun ``--max-restarts`` of every agent."""
     timeout: float = 600.0
     """Seconds before a run is killed and judged failed."""
+    hang_timeout: float | None = 60.0
+    """Seconds without progress in the journal after which the watchdog declares a hang, kills
+    the stuck workers and lets torchrun restart the job (null: no watchdog)."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ConfigValueError("max_restarts", "an integer >= 0", self.max_restarts)
         if self.timeout <= 0:
             raise ConfigValueError("timeout", "a number > 0", self.timeout)
+        if self.hang_timeout is not None and self.hang_timeout <= 0:
+            raise ConfigValueError("hang_timeout", "a number > 0 (or null)", self.hang_timeout)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,6 +101,7 @@ def parse(data: Any, file: str) -> Scenario:
     shape = RunShape(world_size=workload.world_size, steps=workload.steps, nodes=workload.nodes)
     faults = parse_faults(data.get("faults") or [], file, shape)
     check_phases(faults, checkpoint, file, workload.nodes)
+    check_restarts(faults, run, file, workload.steps)
     return Scenario(name=name, description=description, workload=workload, checkpoint=checkpoint,
                     faults=faults, expect=expect, run=run, source=file)
 
@@ -118,6 +124,10 @@ def parse_faults(items: Any, file: str, shape: RunShape) -> list[FaultSpec]:
             config.check(shape)
         except ValueError as e:
             raise ScenarioError(file, f"{path}.{kind}.{e.field}", e.expected, e.found) from None  # type: ignore[attr-defined]
+        try:
+            config.preflight()
+        except HostUnsupported as e:
+            raise ScenarioError(file, f"{path}.{kind}", "a host that can inject this fault", f"<{e}>") from None
         out.append(FaultSpec(kind=kind, config=config))
     return out
 
@@ -143,6 +153,19 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
         if phase == "replicate" and checkpoint.strategy == "baft" and (checkpoint.replicas < 1 or nodes < 2):
             raise ScenarioError(file, f"{path}.phase", "replication, which needs workload.nodes >= 2 and "
                                 "checkpoint.replicas >= 1", phase)
+
+
+def check_restarts(faults: list[FaultSpec], run: RunConfig, file: str, steps: int) -> None:
+    """Every restart the faults will certainly cause needs one of torchrun's ``max_restarts``;
+    a hang also needs the watchdog."""
+    needed = 0
+    for i, f in enumerate(faults):
+        if f.kind == "hang" and run.hang_timeout is None:
+            raise ScenarioError(file, "run.hang_timeout", "a number of seconds (a hang fault needs the watchdog)", None)
+        if f.config.fatal and isinstance(f.config, PointFault):
+            needed += f.config.expected_occurrences(steps) or 0
+    if needed > run.max_restarts:
+        raise ScenarioError(file, "run.max_restarts", f"at least {needed} (the restarts the faults cause)", run.max_restarts)
 
 
 def load(path: str | Path) -> Scenario:

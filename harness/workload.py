@@ -138,6 +138,28 @@ def place_on_node(ckpt_cfg: Any, spec: dict[str, Any]) -> tuple[int, Path | None
     return node, node_memory
 
 
+def announce_compute(stage: Any, trainer: Any) -> None:
+    """Wrap a stage's per-microbatch forward and backward so each announces itself.
+
+    Before: ``phase`` (``forward`` / ``backward``, step, microbatch) — where faults keyed
+    to those phases fire. After: ``compute`` (kind, step, microbatch, seconds) — what a
+    straggler scales. Cheap: ``events.emit`` returns at once when nobody listens.
+    """
+    from baft import events
+
+    for name, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
+        fn = getattr(stage, name)
+
+        def wrapper(mb: int, *args: Any, _fn: Any = fn, _kind: str = kind, **kwargs: Any) -> Any:
+            events.emit("phase", phase=_kind, step=trainer.step, microbatch=mb)
+            t = time.perf_counter()
+            out = _fn(mb, *args, **kwargs)
+            events.emit("compute", phase=_kind, step=trainer.step, microbatch=mb, seconds=time.perf_counter() - t)
+            return out
+
+        setattr(stage, name, wrapper)
+
+
 class PipelineTrainer:
     """One rank of the reference workload: its stage, schedule, optimizer and data.
 
@@ -172,6 +194,9 @@ class PipelineTrainer:
         self.stages = [
             PipelineStage(m, s + k * P, P * V, torch.device("cpu"), group=self.pp_group) for k, m in enumerate(chunks)
         ]
+        self.step = 0
+        for st in self.stages:
+            announce_compute(st, self)
         if cfg.schedule == "interleaved-1f1b":
             self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
         else:
@@ -201,8 +226,10 @@ class PipelineTrainer:
 
         cfg = self.cfg
         first, last = self.stage_index == 0, self.stage_index == cfg.stages - 1
+        self.step = step
         events.emit("phase", phase="iteration", step=step)
         ckpt.begin_iteration()
+        events.emit("phase", phase="data", step=step)
         x, y = next(self.batches)
         losses: list[torch.Tensor] = []
         self.optimizer.zero_grad(set_to_none=True)
@@ -255,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     probe = Probe.from_env(run_dir)
 
     ctx = WorkerContext(rank=rank, fault_dir=run_dir / "faults", record=probe.record, node=node,
-                        local_rank=int(os.environ.get("LOCAL_RANK", "0")), node_memory=node_memory)
+                        local_rank=int(os.environ.get("LOCAL_RANK", "0")), node_memory=node_memory,
+                        started_at=float(spec.get("started_at", 0.0)),
+                        checkpoint_dir=Path(ckpt_cfg.dir) if "://" not in ckpt_cfg.dir else None)
     injectors = []
     for i, item in enumerate(spec.get("faults", [])):
         config_cls, injector_cls = FAULTS[item["kind"]]
@@ -263,22 +292,23 @@ def main(argv: list[str] | None = None) -> int:
         inj.arm()
         injectors.append(inj)
 
-    trainer = PipelineTrainer(cfg)
-    state = trainer.state
-    ckpt = Checkpointer(ckpt_cfg, state)
-    trainer.attach(ckpt)
-    start = ckpt.restore_latest()
-    probe.state(start, state)
+    try:
+        trainer = PipelineTrainer(cfg)
+        state = trainer.state
+        ckpt = Checkpointer(ckpt_cfg, state)
+        trainer.attach(ckpt)
+        start = ckpt.restore_latest()
+        probe.state(start, state)
 
-    for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
-        loss = trainer.iteration(step, ckpt)
-        probe.step(step, loss, time.perf_counter() - t0)
-        probe.state(state.step, state)
-        ckpt.after_step()
-
-    for inj in injectors:
-        inj.disarm()
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            loss = trainer.iteration(step, ckpt)
+            probe.step(step, loss, time.perf_counter() - t0)
+            probe.state(state.step, state)
+            ckpt.after_step()
+    finally:
+        for inj in injectors:
+            inj.disarm()  # rolls back window faults, also on the way out of a crash
     ckpt.close()
     dist.barrier()
     probe.close(state.step)

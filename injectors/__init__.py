@@ -1,13 +1,25 @@
 """Fault injectors. ``FAULTS`` maps each scenario ``faults:`` key to its config and injector."""
 from __future__ import annotations
 
-from .base import FaultConfig, InWorkerInjector, RunShape, WorkerContext
-from .errors import FaultConfigError, InjectorError
-from .process import KillConfig, KillInjector, NodeLossConfig, NodeLossInjector
+from typing import Any
 
-FAULTS: dict[str, tuple[type[FaultConfig], type[InWorkerInjector]]] = {
+from .base import FaultConfig, RunShape, WorkerContext
+from .compute import StragglerConfig, StragglerInjector
+from .data import JitterConfig, JitterInjector
+from .errors import FaultConfigError, HostUnsupported, InjectorError
+from .process import (CrashConfig, CrashInjector, HangConfig, HangInjector, KillConfig, KillInjector, NodeLossConfig,
+                      NodeLossInjector)
+from .trigger import PointFault, WindowFault
+from .worker import InWorkerInjector, WindowInjector, WorkerInjector
+
+FAULTS: dict[str, tuple[type[FaultConfig], type[Any]]] = {
     "kill": (KillConfig, KillInjector),
+    "crash": (CrashConfig, CrashInjector),
+    "hang": (HangConfig, HangInjector),
     "node_loss": (NodeLossConfig, NodeLossInjector),
+    "jitter": (JitterConfig, JitterInjector),
+    "straggler": (StragglerConfig, StragglerInjector),
 }
 
-__all__ = ["FAULTS", "FaultConfig", "FaultConfigError", "InWorkerInjector", "InjectorError", "RunShape", "WorkerContext"]
+__all__ = ["FAULTS", "FaultConfig", "FaultConfigError", "HostUnsupported", "InWorkerInjector", "InjectorError",
+           "PointFault", "RunShape", "WindowFault", "WindowInjector", "WorkerContext", "WorkerInjector"]

@@ -1,25 +1,28 @@
-"""What every fault injector shares: a config, validation, a trigger, inject and rollback.
+"""What every fault shares: a config validated before anything starts, where it runs, and how it is undone.
 
 A fault is described by a config dataclass (one per kind, registered in
-:data:`injectors.FAULTS` under its YAML key). Before anything starts, the
-harness calls :meth:`FaultConfig.check` with the run's world size and step
-count. In-worker faults (those keyed by rank and step) are armed inside each
-worker process: they subscribe to ``baft.events`` and fire when their trigger
-matches, exactly once per run — a marker file in the run's fault directory
-survives the restart the fault provokes, so a restored worker passing the same
-step does not fire again.
+:data:`injectors.FAULTS` under its YAML key) that says *what* to do and *when*
+(a trigger from :mod:`injectors.trigger`). Before anything starts the harness
+calls :meth:`FaultConfig.check` with the run's shape, and
+:meth:`FaultConfig.preflight` for what the host must provide (root, ``tc``).
+
+Every injector has the same life cycle — ``inject`` when its trigger fires,
+``rollback`` when the fault's window ends or the run stops, always (the
+harness and the workers call it in a ``finally``) — and journals both with
+timestamps. Two sites run injectors:
+
+* **in the worker** (:mod:`injectors.worker`): faults keyed by rank and step
+  (kill, hang, jitter, straggler, storage) subscribe to ``baft.events`` and
+  act inside the training process at the exact step and phase;
+* **in the harness** (:mod:`injectors.link`): faults on the infrastructure
+  (links between node namespaces) follow the job's progress from its journal.
 """
 from __future__ import annotations
 
-import dataclasses
-import os
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
-
-from baft import events
+from typing import ClassVar, Literal
 
 from .errors import FaultConfigError
 
@@ -40,6 +43,10 @@ class FaultConfig:
     """Base of fault config dataclasses; subclasses set ``kind`` and may extend :meth:`check`."""
 
     kind: ClassVar[str]
+    site: ClassVar[Literal["worker", "harness"]] = "worker"
+    """Where the injector runs."""
+    fatal: ClassVar[bool] = False
+    """Whether firing it takes workers down (the harness then expects a recovery)."""
 
     def check(self, run: RunShape) -> None:
         """Raise :class:`FaultConfigError` for values impossible in this run."""
@@ -49,9 +56,13 @@ class FaultConfig:
         node = getattr(self, "node", None)
         if node is not None and not 0 <= node < run.nodes:
             raise FaultConfigError("node", f"a node in 0..{run.nodes - 1}", node)
-        at_step = getattr(self, "at_step", None)
-        if at_step is not None and not 0 <= at_step < run.steps:
-            raise FaultConfigError("at_step", f"a step in 0..{run.steps - 1}", at_step)
+
+    def preflight(self) -> None:
+        """Raise :class:`~injectors.errors.InjectorError` naming what the host lacks (root, a tool)."""
+
+    def targets(self, rank: int, node: int, local_rank: int) -> bool:
+        """Whether the worker with this rank (on this node) injects the fault."""
+        return rank == getattr(self, "rank", None)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,54 +76,7 @@ class WorkerContext:
     local_rank: int = 0
     node_memory: Path | None = None
     """The node's shared-memory directory (where baft's snapshots and replicas live)."""
-
-
-class InWorkerInjector(ABC):
-    """A fault fired from inside the worker at (rank, step, phase)."""
-
-    def __init__(self, config: Any, fault_id: int, ctx: WorkerContext) -> None:
-        self.config, self.fault_id, self.ctx = config, fault_id, ctx
-        self._unsubscribe: Callable[[], None] | None = None
-
-    @property
-    def marker(self) -> Path:
-        return self.ctx.fault_dir / f"{self.fault_id}-{self.config.kind}.fired"
-
-    def fired(self) -> bool:
-        return self.marker.exists()
-
-    def mine(self) -> bool:
-        """Whether this worker is the one that fires the fault."""
-        return self.ctx.rank == self.config.rank
-
-    def arm(self) -> None:
-        if self.mine() and not self.fired():
-            self._unsubscribe = events.subscribe(self._on_event)
-
-    def disarm(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-
-    def _on_event(self, kind: str, fields: dict[str, Any]) -> None:
-        if kind == "phase" and self.matches(fields) and not self.fired():
-            self.disarm()
-            self._mark()
-            spec = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
-            self.ctx.record("fault", **{**spec, "fault": self.config.kind, "id": self.fault_id, **fields})
-            self.inject()
-
-    def matches(self, fields: dict[str, Any]) -> bool:
-        return fields.get("step") == self.config.at_step and fields.get("phase") == self.config.phase
-
-    def _mark(self) -> None:
-        self.ctx.fault_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.marker, os.O_CREAT | os.O_WRONLY, 0o644)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    @abstractmethod
-    def inject(self) -> None:
-        """Do the damage. May not return (a kill)."""
+    started_at: float = 0.0
+    """``time.time()`` when the harness launched the job: the origin of time triggers."""
+    checkpoint_dir: Path | None = None
+    """The persistent checkpoint tier (storage faults act on it)."""

@@ -12,3 +12,7 @@ class FaultConfigError(InjectorError, ValueError):
     def __init__(self, field: str, expected: str, found: object) -> None:
         self.field, self.expected, self.found = field, expected, found
         super().__init__(f"{field}: expected {expected}, found {found!r}")
+
+
+class HostUnsupported(InjectorError):
+    """The host cannot inject this fault (no root, a missing tool or kernel module); the message says what is needed."""

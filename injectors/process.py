@@ -1,70 +1,128 @@
-"""Process faults: kill a rank at a step; lose a whole node."""
+"""Process faults: kill or crash a rank, hang it, lose a whole node."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
-from pathlib import Path
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
-from .base import FaultConfig, InWorkerInjector
 from .errors import FaultConfigError
+from .trigger import PointFault
+from .worker import InWorkerInjector
+
+#: Phases a fault inside the worker can be keyed to.
+WORKER_PHASES = ("iteration", "forward", "backward", "optimizer", "snapshot", "replicate", "persist", "restore")
+
+
+def _check_rank(rank: int) -> None:
+    if rank < 0:
+        raise FaultConfigError("rank", "a rank >= 0", rank)
 
 
 @dataclass(kw_only=True, slots=True)
-class KillConfig(FaultConfig):
-    """Send a signal to one rank when it reaches a step."""
+class KillConfig(PointFault):
+    """Send a signal to one rank when its trigger fires."""
 
     kind: ClassVar[str] = "kill"
+    fatal: ClassVar[bool] = True
+    phases: ClassVar[tuple[str, ...]] = WORKER_PHASES
     rank: int
     """Global rank to kill."""
-    at_step: int
-    """0-based iteration at whose start the signal is sent (that many steps have completed)."""
-    phase: Literal["iteration", "optimizer", "snapshot", "replicate", "persist", "restore"] = "iteration"
-    """Where it fires: ``iteration`` at the start of step ``at_step``; ``optimizer`` just before
-    its optimizer step; ``snapshot`` when baft starts copying version ``at_step`` (inside the
-    bubbles); ``replicate`` right after handing sealed version ``at_step`` to the node's store
-    for replication; ``persist`` when baft's background thread starts writing version
-    ``at_step``; ``restore`` when a restarted job starts loading step ``at_step``."""
-    signal: Literal["SIGKILL", "SIGTERM"] = "SIGKILL"
-    """SIGKILL: no cleanup at all; SIGTERM: the process may run its handlers."""
+    signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGABRT"] = "SIGKILL"
+    """SIGKILL: no cleanup at all; SIGTERM / SIGINT: the process may run its handlers; SIGABRT: a core-dump style abort."""
 
     def __post_init__(self) -> None:
-        if self.rank < 0:
-            raise FaultConfigError("rank", "a rank >= 0", self.rank)
-        if self.at_step < 0:
-            raise FaultConfigError("at_step", "a step >= 0", self.at_step)
+        _check_rank(self.rank)
 
 
 class KillInjector(InWorkerInjector):
-    """Signals its own process: the fault fires at exactly the configured step."""
+    """Signals its own process: the fault fires at exactly the configured point."""
 
-    def inject(self) -> None:
+    def inject(self, fields: dict[str, Any]) -> None:
         os.kill(os.getpid(), getattr(signal, self.config.signal))
 
 
 @dataclass(kw_only=True, slots=True)
-class NodeLossConfig(FaultConfig):
-    """Lose a node at a step: every worker on it, its checkpoint store and its memory.
+class CrashConfig(PointFault):
+    """A rank crashes by itself: a segmentation fault, an abort, an exit or an uncaught exception."""
+
+    kind: ClassVar[str] = "crash"
+    fatal: ClassVar[bool] = True
+    phases: ClassVar[tuple[str, ...]] = WORKER_PHASES
+    rank: int
+    """Global rank that crashes."""
+    how: Literal["segfault", "abort", "exit", "exception"] = "segfault"
+    """``segfault``: a real invalid memory read; ``abort``: ``abort()``; ``exit``: exit code 1
+    without cleanup; ``exception``: an uncaught Python exception through the training loop."""
+
+    def __post_init__(self) -> None:
+        _check_rank(self.rank)
+
+
+class InjectedCrash(RuntimeError):
+    """The exception a ``crash: {how: exception}`` raises through the training loop."""
+
+
+class CrashInjector(InWorkerInjector):
+    def inject(self, fields: dict[str, Any]) -> None:
+        how = self.config.how
+        if how == "segfault":
+            ctypes.string_at(0)  # reads address 0: SIGSEGV from the hardware, not a sent signal
+        elif how == "abort":
+            os.abort()
+        elif how == "exit":
+            os._exit(1)
+        raise InjectedCrash(f"injected crash of rank {self.ctx.rank} at step {fields.get('step')}")
+
+
+@dataclass(kw_only=True, slots=True)
+class HangConfig(PointFault):
+    """A rank stops (SIGSTOP) and never comes back by itself.
+
+    torchrun alone would wait forever (the other ranks block in gloo); the
+    harness's watchdog notices that the job stopped making progress, journals
+    how long detection took, continues and kills the stopped process, and
+    torchrun restarts every worker, which restore the newest checkpoint.
+    """
+
+    kind: ClassVar[str] = "hang"
+    fatal: ClassVar[bool] = True
+    phases: ClassVar[tuple[str, ...]] = WORKER_PHASES
+    rank: int
+    """Global rank that hangs."""
+
+    def __post_init__(self) -> None:
+        _check_rank(self.rank)
+
+
+class HangInjector(InWorkerInjector):
+    def inject(self, fields: dict[str, Any]) -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@dataclass(kw_only=True, slots=True)
+class NodeLossConfig(PointFault):
+    """Lose a node: every worker on it, its checkpoint store and its memory.
 
     Locally the node's torchrun agent survives and restarts the workers, playing
     the replacement node; the harness starts a fresh store with empty memory.
     """
 
     kind: ClassVar[str] = "node_loss"
+    fatal: ClassVar[bool] = True
+    phases: ClassVar[tuple[str, ...]] = ("iteration", "forward", "backward", "optimizer", "snapshot")
     node: int
     """Index of the node to lose."""
-    at_step: int
-    """0-based iteration at whose start the node goes."""
-    phase: Literal["iteration", "optimizer", "snapshot"] = "iteration"
-    """Where in the iteration (see ``kill``)."""
 
     def __post_init__(self) -> None:
         if self.node < 0:
             raise FaultConfigError("node", "a node >= 0", self.node)
-        if self.at_step < 0:
-            raise FaultConfigError("at_step", "a step >= 0", self.at_step)
+
+    def targets(self, rank: int, node: int, local_rank: int) -> bool:
+        return node == self.node and local_rank == 0
 
 
 def _children_of(ppid: int) -> list[int]:
@@ -85,10 +143,7 @@ def _children_of(ppid: int) -> list[int]:
 class NodeLossInjector(InWorkerInjector):
     """Fired by local rank 0 of the node: kills the store, wipes the memory, kills every worker."""
 
-    def mine(self) -> bool:
-        return self.ctx.node == self.config.node and self.ctx.local_rank == 0
-
-    def inject(self) -> None:
+    def inject(self, fields: dict[str, Any]) -> None:
         memory = self.ctx.node_memory
         if memory is not None:
             try:

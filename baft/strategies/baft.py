@@ -48,14 +48,12 @@ class BaftStrategy(Strategy):
         self._persisted = -1
 
     @property
-    def root(self) -> Path:
-        return Path(self.config.dir)
-
-    @property
     def shm_dir(self) -> Path:
         if self.config.shm_dir:
             return Path(self.config.shm_dir)
-        tag = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=6).hexdigest()
+        root = self.root
+        key = str(root.resolve()) if isinstance(root, Path) else root
+        tag = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
         return Path("/dev/shm") / f"baft-{tag}"
 
     def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
@@ -119,7 +117,7 @@ class BaftStrategy(Strategy):
         sd = dcpformat.to_state_dict(components, rank, self.stage_key, snap.owned_tensors())
         dcpformat.save(self.root, version, sd, self.group)
         if rank == 0:
-            persist.commit_directory(self.root, version, world, {"format": "dcp", "strategy": "baft"})
+            dcpformat.commit(self.root, version, world, {"format": "dcp", "strategy": "baft"})
             persist.prune(self.root, self.config.keep)
         events.emit("checkpoint_saved", step=version, tier="persistent",
                     bytes=sum(t.numel() * t.element_size() for t in sd.values()),

@@ -11,11 +11,13 @@ and ``restore()`` once at start. Strategies differ only in what they do there.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ..collective import all_gather, all_min
 from ..config import CheckpointConfig
 from ..state import TrainState
+from ..storage import at
 
 
 class Strategy:
@@ -26,6 +28,11 @@ class Strategy:
     def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
         self.config = config
         self.state = state
+
+    @property
+    def root(self) -> Path | str:
+        """The persistent tier, ``config.dir``: a local directory (a Path) or an fsspec URL."""
+        return at(self.config.dir).location()
 
     def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
         """The pipeline stage and this rank's place among the stage's data-parallel replicas."""

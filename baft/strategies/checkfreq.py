@@ -11,7 +11,6 @@ thread commits when all are there.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,10 +49,6 @@ class CheckFreqStrategy(Strategy):
         super().__init__(*args, **kwargs)
         self._writer = OneInFlight("checkfreq-persist")
         self._buffers: Any = None
-
-    @property
-    def root(self) -> Path:
-        return Path(self.config.dir)
 
     def restore(self) -> int | None:
         return restore_shards(self)

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
 
 from .. import dcpformat, events, persist
 from ..collective import initialized, rank_world
@@ -39,7 +37,7 @@ def checkpoint_group() -> Any:
 
 def restore_dcp(strategy: Strategy, stage_key: str, group: Any) -> int | None:
     """Restore the newest DCP checkpoint under ``config.dir`` whose files all match the manifest."""
-    root = Path(strategy.config.dir)
+    root = strategy.root
     rank, _ = rank_world()
     t0 = time.perf_counter()
     good: dict[int, bool] = {}
@@ -74,10 +72,6 @@ class AsyncDCPStrategy(Strategy):
         self.group: Any = None
         self._inflight: tuple[int, Future, float, int] | None = None
 
-    @property
-    def root(self) -> Path:
-        return Path(self.config.dir)
-
     def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
         self.stage_key = stage_key_of(stage, rank_world()[0])
         self.group = checkpoint_group()
@@ -94,9 +88,7 @@ class AsyncDCPStrategy(Strategy):
         rank, _ = rank_world()
         t0 = time.perf_counter()
         sd = dcpformat.to_state_dict(self.state.capture(omit=tuple(self.config.omit)), rank, self.stage_key)
-        d = persist.step_dir(self.root, step)
-        d.mkdir(parents=True, exist_ok=True)
-        fut = dcp.async_save(sd, storage_writer=FileSystemWriter(str(d), sync_files=True), process_group=self.group)
+        fut = dcp.async_save(sd, storage_writer=dcpformat.writer(self.root, step), process_group=self.group)
         nbytes = sum(t.numel() * t.element_size() for t in sd.values())
         self._inflight = (step, fut, t0, nbytes)
         return True
@@ -111,7 +103,7 @@ class AsyncDCPStrategy(Strategy):
         self._inflight = None
         rank, world = rank_world()
         if rank == 0:
-            persist.commit_directory(self.root, step, world, {"format": "dcp"})
+            dcpformat.commit(self.root, step, world, {"format": "dcp"})
             persist.prune(self.root, self.config.keep)
         events.emit("checkpoint_saved", step=step, tier="persistent", bytes=nbytes,
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, step)))

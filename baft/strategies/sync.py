@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from .. import events, persist
 from ..collective import all_gather, rank_world
@@ -14,10 +13,6 @@ class SyncStrategy(Strategy):
     """The baseline: simple, durable, and on the critical path."""
 
     name = "sync"
-
-    @property
-    def root(self) -> Path:
-        return Path(self.config.dir)
 
     def after_step(self) -> bool:
         if not self.due(self.state.step):
@@ -42,8 +37,8 @@ class SyncStrategy(Strategy):
 
 
 def restore_shards(strategy: Strategy) -> int | None:
-    """Restore the newest shard checkpoint in ``config.dir`` that every rank can verify."""
-    root = Path(strategy.config.dir)
+    """Restore the newest shard checkpoint in ``config.dir`` (a directory or a URL) that every rank can verify."""
+    root = strategy.root
     rank, world = rank_world()
     t0 = time.perf_counter()
     verified: dict[int, bytes] = {}

@@ -1,0 +1,93 @@
+"""The hang watchdog: notice that a job stopped making progress, and restart it.
+
+torchrun restarts workers that *exit*; a worker that hangs (stopped, deadlocked,
+stuck in a collective) keeps every other rank waiting in gloo for its full
+timeout (30 minutes by default). The watchdog watches the job's journal: every
+rank appends to it at each step boundary, so a journal that stays silent for
+``timeout`` seconds means nobody progresses. It then journals ``hang_detected``
+(how long the job was silent, which workers were stopped) and kills the stopped
+workers — all workers if none is stopped, e.g. a deadlock — so torchrun sees a
+failure and restarts the job, which restores the newest checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from analysis.journal import JournalWriter
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, state letter) of every process below ``pid``, from /proc."""
+    parent: dict[int, int] = {}
+    state: dict[int, str] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d.name)], state[int(d.name)] = int(rest[1]), rest[0]
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        for child, pp in parent.items():
+            if pp == p:
+                out.append((child, state[child]))
+                frontier.append(child)
+    return out
+
+
+class Watchdog:
+    """Watches ``run_dir/journal/rank-*/events.jsonl`` while the agents run."""
+
+    def __init__(self, run_dir: Path, agents: list[subprocess.Popen], journal: JournalWriter, timeout: float) -> None:
+        self.run_dir, self.agents, self.journal, self.timeout = run_dir, agents, journal, timeout
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
+        self.detections = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def last_progress(self) -> float:
+        """Wall-clock time of the newest write to any rank's journal."""
+        newest = 0.0
+        for f in (self.run_dir / "journal").glob("rank-*/events.jsonl"):
+            try:
+                newest = max(newest, f.stat().st_mtime)
+            except OSError:
+                pass
+        return newest
+
+    def _run(self) -> None:
+        quiet_since = time.time()
+        while not self._stop.wait(0.25):
+            quiet_since = max(quiet_since, self.last_progress())
+            silent = time.time() - quiet_since
+            if silent < self.timeout:
+                continue
+            self._restart(silent)
+            quiet_since = time.time()  # give the restarted job its own start-up time
+
+    def _restart(self, silent: float) -> None:
+        workers = [(pid, st) for a in self.agents if a.poll() is None for pid, st in descendants(a.pid)]
+        stopped = [pid for pid, st in workers if st == "T"]
+        victims = stopped or [pid for pid, _ in workers]
+        self.detections += 1
+        self.journal.write("hang_detected", silent_seconds=round(silent, 3), timeout=self.timeout,
+                           stopped_pids=stopped, killed_pids=victims, sync=True)
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)  # also ends a stopped process; SIGCONT would let it run on
+            except ProcessLookupError:
+                pass
