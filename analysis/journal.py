@@ -20,7 +20,14 @@ Event fields:
 ``checkpoint_saved``    step, tier, bytes, seconds, path
 ``checkpoint_restored`` step, tier, seconds, path
 ``checkpoint_rejected`` step, tier, reason
-``fault``               fault, id, step, phase, plus the fault's own fields
+``fault``               fault, id, occurrence, fatal, elapsed (seconds since launch), step, phase,
+                        plus the fault's own fields (its trigger: at_step, every, mtbf, seed, ...)
+``fault_rollback``      fault, id, step, reason (a window fault switched off)
+``fault_effect``        id, effect, ... (what a fault did: the damaged file, the ballast size)
+``jitter_summary`` / ``straggler_summary`` / ``slow_storage_summary``
+                        id and the delay a window fault added (per worker, when it is rolled back)
+``checkpoint_failed``   step, tier, reason (a write failed; ``latest`` still names the last good one)
+``hang_detected`` (launcher) silent_seconds, timeout, stopped_pids, killed_pids
 ``snapshot``            step (version), tier, bytes, window_bytes, stall_bytes, copy_seconds, stall_seconds
 ``bubbles``             step, idle_seconds, windows, copy_in_windows_seconds, utilisation (copy time / idle time),
                         in_window_fraction (bytes copied inside windows / all bytes), iteration_seconds
@@ -58,6 +65,13 @@ EVENTS = (
     "checkpoint_restored",
     "checkpoint_rejected",
     "fault",
+    "fault_rollback",
+    "fault_effect",
+    "jitter_summary",
+    "straggler_summary",
+    "slow_storage_summary",
+    "checkpoint_failed",
+    "hang_detected",
     "finish",
     "snapshot",
     "snapshot_skipped",

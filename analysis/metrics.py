@@ -94,7 +94,7 @@ def final_step(run: Journal) -> dict[int, int]:
 
 
 #: Events in which a window fault reports what it did, by fault ``id``.
-EFFECTS = ("jitter_summary", "straggler_summary", "link_measured")
+EFFECTS = ("jitter_summary", "straggler_summary", "slow_storage_summary", "fault_effect", "link_measured")
 _BOOKKEEPING = {"t", "event", "id", "rank", "attempt", "incarnation"}
 
 
@@ -103,7 +103,7 @@ def windows(run: Journal) -> list[dict[str, Any]]:
     ended and what it did, summed over ranks and restarts."""
     out: dict[Any, dict[str, Any]] = {}
     for e in run.events("fault"):
-        if e.get("fatal", True):
+        if e.get("fatal", True) or ("from_step" not in e and "from_time" not in e):
             continue
         w = out.setdefault(e.get("id"), {"fault": e["fault"], "id": e.get("id"), "target": fault_target(e),
                                          "from_step": e.get("step"), "to_step": None, "effects": {}})
@@ -118,7 +118,8 @@ def windows(run: Journal) -> list[dict[str, Any]]:
         elif e["event"] in EFFECTS:
             for k, v in e.items():
                 if k not in _BOOKKEEPING and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    w["effects"][k] = round(w["effects"].get(k, 0) + v, 4) if e["event"] != "link_measured" else v
+                    # summaries add up over ranks and restarts; other effects are states: keep the latest
+                    w["effects"][k] = round(w["effects"].get(k, 0) + v, 4) if e["event"].endswith("_summary") else v
     for w in out.values():
         w["effect"] = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in w["effects"].items()) or "no effect journaled"
     return list(out.values())
@@ -132,6 +133,8 @@ def fault_target(f: dict[str, Any]) -> str:
         return "all ranks" if f["ranks"] == "all" else "ranks " + ",".join(map(str, f["ranks"]))
     if f.get("link") is not None:
         return "link " + "-".join(map(str, f["link"]))
+    if f.get("tier") is not None:
+        return f"the {f['tier']} tier"
     if f.get("rank") is not None:
         return f"rank {f['rank']}"
     return f"node {f['node']}" if f.get("node") is not None else str(f.get("tier", ""))

@@ -82,4 +82,14 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         "completed": completed,
         "recoveries": [r.as_dict() for r in recs],
         "windows": windows(run),
+        "checkpoints_rejected": _by_step(run.events("checkpoint_rejected")),
+        "checkpoints_failed": _by_step(run.events("checkpoint_failed")),
     }
+
+
+def _by_step(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (step, tier) with the first reason given (every rank reports its own)."""
+    out: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for e in evs:
+        out.setdefault((e.get("step"), e.get("tier")), {"step": e.get("step"), "tier": e.get("tier"), "reason": e.get("reason")})
+    return sorted(out.values(), key=lambda d: (d["step"] is None, d["step"]))

@@ -14,9 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 #: Phases announced as ``emit("phase", phase=NAME, step=S)``; injector triggers use these names.
-#: ``iteration`` and ``optimizer`` come from the training loop, ``snapshot``, ``persist`` and
-#: ``restore`` from the checkpointing strategies (``step`` is then the version concerned).
-PHASES = ("iteration", "forward", "backward", "optimizer", "snapshot", "replicate", "persist", "restore")
+#: ``iteration``, ``data`` (about to fetch the batch), ``forward``/``backward`` (per microbatch) and
+#: ``optimizer`` come from the training loop; ``snapshot``, ``replicate``, ``persist`` (a write to the
+#: persistent tier starts) and ``restore`` from the checkpointing strategies (``step`` is then the version).
+#:
+#: A write to the persistent tier that fails (a full disk, a storage error) is announced as
+#: ``emit("checkpoint_failed", step=S, tier="persistent", reason=...)``: training goes on, ``latest``
+#: keeps pointing at the last good checkpoint.
+PHASES = ("iteration", "data", "forward", "backward", "optimizer", "snapshot", "replicate", "persist", "restore")
 
 Subscriber = Callable[[str, dict[str, Any]], None]
 

@@ -110,12 +110,16 @@ def write_record(root: Root, step: int, record: ShardRecord) -> None:
 
 
 def wait_records(root: Root, step: int, world_size: int, timeout: float) -> list[ShardRecord] | None:
-    """Every rank's record of ``step`` once all are there; None after ``timeout`` seconds."""
+    """Every rank's record of ``step`` once all are there; None after ``timeout`` seconds or as
+    soon as a rank reported that it cannot deliver (:func:`write_failure`)."""
     st = storage.at(root)
     d = step_name(step)
     deadline = time.monotonic() + timeout
     while True:
-        found = [n for n in st.files(d) if fnmatch.fnmatch(n, "rank-*.record.json")]
+        names = st.files(d)
+        if any(fnmatch.fnmatch(n, "rank-*.failed") for n in names):
+            return None
+        found = [n for n in names if fnmatch.fnmatch(n, "rank-*.record.json")]
         if len(found) >= world_size:
             try:
                 return [ShardRecord(**json.loads(st.read(f"{d}/{n}"))) for n in found[:world_size]]
@@ -253,3 +257,12 @@ def prune(root: Root, keep: int) -> None:
     for s, name in _step_dirs(st).items():
         if s not in keep_set and s < newest:
             st.remove_tree(name)
+
+
+def write_failure(root: Root, step: int, rank: int, reason: str) -> None:
+    """Tell the committer that ``rank`` cannot deliver its shard of ``step`` (best effort: an
+    empty marker needs no data blocks, so it usually fits on a full disk)."""
+    try:
+        at(root).write(f"{step_name(step)}/rank-{rank:05d}.failed", b"")
+    except OSError:
+        pass

@@ -133,11 +133,15 @@ class LocalStorage(Storage):
         path = self.location(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # a partial temp file would hold space the next attempt needs
+            raise
         _fsync(path.parent)
 
     def read(self, rel: str) -> bytes:

@@ -20,7 +20,7 @@ from baft.state import TrainState, digest_components
 
 
 #: ``baft`` events copied into the journal.
-JOURNALED = ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected", "restore_candidates", "snapshot",
+JOURNALED = ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected", "checkpoint_failed", "restore_candidates", "snapshot",
              "snapshot_skipped", "bubbles", "replan", "persist_backpressure")
 
 

@@ -29,6 +29,8 @@ from analysis.journal import Journal
 from analysis.metrics import fault_target as target
 from analysis.verdict import judge
 
+from injectors.storage import DiskFullConfig, mount_private, unmount_private
+
 from .errors import LaunchError
 from .launcher import launch
 from .scenario import Scenario
@@ -78,6 +80,16 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
     return Reference(run_dir=final, cached=False, seconds=result.seconds)
 
 
+def keep_copy(tier: Path) -> None:
+    """Unmount the run's private checkpoint file system, keeping its files in the run directory."""
+    saved = tier.with_name(tier.name + ".saved")
+    shutil.rmtree(saved, ignore_errors=True)
+    shutil.copytree(tier, saved, ignore=shutil.ignore_patterns(".baft-ballast"))
+    unmount_private(tier)
+    shutil.rmtree(tier, ignore_errors=True)
+    os.replace(saved, tier)
+
+
 def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> dict[str, Any]:
     """Run reference and faulted run, write ``verdict.json`` into ``out``, return the verdict."""
     cache = cache or default_cache_dir()
@@ -102,6 +114,9 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
         stores = StoreSpec(base=shm, replicas=scenario.checkpoint.replicas, rate=scenario.checkpoint.replication_rate,
                            yield_to_training=scenario.checkpoint.replication_yield)
     spec = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": scenario.fault_plan()}
+    private_tier = next((f.config for f in scenario.faults if isinstance(f.config, DiskFullConfig)), None)
+    if private_tier is not None:
+        mount_private(Path(checkpoint["dir"]), private_tier.size_mb)
     t0 = time.monotonic()
     try:
         result = launch(
@@ -111,6 +126,8 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
         )
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+        if private_tier is not None:
+            keep_copy(Path(checkpoint["dir"]))
     verdict = judge(
         Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
         steps=scenario.workload.steps, faults_declared=len(scenario.faults),
@@ -153,6 +170,9 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
                      + (f" to step {w['to_step']}" if w["to_step"] is not None else " to the end") + f" ({w['effect']})")
     w = verdict["wall_seconds"]
     lines.append(f"  wall time        reference {w['reference']:.1f} s{' (cached)' if w['reference_cached'] else ''}, faulted {w['faulted']:.1f} s")
+    for kind, label in (("checkpoints_rejected", "rejected"), ("checkpoints_failed", "write failed")):
+        for c in verdict.get(kind, []):
+            lines.append(f"  checkpoint {label}: step {c['step']} ({c['tier']}): {c['reason']}")
     for f in verdict["failures"]:
         lines.append(f"  FAIL: {f}")
     lines.append(f"  verdict          {out / 'verdict.json'}")

@@ -133,7 +133,8 @@ def parse_faults(items: Any, file: str, shape: RunShape) -> list[FaultSpec]:
 
 
 #: Which strategies announce which background phases.
-_PHASE_STRATEGIES = {"snapshot": ("baft",), "replicate": ("baft",), "persist": ("baft",)}
+_PHASE_STRATEGIES = {"snapshot": ("baft",), "replicate": ("baft",), "persist": ("sync", "async-dcp", "checkfreq", "baft"),
+                     "saved": ("sync", "async-dcp", "checkfreq", "baft")}
 
 
 def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int) -> None:
@@ -145,8 +146,8 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
         allowed = _PHASE_STRATEGIES.get(phase)
         if allowed and checkpoint.strategy not in allowed:
             raise ScenarioError(file, f"{path}.phase", f"a phase of checkpoint strategy {checkpoint.strategy!r} "
-                                "(snapshot, replicate and persist need baft)", phase)
-        if phase == "persist" and at is not None and (at == 0 or at % checkpoint.every):
+                                "(snapshot and replicate need baft; persist and saved a strategy that persists)", phase)
+        if phase in ("persist", "saved") and at is not None and (at == 0 or at % checkpoint.every):
             raise ScenarioError(file, f"{path}.at_step", f"a step baft persists (a multiple of checkpoint.every = {checkpoint.every})", at)
         if phase == "restore" and checkpoint.strategy == "none":
             raise ScenarioError(file, f"{path}.phase", "a checkpoint strategy that restores (not none)", phase)

@@ -9,6 +9,8 @@ from .data import JitterConfig, JitterInjector
 from .errors import FaultConfigError, HostUnsupported, InjectorError
 from .process import (CrashConfig, CrashInjector, HangConfig, HangInjector, KillConfig, KillInjector, NodeLossConfig,
                       NodeLossInjector)
+from .storage import (CorruptConfig, CorruptInjector, DiskFullConfig, DiskFullInjector, SlowStorageConfig,
+                      SlowStorageInjector)
 from .trigger import PointFault, WindowFault
 from .worker import InWorkerInjector, WindowInjector, WorkerInjector
 
@@ -19,6 +21,9 @@ FAULTS: dict[str, tuple[type[FaultConfig], type[Any]]] = {
     "node_loss": (NodeLossConfig, NodeLossInjector),
     "jitter": (JitterConfig, JitterInjector),
     "straggler": (StragglerConfig, StragglerInjector),
+    "corrupt": (CorruptConfig, CorruptInjector),
+    "disk_full": (DiskFullConfig, DiskFullInjector),
+    "slow_storage": (SlowStorageConfig, SlowStorageInjector),
 }
 
 __all__ = ["FAULTS", "FaultConfig", "FaultConfigError", "HostUnsupported", "InWorkerInjector", "InjectorError",

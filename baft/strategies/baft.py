@@ -30,7 +30,7 @@ from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
 from ..collective import rank_world
 from ..store import StoreClient
-from .base import Strategy
+from .base import WRITE_ERRORS, Strategy, persist_failed
 from .dcp import checkpoint_group, restore_dcp, stage_key_of
 
 
@@ -107,18 +107,24 @@ class BaftStrategy(Strategy):
         """Write ``version`` (read from its slot unless ``components`` are given) and commit it."""
         snap = self._snap()
         t0 = time.perf_counter()
-        events.emit("phase", phase="persist", step=version)
         if components is None:
             try:
                 components = snap.read_version(version)
             finally:
                 snap.pinned.discard(version % 2)
+        # Announced once the slot is released: while it is pinned the snapshotter must skip
+        # versions that would land in it, so nothing slow may happen before this point.
+        events.emit("phase", phase="persist", step=version)
         rank, world = rank_world()
         sd = dcpformat.to_state_dict(components, rank, self.stage_key, snap.owned_tensors())
-        dcpformat.save(self.root, version, sd, self.group)
-        if rank == 0:
-            dcpformat.commit(self.root, version, world, {"format": "dcp", "strategy": "baft"})
-            persist.prune(self.root, self.config.keep)
+        try:
+            dcpformat.save(self.root, version, sd, self.group)
+            if rank == 0:
+                dcpformat.commit(self.root, version, world, {"format": "dcp", "strategy": "baft"})
+                persist.prune(self.root, self.config.keep)
+        except WRITE_ERRORS as e:
+            persist_failed(version, e)
+            return
         events.emit("checkpoint_saved", step=version, tier="persistent",
                     bytes=sum(t.numel() * t.element_size() for t in sd.values()),
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))

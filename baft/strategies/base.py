@@ -14,10 +14,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from torch.distributed.checkpoint.api import CheckpointException
+
+from .. import events
 from ..collective import all_gather, all_min
+from ..errors import CheckpointCorrupt
 from ..config import CheckpointConfig
 from ..state import TrainState
 from ..storage import at
+
+
+#: What a failed write to the persistent tier raises: the OS (a full disk, an I/O error) or
+#: DCP, which gathers every rank's write errors into one exception raised on all ranks.
+WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, CheckpointException, CheckpointCorrupt)
+
+
+def persist_failed(step: int, error: BaseException) -> None:
+    """Journal a checkpoint that could not be written. Training goes on; ``latest`` still names
+    the last good checkpoint, so the failure costs recency, never correctness."""
+    events.emit("checkpoint_failed", step=step, tier="persistent", reason=f"{type(error).__name__}: {error}")
 
 
 class Strategy:

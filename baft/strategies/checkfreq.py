@@ -67,17 +67,23 @@ class CheckFreqStrategy(Strategy):
 
     def _persist(self, step: int, snapshot: Any, t0: float, snap_seconds: float) -> None:
         rank, world = rank_world()
+        events.emit("phase", phase="persist", step=step)
         data = persist.serialize(snapshot)
-        record = persist.write_shard(self.root, step, rank, data)
-        persist.write_record(self.root, step, record)
-        if rank == 0:
-            records = persist.wait_records(self.root, step, world, COMMIT_TIMEOUT)
-            if records is None:
-                events.emit("checkpoint_rejected", step=step, tier="persistent",
-                            reason=f"not every rank's shard arrived within {COMMIT_TIMEOUT:.0f} s")
-                return
-            persist.commit(self.root, step, records, {"omit": list(self.config.omit)})
-            persist.prune(self.root, self.config.keep)
+        try:
+            record = persist.write_shard(self.root, step, rank, data)
+            persist.write_record(self.root, step, record)
+            if rank == 0:
+                records = persist.wait_records(self.root, step, world, COMMIT_TIMEOUT)
+                if records is None:
+                    events.emit("checkpoint_failed", step=step, tier="persistent",
+                                reason=f"not every rank's shard arrived within {COMMIT_TIMEOUT:.0f} s")
+                    return
+                persist.commit(self.root, step, records, {"omit": list(self.config.omit)})
+                persist.prune(self.root, self.config.keep)
+        except OSError as e:  # e.g. ENOSPC: this checkpoint is lost, the last good one stays
+            persist.write_failure(self.root, step, rank, str(e))
+            events.emit("checkpoint_failed", step=step, tier="persistent", reason=f"rank {rank}: {e}")
+            return
         events.emit("checkpoint_saved", step=step, tier="persistent", bytes=len(data),
                     seconds=time.perf_counter() - t0, snapshot_seconds=snap_seconds,
                     path=str(persist.step_dir(self.root, step)))

@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 from .. import dcpformat, events, persist
 from ..collective import initialized, rank_world
 from ..errors import CheckpointCorrupt
-from .base import Strategy, restore_agreed
+from .base import WRITE_ERRORS, Strategy, persist_failed, restore_agreed
 
 
 def stage_key_of(stage: Any, rank: int) -> str:
@@ -87,6 +87,7 @@ class AsyncDCPStrategy(Strategy):
         self._poll(block=True)
         rank, _ = rank_world()
         t0 = time.perf_counter()
+        events.emit("phase", phase="persist", step=step)
         sd = dcpformat.to_state_dict(self.state.capture(omit=tuple(self.config.omit)), rank, self.stage_key)
         fut = dcp.async_save(sd, storage_writer=dcpformat.writer(self.root, step), process_group=self.group)
         nbytes = sum(t.numel() * t.element_size() for t in sd.values())
@@ -99,12 +100,16 @@ class AsyncDCPStrategy(Strategy):
         step, fut, t0, nbytes = self._inflight
         if not block and not fut.done():
             return
-        fut.result()
         self._inflight = None
         rank, world = rank_world()
-        if rank == 0:
-            dcpformat.commit(self.root, step, world, {"format": "dcp"})
-            persist.prune(self.root, self.config.keep)
+        try:
+            fut.result()
+            if rank == 0:
+                dcpformat.commit(self.root, step, world, {"format": "dcp"})
+                persist.prune(self.root, self.config.keep)
+        except WRITE_ERRORS as e:
+            persist_failed(step, e)
+            return
         events.emit("checkpoint_saved", step=step, tier="persistent", bytes=nbytes,
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, step)))
 

@@ -23,12 +23,23 @@ class SyncStrategy(Strategy):
     def save(self, step: int) -> None:
         rank, _ = rank_world()
         t0 = time.perf_counter()
+        events.emit("phase", phase="persist", step=step)
         data = persist.serialize(self.state.capture(omit=tuple(self.config.omit)))
-        record = persist.write_shard(self.root, step, rank, data)
+        try:
+            record: persist.ShardRecord | str = persist.write_shard(self.root, step, rank, data)
+        except OSError as e:  # e.g. ENOSPC: this checkpoint is lost, the last good one stays
+            record = f"rank {rank}: {e}"
         records = all_gather(record)
-        if rank == 0:
-            persist.commit(self.root, step, sorted(records, key=lambda r: r.rank), {"omit": list(self.config.omit)})
-            persist.prune(self.root, self.config.keep)
+        failed = [r for r in records if isinstance(r, str)]
+        if not failed and rank == 0:
+            try:
+                persist.commit(self.root, step, sorted(records, key=lambda r: r.rank), {"omit": list(self.config.omit)})
+                persist.prune(self.root, self.config.keep)
+            except OSError as e:
+                failed = [f"rank 0 commit: {e}"]
+        if failed:
+            events.emit("checkpoint_failed", step=step, tier="persistent", reason="; ".join(failed))
+            return
         events.emit("checkpoint_saved", step=step, tier="persistent", bytes=len(data),
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, step)))
 

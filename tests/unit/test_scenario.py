@@ -131,3 +131,28 @@ def test_fault_bounds_follow_the_workload(tmp_path_factory: pytest.TempPathFacto
         with pytest.raises(ScenarioError) as err:
             load(f)
         assert err.value.path in ("faults[0].kill.rank", "faults[0].kill.at_step")
+
+
+@pytest.mark.parametrize(
+    "faults, run, path, expected",
+    [
+        ("- kill: {rank: 0, at_step: 2, every: 5, times: 4}", "{max_restarts: 3}", "run.max_restarts", "at least 4"),
+        ("- hang: {rank: 0, at_step: 2}", "{hang_timeout: null}", "run.hang_timeout", "needs the watchdog"),
+        ("- kill: {rank: 0, at_step: 5, phase: saved}", "{}", "faults[0].kill.phase", "a phase of kill"),
+        ("- corrupt: {at_step: 7}", "{}", "faults[0].corrupt.at_step", "a step baft persists"),
+        ("- jitter: {from_step: 3, ranks: [2]}", "{}", "faults[0].jitter.ranks", "'all' or a non-empty list"),
+    ],
+)
+def test_fault_schedule_problems_are_caught_before_running(tmp_path: Path, faults: str, run: str, path: str, expected: str) -> None:
+    text = GOOD.replace("  - kill: {rank: 1, at_step: 17}", "  " + faults) + f"run: {run}\n"
+    with pytest.raises(ScenarioError) as e:
+        load(write(tmp_path, text))
+    assert e.value.path == path and expected in e.value.expected
+
+
+def test_a_fault_the_host_cannot_inject_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("injectors.storage.os.geteuid", lambda: 1000)
+    f = write(tmp_path, GOOD.replace("  - kill: {rank: 1, at_step: 17}", "  - disk_full: {from_step: 3}"))
+    assert cli_main(["validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "faults[0].disk_full" in err and "needs root" in err

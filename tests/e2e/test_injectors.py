@@ -1,0 +1,100 @@
+"""Each in-worker injector and the hang watchdog, end to end through ``baft run``."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from analysis.journal import Journal
+from baft import persist
+
+from .conftest import ROOT, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+CI = ROOT / "scenarios" / "ci"
+
+
+def test_segfault_is_a_real_crash_and_is_recovered(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "crash-segfault.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and v["recoveries"][0]["restored_tier"] == "persistent"
+    log = (tmp_path / "out" / "faulted" / "logs" / "node0.log").read_text()
+    assert "exitcode: -11" in log  # torchrun saw the worker die of signal 11 (SIGSEGV)
+
+
+def test_hang_is_detected_by_the_watchdog_and_restarted(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "hang-watchdog.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec = v["recoveries"][0]
+    assert 8 <= rec["detection_seconds"] < 20 and rec["restored_tier"] == "shm" and v["bitwise_equal"]
+    j = Journal.load(tmp_path / "out" / "faulted")
+    (hang,) = [e for e in j.launcher if e["event"] == "hang_detected"]
+    assert hang["stopped_pids"] and hang["stopped_pids"] == hang["killed_pids"]
+    assert "hang detected after" in out
+
+
+def test_loader_jitter_makes_baft_replan_and_changes_no_sample(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "jitter-drift.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"]
+    j = Journal.load(tmp_path / "out" / "faulted")
+    fired = [e for e in j.events("fault") if e["fault"] == "jitter"]
+    drifts = [e for e in j.events("replan") if "drifted" in e["reason"] and e["t"] > fired[0]["t"]]
+    assert drifts, "the jitter did not make baft re-plan"
+    (window,) = v["windows"]
+    assert window["from_step"] == 8 and window["effects"]["delay_seconds"] >= 0.15 * 5
+
+
+def test_straggler_slows_one_rank_and_stays_bitwise(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "straggler.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    (window,) = v["windows"]
+    assert window["from_step"] == 6 and window["to_step"] == 14 and window["effects"]["added_seconds"] > 0.1
+    j = Journal.load(tmp_path / "out" / "faulted")
+    slow = [e["seconds"] for e in j.events("step", 1) if 7 <= e["step"] < 14]
+    fast = [e["seconds"] for e in j.events("step", 1) if e["step"] >= 15]
+    assert sorted(slow)[len(slow) // 2] > 1.3 * sorted(fast)[len(fast) // 2]
+
+
+def test_periodic_kill_fires_at_each_period(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "kill-periodic.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    j = Journal.load(tmp_path / "out" / "faulted")
+    assert [(e["step"], e["occurrence"]) for e in j.events("fault")] == [(5, 0), (12, 1), (19, 2)]
+    assert [r["restored_step"] for r in v["recoveries"]] == [4, 11, 18]
+
+
+def test_random_failures_are_seeded_and_journaled(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "kill-mtbf.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    faults = Journal.load(tmp_path / "out" / "faulted").events("fault")
+    assert [e["occurrence"] for e in faults] == [0, 1]
+    assert all(e["seed"] == 236 and e["mtbf"] == 6 for e in faults)
+    assert faults[0]["elapsed"] >= 6.7 and faults[1]["elapsed"] >= 10.8
+
+
+def test_corrupt_checkpoint_is_rejected_and_the_job_falls_back(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "storage-corrupt.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert [c["step"] for c in v["checkpoints_rejected"]] == [12] and "checksum" in v["checkpoints_rejected"][0]["reason"]
+    assert v["recoveries"][0]["restored_step"] == 8 and v["bitwise_equal"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="disk_full mounts a tmpfs for the checkpoints: needs root")
+def test_full_disk_fails_writes_loudly_and_keeps_the_last_good_checkpoint(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "storage-disk-full.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert [c["step"] for c in v["checkpoints_failed"]] == [8, 10, 12, 14]
+    assert all("No space left" in c["reason"] for c in v["checkpoints_failed"])
+    assert v["recoveries"][0]["restored_step"] == 6 and v["bitwise_equal"]
+    root = tmp_path / "out" / "faulted" / "checkpoints"
+    assert not os.path.ismount(root)  # unmounted, files kept
+    assert persist.committed_steps(root)[0] == 20
+
+
+def test_slow_storage_delays_persistence_not_training(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "storage-slow.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    (window,) = v["windows"]
+    assert window["effects"]["writes"] >= 1 and v["bitwise_equal"]
