@@ -191,8 +191,10 @@ class Journal:
         return j
 
     def events(self, kind: str, rank: int | None = None) -> list[dict[str, Any]]:
-        """Events of one kind, of one rank or of all ranks ordered by time."""
+        """Events of one kind, of one rank, or of all ranks and the launcher (faults the
+        harness drives are journaled there) ordered by time."""
         if rank is not None:
             return [e for e in self.ranks.get(rank, []) if e["event"] == kind]
         out = [e for evs in self.ranks.values() for e in evs if e["event"] == kind]
+        out += [e for e in self.launcher if e["event"] == kind]
         return sorted(out, key=lambda e: e["t"])

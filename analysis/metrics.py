@@ -26,7 +26,7 @@ class Recovery:
     recovery_seconds: float | None
     restore_seconds: float | None
     detection_seconds: float | None = None
-    """For a hang: from the fault to the watchdog's ``hang_detected``."""
+    """For a stall (hang, partition): from the fault to the watchdog's ``hang_detected``."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -39,6 +39,10 @@ class Recovery:
             "restore_seconds": self.restore_seconds,
             "detection_seconds": self.detection_seconds,
         }
+
+
+#: Faults that stall the job rather than end a process: the watchdog detects them.
+STALLS = ("hang", "partition")
 
 
 def recoveries(run: Journal) -> list[Recovery]:
@@ -58,7 +62,9 @@ def recoveries(run: Journal) -> list[Recovery]:
     for fault in run.events("fault"):
         if not fault.get("fatal", True):
             continue
-        t_f, inc = fault["t"], fault["incarnation"]
+        t_f = fault["t"]
+        # a fault the harness journaled (a link) belongs to the incarnation running at that moment
+        inc = fault.get("incarnation", max((e["incarnation"] for e in run.events("start") if e["t"] <= t_f), default=0))
         done = [e["step"] + 1 for e in run.events("step") if e["incarnation"] <= inc and e["t"] <= t_f]
         progress = max(done, default=0)
         recovered, first_steps = None, []
@@ -82,7 +88,7 @@ def recoveries(run: Journal) -> list[Recovery]:
                 lost_steps=max(0, progress - restored),
                 recovery_seconds=(max(first_steps) - t_f) if recovered is not None else None,
                 restore_seconds=max((e["seconds"] for e in restores), default=None),
-                detection_seconds=next((t - t_f for t in hangs if t >= t_f), None) if fault.get("fault") == "hang" else None,
+                detection_seconds=next((t - t_f for t in hangs if t >= t_f), None) if fault.get("fault") in STALLS else None,
             )
         )
     return out

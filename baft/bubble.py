@@ -4,7 +4,7 @@ Per iteration of one stage:
 
 ``begin(v)``   at the step boundary v: capture the small state (RNGs, data
                position, scheduler, step) whole, mark shared-memory slot
-               ``v % 2`` as being written, and queue this replica's chunks of
+               ``v % SLOTS`` as being written, and queue this replica's chunks of
                the bulk state (parameters, buffers, optimizer tensors) for the
                copier, which copies them while the stage waits on the pipeline.
 ``seal()``     just before the optimizer step, the last moment version v
@@ -34,7 +34,7 @@ from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
 from .layout import BULK_COMPONENTS, MARKER, TensorSpec, as_bytes, layout, rebuild, split, total_bytes
 from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
 from .profiler import BubbleProfiler, ProfilerConfig
-from .snapshot import COMPLETE, WRITING, SnapshotBuffer
+from .snapshot import COMPLETE, WRITING, SnapshotBuffer, slot_of
 from .state import COMPONENTS, TrainState
 from .store import TRAFFIC_FILE, StoreClient
 from .traffic import TrafficFlag
@@ -153,7 +153,7 @@ class BubbleSnapshotter:
         self._pending = None
         if version == self.restored_version or not self.due(version):
             return  # already in shared memory (we restored from it) / the plan skips it
-        if version % 2 in self.pinned:
+        if slot_of(version) in self.pinned:
             events.emit("snapshot_skipped", step=version, tier="shm", reason="slot still being persisted")
             return
         # The RNGs move in the first forward and the data position with the next batch:
@@ -195,12 +195,12 @@ class BubbleSnapshotter:
         pending["slot"] = slot
         events.emit("phase", phase="snapshot", step=version)  # the slot is now being written
         dynamic = self._dynamic(boundary, full=static_meta is None)
-        items: list[Item] = list(self._jobs[version % 2])
+        items: list[Item] = list(self._jobs[slot_of(version)])
         items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(self._static[1] or b"", codec.encode(dynamic)))))
         return items
 
     def _build_static(self, identity: tuple) -> None:
-        """Lay out the bulk tensors, make both slots' copy jobs, encode what does not change."""
+        """Lay out the bulk tensors, make every slot's copy jobs, encode what does not change."""
         components = self.state.capture(only=BULK_COMPONENTS, omit=self.omit)
         skeleton, tensors = split(components)
         specs = layout(tensors)
@@ -256,7 +256,7 @@ class BubbleSnapshotter:
         pending["slot"].complete(version, pending["meta"])
         self.last_sealed = version
         if (self.store is not None and version % self.replicate_every == 0
-                and self.store.sealed(self.rank, version, self.buffer.path(version % 2))):
+                and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)))):
             events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
         self.last_stats = stats
         if stats.bandwidth > 0:
@@ -296,7 +296,7 @@ class BubbleSnapshotter:
     def read_version(self, version: int) -> dict[str, Any]:
         """A private copy of sealed ``version``'s components (only this replica's tensors are real)."""
         slot = self.buffer.slot_for(version)
-        info = slot.info(version % 2)
+        info = slot.info(slot_of(version))
         if info is None or info.state != COMPLETE or info.version != version:
             raise RuntimeError(f"version {version} is no longer in shared memory")
         return _components(slot.meta(), slot.data())[0]
@@ -321,7 +321,7 @@ class BubbleSnapshotter:
         tier = "shm"
         if version not in complete and self.store is not None:
             self.buffer.close()
-            source = self.store.pull(self.rank, version, self.buffer.path(version % 2))
+            source = self.store.pull(self.rank, version, self.buffer.path(slot_of(version)))
             complete = self._open_slots()
             tier = "peer" if source is not None and source != self.node else "shm"
         if all_min(int(version in complete)) == 0:  # some rank could not get it: all fall back together

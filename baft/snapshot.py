@@ -1,14 +1,14 @@
-"""Double-buffered snapshot slots in shared memory that outlive the process that wrote them.
+"""Snapshot slots in shared memory (three per rank) that outlive the process that wrote them.
 
-Each rank owns two slot files under a directory in ``/dev/shm``. A slot is::
+Each rank owns :data:`SLOTS` slot files under a directory in ``/dev/shm``. A slot is::
 
     header (4 KiB)  int64 [magic, state, version, data_len, meta_len, meta_capacity]
     data            the flat bytes of the stage's tensors (model + optimizer)
     meta            a ``torch.save`` blob: the rest of the state with tensor markers, and the layout
 
-Version v is written into slot ``v % 2``: ``state`` goes to WRITING first and
-to COMPLETE only after every byte of v is in place, so the other slot always
-keeps the previous complete version, and a writer killed mid-copy leaves a
+Version v is written into slot ``v % SLOTS``: ``state`` goes to WRITING first and
+to COMPLETE only after every byte of v is in place, so the other slots always
+keep the previous complete versions, and a writer killed mid-copy leaves a
 WRITING slot that readers discard. Files in ``/dev/shm`` survive a SIGKILL of
 the writer (plain files, no resource tracker). Pages are touched once at
 creation: first touch runs at ~1 GB/s here, later copies at 10+ GB/s.
@@ -101,8 +101,19 @@ class Slot:
         self._mm.close()
 
 
+SLOTS = 3
+"""Slots per rank: version v goes to slot ``v % SLOTS``. Pipeline stages run up to one
+version apart, so when a failure interrupts every rank mid-copy, each still holds its two
+newest complete versions and at least one of them is common to all ranks; with two slots
+the stage ahead would already have overwritten the version the stage behind can offer."""
+
+
+def slot_of(version: int) -> int:
+    return version % SLOTS
+
+
 class SnapshotBuffer:
-    """The two slots of one rank."""
+    """The :data:`SLOTS` slots of one rank."""
 
     def __init__(self, root: Path, rank: int) -> None:
         self.root = Path(root)
@@ -113,14 +124,14 @@ class SnapshotBuffer:
         return self.root / f"rank-{self.rank:05d}.slot{k}"
 
     def allocate(self, data_len: int, meta_capacity: int) -> None:
-        """Map both slots with room for ``data_len`` bytes of tensors.
+        """Map every slot with room for ``data_len`` bytes of tensors.
 
         Slot files of exactly that size are reused as they are, so a restarted
         worker keeps the complete version it restored from in the other slot.
         """
         self.close()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.slots = {k: Slot(self.path(k), data_len, meta_capacity, create=True) for k in range(2)}
+        self.slots = {k: Slot(self.path(k), data_len, meta_capacity, create=True) for k in range(SLOTS)}
 
     def fits(self, data_len: int, meta_len: int) -> bool:
         return 0 in self.slots and self.slots[0].data_len == data_len and self.slots[0].meta_capacity >= meta_len
@@ -129,7 +140,7 @@ class SnapshotBuffer:
         """Map slots a previous process left; returns their headers (COMPLETE or not)."""
         self.close()
         infos = []
-        for k in range(2):
+        for k in range(SLOTS):
             p = self.path(k)
             if not p.is_file() or p.stat().st_size < HEADER:
                 continue
@@ -143,7 +154,7 @@ class SnapshotBuffer:
         return infos
 
     def slot_for(self, version: int) -> Slot:
-        return self.slots[version % 2]
+        return self.slots[slot_of(version)]
 
     def close(self) -> None:
         for s in self.slots.values():

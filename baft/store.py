@@ -36,12 +36,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .snapshot import COMPLETE, HEADER, MAGIC
+from .snapshot import COMPLETE, HEADER, MAGIC, SLOTS, slot_of
 from .traffic import TrafficFlags
 
 _FIELDS = struct.Struct("<6q")
-#: Replicas are sent in pieces of this size, each gated on training traffic.
-PIECE = 256 << 10
+#: Replicas are sent in pieces of this size, each gated on training traffic. The socket's send
+#: buffer is kept as small, so a piece has left the host (not just entered a kernel buffer)
+#: when the next one starts: on a slow link a large buffer would queue megabytes ahead of
+#: training's packets.
+PIECE = 64 << 10
+SNDBUF = 64 << 10
+#: The largest replication stride (versions) the store degrades to.
+MAX_STRIDE = 64
+#: With ``yield``, replication takes at most this share of the link's measured capacity.
+LINK_SHARE = 0.5
+#: A send that blocks at least this long measured the link, not the kernel's buffer.
+BLOCKED_SEND = 0.002
 #: The longest a piece waits for the node's pipeline traffic to pause (progress is guaranteed).
 MAX_DEFER = 0.02
 DEFER_POLL = 0.001
@@ -136,11 +146,16 @@ def replica_slot(root: Path, rank: int, k: int) -> Path:
     return root / f"replica-rank-{rank:05d}.slot{k}"
 
 
+def kept_slot(root: Path, rank: int, k: int) -> Path:
+    """The store's own copy of the version of a local rank it last replicated (a ring of two)."""
+    return root / f"kept-rank-{rank:05d}.slot{k}"
+
+
 def copies(root: Path, rank: int) -> list[tuple[int, Path]]:
     """Complete copies of ``rank``'s state on this node: (version, file)."""
     out = []
-    for k in (0, 1):
-        for p in (own_slot(root, rank, k), replica_slot(root, rank, k)):
+    for k in range(SLOTS):
+        for p in (own_slot(root, rank, k), replica_slot(root, rank, k), kept_slot(root, rank, k)):
             h = slot_header(p)
             if h is not None and h[0] == COMPLETE:
                 out.append((h[1], p))
@@ -161,8 +176,18 @@ class Store:
         self._journal = open(journal, "a", buffering=1) if journal else None
         self._jlock = threading.Lock()
         self._cond = threading.Condition()
-        self._pending: dict[int, tuple[int, str]] = {}  # rank -> newest sealed (version, file)
+        self._sealed: dict[int, dict[int, str]] = {}  # rank -> recent sealed versions -> slot file
+        self._round = -1  # the last version replicated (for every local rank)
+        self._rounds = 0
+        self.stride = 1
+        """Replicate only versions that are multiples of this (a power of two, grown while the
+        link cannot carry every version, so every node's choice of versions lines up)."""
+        self._period: float | None = None  # seconds per version, from the sealed notifications
+        self._last_seal: tuple[int, float] | None = None
         self._closed = False
+        self.capacity: float | None = None
+        """Moving estimate of the link's bytes/s, from piece sends that had to wait for the link."""
+        self._limited = False
         threading.Thread(target=self._replicate_loop, name="store-replicate", daemon=True).start()
 
     def log(self, event: str, **fields: Any) -> None:
@@ -183,15 +208,15 @@ class Store:
             return {"ok": True, "node": self.node}, b""
         if op == "sealed":
             with self._cond:
-                old = self._pending.get(header["rank"])
-                if old is not None:
-                    self.log("replication_skipped", rank=header["rank"], version=old[0],
-                             reason=f"version {header['version']} sealed before it was sent")
-                self._pending[header["rank"]] = (header["version"], header["file"])
+                versions = self._sealed.setdefault(header["rank"], {})
+                versions[header["version"]] = header["file"]
+                for old in sorted(versions)[:-SLOTS]:
+                    del versions[old]  # its slot has been reused by now
+                self._note_period(header["version"])
                 self._cond.notify()
             return {"ok": True}, b""
         if op == "put":
-            k = header["version"] % 2
+            k = slot_of(header["version"])
             write_slot(replica_slot(self.root, header["rank"], k), payload)
             return {"ok": True}, b""
         if op == "query":
@@ -232,49 +257,126 @@ class Store:
             return {"ok": False}, b""
         return {"ok": False, "error": f"unknown op {op!r}"}, b""
 
+    def _note_period(self, version: int) -> None:
+        now = time.monotonic()
+        if self._last_seal is not None and version > self._last_seal[0]:
+            per = (now - self._last_seal[1]) / (version - self._last_seal[0])
+            self._period = per if self._period is None else 0.8 * self._period + 0.2 * per
+        if self._last_seal is None or version >= self._last_seal[0]:
+            self._last_seal = (version, now)
+
+    def _next_round(self) -> tuple[int, dict[int, str]] | None:
+        """The newest version every local rank has sealed, on the stride, not yet replicated."""
+        if not self._sealed:
+            return None
+        common = set.intersection(*(set(v) for v in self._sealed.values()))
+        due = [v for v in common if v > self._round and v % self.stride == 0]
+        if not due:
+            return None
+        v = max(due)
+        return v, {rank: files[v] for rank, files in self._sealed.items()}
+
     def _replicate_loop(self) -> None:
+        """Replicate in rounds: one version for every rank of the node, so the copies of all ranks
+        line up on common versions (a restore needs one that every rank can get)."""
         while True:
             with self._cond:
-                while not self._closed and not self._pending:
+                while not self._closed and (job := self._next_round()) is None:
                     self._cond.wait()
                 if self._closed:
                     return
-                rank = next(iter(self._pending))
-                version, file = self._pending.pop(rank)
-            data = read_complete(Path(file), version)
-            if data is None:
-                self.log("replication_skipped", rank=rank, version=version, reason="slot rewritten before it was read")
+            version, files = job
+            t0 = time.perf_counter()
+            skipped = version - self._round - 1 if self._round >= 0 else 0
+            self._round = version
+            datas = {rank: read_complete(Path(f), version) for rank, f in files.items()}
+            if any(d is None for d in datas.values()):
+                self.log("replication_skipped", version=version, reason="a slot was rewritten before it was read")
                 continue
-            for target in self.targets:
-                t = time.perf_counter()
-                try:
-                    deferred = self._send_put(target, rank, version, data)
-                except OSError as e:
-                    self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
-                    continue
-                self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data),
-                         seconds=time.perf_counter() - t, deferred_seconds=deferred)
+            ok = True
+            for rank, data in datas.items():
+                for target in self.targets:
+                    t = time.perf_counter()
+                    try:
+                        deferred = self._send_put(target, rank, version, data)
+                    except OSError as e:
+                        ok = False
+                        self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
+                        continue
+                    self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data),
+                             seconds=time.perf_counter() - t, deferred_seconds=deferred)
+            if ok:
+                # Keep this node's own copy of the version its peers now hold, in a ring of two,
+                # so a later restore without the peers' own memory still finds it here.
+                for rank, data in datas.items():
+                    write_slot(kept_slot(self.root, rank, self._rounds % 2), data)
+                self._rounds += 1
+            if skipped:
+                self.log("replication_skipped", version=version, skipped=skipped, stride=self.stride,
+                         reason=f"{skipped} newer version(s) sealed while the previous round was sent")
+            self._adapt(time.perf_counter() - t0)
+
+    def _adapt(self, seconds: float) -> None:
+        """Double the stride while a round takes longer than the versions it covers; halve it when
+        rounds fit easily again. Powers of two keep every node's choice of versions aligned."""
+        if self._period is None or self._period <= 0:
+            return
+        old = self.stride
+        if seconds > self.stride * self._period and self.stride < MAX_STRIDE:
+            self.stride *= 2
+        elif self.stride > 1 and seconds < 0.3 * (self.stride // 2) * self._period:
+            self.stride //= 2
+        if self.stride != old:
+            self.log("replication_stride", stride=self.stride, round_seconds=round(seconds, 4),
+                     version_seconds=round(self._period, 4))
+
+    def pace(self) -> float:
+        """Bytes/s to send at: the configured ``rate``, and with ``yield`` at most ``LINK_SHARE``
+        of the measured link capacity (0: unlimited)."""
+        limits = [self.rate] if self.rate > 0 else []
+        if self.flags is not None and self.capacity is not None:
+            limits.append(LINK_SHARE * self.capacity)
+        return min(limits, default=0.0)
+
+    def _measure(self, nbytes: int, seconds: float) -> None:
+        if seconds < BLOCKED_SEND:
+            return  # the piece went into free buffer space: says nothing about the link
+        rate = nbytes / seconds
+        self.capacity = rate if self.capacity is None else 0.8 * self.capacity + 0.2 * rate
+        limited = self.flags is not None and (self.rate <= 0 or LINK_SHARE * self.capacity < self.rate)
+        if limited != self._limited:
+            self._limited = limited
+            self.log("replication_paced", link_mbytes_per_s=round(self.capacity / 1e6, 3),
+                     pace_mbytes_per_s=round(self.pace() / 1e6, 3), limited_by_link=limited)
 
     def _send_put(self, target: str, rank: int, version: int, data: bytes) -> float:
         """Send a replica in pieces: each piece waits (up to ``MAX_DEFER``) until no local rank
-        has pipeline traffic in flight, and the pieces keep the average under ``rate``.
+        has pipeline traffic in flight, and the pieces keep the average under :meth:`pace`.
         Returns the seconds spent deferring to training traffic."""
         host, port = target.rsplit(":", 1)
         deferred = 0.0
         view = memoryview(data)
-        with socket.create_connection((host, int(port)), timeout=30) as s:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+            s.settimeout(30)
+            s.connect((host, int(port)))
             raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": len(data)}).encode()
             s.sendall(struct.pack(">I", len(raw)) + raw)
-            start = time.perf_counter()
+            start, sent = time.perf_counter(), 0
             for off in range(0, len(data), PIECE):
                 if self.flags is not None:
                     t = time.perf_counter()
                     while not self.flags.idle() and time.perf_counter() - t < MAX_DEFER:
                         time.sleep(DEFER_POLL)
                     deferred += time.perf_counter() - t
-                s.sendall(view[off : off + PIECE])
-                if self.rate > 0:
-                    ahead = (off + PIECE) / self.rate - (time.perf_counter() - start)
+                piece = view[off : off + PIECE]
+                t = time.perf_counter()
+                s.sendall(piece)
+                self._measure(len(piece), time.perf_counter() - t)
+                sent += len(piece)
+                rate = self.pace()
+                if rate > 0:
+                    ahead = sent / rate - (time.perf_counter() - start)
                     if ahead > 0:
                         time.sleep(ahead)
             recv(s)

@@ -12,6 +12,7 @@ Worker: ``python -m harness.bench SPEC.json`` (started by the launcher).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
@@ -58,6 +59,11 @@ class BenchConfig:
     """``baft`` only: persist to disk every this many iterations (its snapshot is every iteration)."""
     replicate_every: int = 1
     """``baft`` with 2+ nodes: replicate every this many versions."""
+    link_rate: str | None = None
+    """With 2+ nodes: run each node in its own network namespace and throttle every node's
+    link to this rate (tc units, e.g. ``50mbit``); the rate achieved is measured. Needs root."""
+    replication_yield: bool = True
+    """With 2+ nodes: the stores send replica data only while the node's pipeline traffic is idle."""
     baft_copier: Literal["inline", "thread"] = "inline"
     """``baft`` only: who does the snapshot work inside the waits (see ``baft.engine``)."""
     restore_repeats: int = 3
@@ -82,6 +88,15 @@ class BenchConfig:
         for s in self.strategies:
             if s not in ALL:
                 raise ConfigValueError("strategies", "names among " + ", ".join(ALL), s)
+        if self.link_rate is not None:
+            from injectors.network import parse_rate
+
+            if self.nodes < 2:
+                raise ConfigValueError("link_rate", "2+ nodes (a link needs two ends)", self.link_rate)
+            try:
+                parse_rate(self.link_rate)
+            except ValueError:
+                raise ConfigValueError("link_rate", "a tc rate such as 50mbit or 1gbit", self.link_rate) from None
         if "none" not in self.strategies:
             self.strategies.insert(0, "none")
 
@@ -198,8 +213,10 @@ def _time_restores(cfg: BenchConfig, ckpts: dict[str, Any], restore_shards: Any,
 
 def _restore_without_own_memory(snap: Any) -> int | None:
     """Delete this rank's own slots (its memory is gone), then restore: from a peer's replica."""
+    from baft.snapshot import SLOTS
+
     snap.buffer.close()
-    for k in (0, 1):
+    for k in range(SLOTS):
         snap.buffer.path(k).unlink(missing_ok=True)
     return snap.restore()
 
@@ -237,6 +254,23 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
             "baft": baft, "restore": restores}
 
 
+def replication_stats(out: Path) -> dict[str, Any]:
+    """What the node stores did: versions replicated and skipped (the link could not keep up)."""
+    from analysis.journal import read_events
+
+    evs = [e for f in sorted((out / "journal").glob("store-node*.jsonl")) for e in read_events(f)]
+    sent = [e for e in evs if e["event"] == "replicated"]
+    if not evs:
+        return {}
+    return {
+        "replicated": len(sent),
+        "skipped": sum(1 for e in evs if e["event"] == "replication_skipped"),
+        "failed": sum(1 for e in evs if e["event"] == "replication_failed"),
+        "mbytes_per_s": (sum(e["bytes"] for e in sent) / sum(e["seconds"] for e in sent) / 1e6) if sent else None,
+        "deferred_ms_median": statistics.median(e["deferred_seconds"] for e in sent) * 1e3 if sent else None,
+    }
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [f"{'strategy':<11} {'ratio vs none':>13} {'IQR':>17} {'95% CI':>17} {'n':>3} {'iter ms':>8}"]
     for name, s in sorted(result["strategies"].items(), key=lambda kv: kv[1]["ratio_vs_none"]):
@@ -252,6 +286,14 @@ def table(result: dict[str, Any]) -> str:
             f"{b['snapshot_gbytes_per_s'] or 0:.2f} GB/s, idle {b['idle_ms_per_iteration'] or 0:.1f} ms/iteration, "
             f"stall median {b['stall_ms_median']:.3f} ms, {b['replans']} plans"
         )
+    link = result.get("link")
+    if link:
+        lines.append(f"link: throttled to {link['rate_bit'] / 1e6:.0f} Mbit/s, measured {link['measured_bit'] / 1e6:.1f} Mbit/s")
+    rep = result.get("replication")
+    if rep:
+        lines.append(f"replication: {rep['replicated']} replicas sent, {rep['skipped']} versions skipped (link too slow), "
+                     f"{rep['failed']} failed; {rep['mbytes_per_s'] or 0:.1f} MB/s per transfer, "
+                     f"deferred for training traffic {rep['deferred_ms_median'] or 0:.1f} ms (median)")
     for tier, r in result["restore"].items():
         if r["seconds_median"] is not None:
             extra = f" ({r['slower_than_shm']:.1f}x shm)" if "slower_than_shm" in r else ""
@@ -272,18 +314,34 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     from .stores import StoreSpec
 
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "journal", ignore_errors=True)
     shm = Path("/dev/shm") / f"baft-bench-{uuid.uuid4().hex[:10]}"
-    stores = StoreSpec(base=shm, replicas=1, rate=0.0) if "baft" in cfg.strategies and cfg.nodes > 1 else None
-    try:
-        result = launch(out, {"bench": to_plain(cfg), "shm_dir": str(shm)}, nodes=cfg.nodes, world_size=cfg.stages,
-                        max_restarts=0, timeout=timeout, module="harness.bench", stores=stores)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    stores = (StoreSpec(base=shm, replicas=1, rate=0.0, yield_to_training=cfg.replication_yield)
+              if "baft" in cfg.strategies and cfg.nodes > 1 else None)
+    link: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        topology = None
+        if cfg.link_rate is not None:
+            from injectors.network import Topology, measure_rate, parse_rate
+
+            topology = stack.enter_context(Topology(cfg.nodes))
+            rate = parse_rate(cfg.link_rate)
+            for n in range(cfg.nodes):
+                topology.throttle(n, rate)
+            link = {"rate_bit": rate, "measured_bit": measure_rate(topology, 0, 1, nbytes=max(200_000, min(4_000_000, rate // 8)))}
+        try:
+            result = launch(out, {"bench": to_plain(cfg), "shm_dir": str(shm)}, nodes=cfg.nodes, world_size=cfg.stages,
+                            max_restarts=0, timeout=timeout, module="harness.bench", stores=stores, topology=topology)
+        finally:
+            shutil.rmtree(shm, ignore_errors=True)
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
     raw_path = out / "bench-raw.json"
     if not result.ok or not raw_path.is_file():
         raise LaunchError(f"the benchmark job failed (exit codes {result.returncodes}); logs in {out / 'logs'}")
     summary = summarize(cfg, json.loads(raw_path.read_text()))
+    summary["replication"] = replication_stats(out)
+    if link:
+        summary["link"] = link
     summary["wall_seconds"] = result.seconds
     (out / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -37,12 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--persist-every", type=int, dest="persist_every", help="baft: persist every K iterations (default 20)")
     bench.add_argument("--replicate-every", type=int, dest="replicate_every", help="baft, 2+ nodes: replicate every K versions (default 1)")
     bench.add_argument("--baft-copier", dest="baft_copier", help="baft: inline (default) or thread")
+    bench.add_argument("--link-rate", dest="link_rate", help="2+ nodes: nodes in network namespaces, links throttled to this tc rate (e.g. 50mbit; needs root)")
+    bench.add_argument("--no-replication-yield", dest="replication_yield", action="store_const", const=False,
+                       help="2+ nodes: stores send replicas even while pipeline traffic is in flight")
     bench.add_argument("--seed", type=int)
     return p
 
 
 _BENCH_FIELDS = ("model", "stages", "nodes", "microbatches", "microbatch_size", "schedule", "strategies", "cycles", "block",
-                 "warmup", "persist_every", "replicate_every", "baft_copier", "seed")
+                 "warmup", "persist_every", "replicate_every", "baft_copier", "link_rate", "replication_yield", "seed")
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -29,6 +29,8 @@ from .errors import LaunchError
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
+    from injectors.network import Topology
+
     from .stores import StoreSpec
 
 
@@ -51,13 +53,13 @@ class LaunchResult:
         return not self.timed_out and all(rc == 0 for rc in self.returncodes)
 
 
-def worker_env(node: int) -> dict[str, str]:
+def worker_env(node: int, topology: Topology | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
-        GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"),
+        GLOO_SOCKET_IFNAME=topology.interface(node) if topology else env.get("GLOO_SOCKET_IFNAME", "lo"),
         BAFT_NODE=f"node{node}",
         BAFT_NODE_INDEX=str(node),
         PYTHONUNBUFFERED="1",
@@ -79,27 +81,37 @@ def launch(
     module: str = "harness.workload",
     stores: StoreSpec | None = None,
     hang_timeout: float | None = None,
+    topology: Topology | None = None,
+    harness_faults: list[tuple[int, Any]] | None = None,
 ) -> LaunchResult:
     """Start the node stores (if any), write the worker spec, start one torchrun agent per
-    node, wait for all of them; stop the stores."""
+    node, wait for all of them; stop the stores.
+
+    With a ``topology`` every node (agent, workers, store) runs in its own network
+    namespace and rendezvous on node 0's address; ``harness_faults`` (fault id, config)
+    are then driven on its links by a :class:`~harness.controller.FaultController`.
+    """
+    from .controller import FaultController
     from .stores import StoreFleet
 
     run_dir.mkdir(parents=True, exist_ok=True)
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     journal = JournalWriter(launcher_journal(run_dir))
-    fleet = StoreFleet(stores, nodes, run_dir, journal) if stores is not None else None
+    fleet = StoreFleet(stores, nodes, run_dir, journal, topology) if stores is not None else None
     if fleet is not None:
         spec = {**spec, "stores": fleet.addresses, "node_memory": str(stores.base)}
         fleet.start()
     spec_path = run_dir / "worker-spec.json"
     # started_at: the origin of the faults' time triggers, shared by every worker and restart.
-    spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve()), "started_at": time.time()}, indent=1))
+    started_at = time.time()
+    spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve()), "started_at": started_at}, indent=1))
+    host = topology.address(0) if topology else "127.0.0.1"
     port = free_port()
     run_id = uuid.uuid4().hex[:12]
     per_node = world_size // nodes
     procs: list[subprocess.Popen] = []
-    watchdog = None
+    watchdog = controller = None
     t0 = time.monotonic()
     try:
         for node in range(nodes):
@@ -108,22 +120,29 @@ def launch(
                 "--nnodes", str(nodes),
                 "--nproc-per-node", str(per_node),
                 "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-endpoint", f"{host}:{port}",
                 "--rdzv-id", run_id,
                 "--rdzv-conf", f"is_host={1 if node == 0 else 0}",
                 "--max-restarts", str(max_restarts),
                 "--monitor-interval", "0.2",
                 "-m", module, str(spec_path.resolve()),
             ]
+            if topology is not None:
+                cmd[3:3] = ["--local-addr", topology.address(node)]  # what the other nodes dial
+                cmd = topology.exec_prefix(node) + cmd
             log = open(logs / f"node{node}.log", "ab")
-            procs.append(
-                subprocess.Popen(cmd, env=worker_env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            )
+            procs.append(subprocess.Popen(cmd, env=worker_env(node, topology), stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
             log.close()
             journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
         if hang_timeout is not None:
             watchdog = Watchdog(run_dir, procs, journal, hang_timeout)
             watchdog.start()
+        if harness_faults:
+            if topology is None:
+                raise LaunchError("link faults need the nodes in network namespaces (a topology)")
+            controller = FaultController(run_dir, harness_faults, topology, journal, started_at)
+            controller.start()
         deadline = t0 + timeout
         timed_out = False
         for p in procs:
@@ -137,6 +156,8 @@ def launch(
         _kill_all(procs)
         raise
     finally:
+        if controller is not None:
+            controller.stop()  # rolls back every link fault still in place
         if watchdog is not None:
             watchdog.stop()
         if any(p.poll() is None for p in procs):

@@ -13,6 +13,7 @@ under a hash of both and reused across scenarios.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from analysis.journal import Journal
 from analysis.metrics import fault_target as target
 from analysis.verdict import judge
 
+from injectors.network import Topology
 from injectors.storage import DiskFullConfig, mount_private, unmount_private
 
 from .errors import LaunchError
@@ -118,13 +120,16 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
     if private_tier is not None:
         mount_private(Path(checkpoint["dir"]), private_tier.size_mb)
     t0 = time.monotonic()
+    stack = contextlib.ExitStack()
     try:
+        topology = stack.enter_context(Topology(scenario.workload.nodes)) if scenario.uses_netns else None
         result = launch(
             faulted, spec, nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
-            hang_timeout=scenario.run.hang_timeout,
+            hang_timeout=scenario.run.hang_timeout, topology=topology, harness_faults=scenario.harness_faults(),
         )
     finally:
+        stack.close()  # namespaces, veths and bridge go, whatever happened
         shutil.rmtree(shm, ignore_errors=True)
         if private_tier is not None:
             keep_copy(Path(checkpoint["dir"]))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -36,6 +36,10 @@ class RunConfig:
     """torchrun ``--max-restarts`` of every agent."""
     timeout: float = 600.0
     """Seconds before a run is killed and judged failed."""
+    network: Literal["loopback", "netns"] = "loopback"
+    """``loopback``: every node on the host's loopback. ``netns``: each node (its torchrun agent,
+    workers and store) in its own network namespace on a bridge, so links can be throttled or cut;
+    implied by link faults; needs root."""
     hang_timeout: float | None = 60.0
     """Seconds without progress in the journal after which the watchdog declares a hang, kills
     the stuck workers and lets torchrun restart the job (null: no watchdog)."""
@@ -71,6 +75,15 @@ class Scenario:
     source: str = ""
     """The file it was loaded from (not a YAML key)."""
 
+    @property
+    def uses_netns(self) -> bool:
+        """Whether the nodes run in network namespaces (link faults, or asked for)."""
+        return self.run.network == "netns" or any(f.config.site == "harness" for f in self.faults)
+
+    def harness_faults(self) -> list[tuple[int, FaultConfig]]:
+        """(fault id, config) of the faults the harness drives."""
+        return [(i, f.config) for i, f in enumerate(self.faults) if f.config.site == "harness"]
+
     def fault_plan(self) -> list[dict[str, Any]]:
         """Faults as plain data for the worker spec."""
         return [{"kind": f.kind, "config": to_plain(f.config)} for f in self.faults]
@@ -102,6 +115,15 @@ def parse(data: Any, file: str) -> Scenario:
     faults = parse_faults(data.get("faults") or [], file, shape)
     check_phases(faults, checkpoint, file, workload.nodes)
     check_restarts(faults, run, file, workload.steps)
+    if any(f.config.site == "harness" for f in faults) or run.network == "netns":
+        from injectors.network import require_network_privileges
+
+        if workload.nodes < 2 and run.network != "netns":
+            raise ScenarioError(file, "workload.nodes", "at least 2 nodes for link faults", workload.nodes)
+        try:
+            require_network_privileges()
+        except HostUnsupported as e:
+            raise ScenarioError(file, "run.network", "a host that can create network namespaces", f"<{e}>") from None
     return Scenario(name=name, description=description, workload=workload, checkpoint=checkpoint,
                     faults=faults, expect=expect, run=run, source=file)
 

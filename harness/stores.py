@@ -16,10 +16,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from analysis.journal import JournalWriter
 
 from .launcher import free_port, worker_env
+
+if TYPE_CHECKING:
+    from injectors.network import Topology
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,9 +40,11 @@ class StoreSpec:
 class StoreFleet:
     """One store per node, monitored."""
 
-    def __init__(self, spec: StoreSpec, nodes: int, run_dir: Path, journal: JournalWriter) -> None:
-        self.spec, self.nodes, self.run_dir, self.journal = spec, nodes, run_dir, journal
-        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(nodes)]
+    def __init__(self, spec: StoreSpec, nodes: int, run_dir: Path, journal: JournalWriter,
+                 topology: Topology | None = None) -> None:
+        self.spec, self.nodes, self.run_dir, self.journal, self.topology = spec, nodes, run_dir, journal, topology
+        hosts = [topology.address(i) if topology else "127.0.0.1" for i in range(nodes)]
+        self.addresses = [f"{hosts[i]}:{free_port()}" for i in range(nodes)]
         self.procs: list[subprocess.Popen | None] = [None] * nodes
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -52,8 +58,11 @@ class StoreFleet:
             "--addresses", ",".join(self.addresses), "--replicas", str(self.spec.replicas),
             "--rate", str(self.spec.rate), "--journal", str(self.run_dir / "journal" / f"store-node{node}.jsonl"),
         ] + ([] if self.spec.yield_to_training else ["--no-yield"])
+        if self.topology is not None:
+            cmd = self.topology.exec_prefix(node) + cmd  # the store lives on its node's network
         log = open(self.run_dir / "logs" / f"store-node{node}.log", "ab")
-        self.procs[node] = subprocess.Popen(cmd, env=worker_env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[node] = subprocess.Popen(cmd, env=worker_env(node, self.topology), stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self.journal.write("store_start", node=f"node{node}", pid=self.procs[node].pid, address=self.addresses[node])
 

@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     injectors = []
     for i, item in enumerate(spec.get("faults", [])):
         config_cls, injector_cls = FAULTS[item["kind"]]
+        if config_cls.site != "worker":
+            continue  # driven by the harness (links between nodes)
         inj = injector_cls(build(config_cls, item["config"], str(spec_path), f"faults[{i}]"), i, ctx)
         inj.arm()
         injectors.append(inj)

@@ -7,6 +7,7 @@ from .base import FaultConfig, RunShape, WorkerContext
 from .compute import StragglerConfig, StragglerInjector
 from .data import JitterConfig, JitterInjector
 from .errors import FaultConfigError, HostUnsupported, InjectorError
+from .link import DelayConfig, LinkInjector, PartitionConfig, ThrottleConfig
 from .process import (CrashConfig, CrashInjector, HangConfig, HangInjector, KillConfig, KillInjector, NodeLossConfig,
                       NodeLossInjector)
 from .storage import (CorruptConfig, CorruptInjector, DiskFullConfig, DiskFullInjector, SlowStorageConfig,
@@ -24,6 +25,9 @@ FAULTS: dict[str, tuple[type[FaultConfig], type[Any]]] = {
     "corrupt": (CorruptConfig, CorruptInjector),
     "disk_full": (DiskFullConfig, DiskFullInjector),
     "slow_storage": (SlowStorageConfig, SlowStorageInjector),
+    "throttle": (ThrottleConfig, LinkInjector),
+    "partition": (PartitionConfig, LinkInjector),
+    "delay": (DelayConfig, LinkInjector),
 }
 
 __all__ = ["FAULTS", "FaultConfig", "FaultConfigError", "HostUnsupported", "InWorkerInjector", "InjectorError",

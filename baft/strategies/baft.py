@@ -28,6 +28,7 @@ from typing import Any
 from .. import dcpformat, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
+from ..snapshot import slot_of
 from ..collective import rank_world
 from ..store import StoreClient
 from .base import WRITE_ERRORS, Strategy, persist_failed
@@ -98,7 +99,7 @@ class BaftStrategy(Strategy):
             self._writer.drain()
             events.emit("persist_backpressure", step=v, seconds=time.perf_counter() - t)
         self._writer.drain()  # surfaces a failure of the previous persist
-        snap.pinned.add(v % 2)
+        snap.pinned.add(slot_of(v))
         self._persisted = v
         self._writer.submit(self._persist, v)
         return True
@@ -111,7 +112,7 @@ class BaftStrategy(Strategy):
             try:
                 components = snap.read_version(version)
             finally:
-                snap.pinned.discard(version % 2)
+                snap.pinned.discard(slot_of(version))
         # Announced once the slot is released: while it is pinned the snapshotter must skip
         # versions that would land in it, so nothing slow may happen before this point.
         events.emit("phase", phase="persist", step=version)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from baft.snapshot import COMPLETE, SnapshotBuffer
+from baft.snapshot import COMPLETE, SnapshotBuffer, slot_of
 from baft.store import Store, StoreClient, _Handler, _Server, request, slot_header
 from harness.launcher import free_port
 
@@ -38,7 +38,7 @@ def seal(root: Path, rank: int, version: int, fill: int) -> Path:
     slot.begin(version)
     slot.data().fill_(fill)
     slot.complete(version, b"m")
-    path = buf.path(version % 2)
+    path = buf.path(slot_of(version))
     buf.close()
     return path
 
@@ -58,8 +58,12 @@ def test_sealed_versions_reach_the_next_node_and_can_be_pulled_back(two_stores) 
     replica = root / "node1" / "replica-rank-00003.slot1"
     wait_for(lambda: slot_header(replica) is not None and slot_header(replica)[:2] == (COMPLETE, 7))
 
+    # the store keeps its own copy of what it replicated
+    kept = root / "node0" / "kept-rank-00003.slot0"
+    wait_for(lambda: slot_header(kept) is not None and slot_header(kept)[:2] == (COMPLETE, 7))
     # node 0 loses its memory; a new worker of rank 3 there asks its store
     path.unlink()
+    kept.unlink()
     assert (7, 1) in client.locate(3)
     dest = root / "node0" / "rank-00003.slot1"
     assert client.pull(3, 7, dest) == 1
@@ -75,12 +79,12 @@ def test_a_torn_slot_is_never_replicated(two_stores) -> None:
     path = seal(root / "node0", rank=0, version=2, fill=1)
     buf = SnapshotBuffer(root / "node0", 0)
     buf.open_existing()
-    buf.slots[0].begin(4)  # a writer started the next version in that slot and died
+    buf.slots[slot_of(2)].begin(5)  # a writer started the next version in that slot and died
     buf.close()
     StoreClient(addresses[0]).sealed(0, 2, path)
     time.sleep(0.3)
-    assert not (root / "node1" / "replica-rank-00000.slot0").exists()
-    assert "slot rewritten" in (root / "j0.jsonl").read_text()
+    assert not (root / "node1" / f"replica-rank-00000.slot{slot_of(2)}").exists()
+    assert "rewritten" in (root / "j0.jsonl").read_text()
 
 
 def test_unknown_ops_and_missing_versions_are_answered(two_stores) -> None:
@@ -108,3 +112,20 @@ def test_replicas_wait_for_training_traffic_to_pause(two_stores) -> None:
     log = [line for line in (root / "j0.jsonl").read_text().splitlines() if '"replicated"' in line]
     assert json.loads(log[-1])["deferred_seconds"] >= 0.015  # the piece waited (up to its 20 ms cap)
     flag.close()
+
+
+def test_rounds_replicate_one_version_for_every_local_rank(two_stores) -> None:
+    """Ranks of a node are replicated at the same versions, so a restore finds a common one."""
+    root, addresses = two_stores
+    client = StoreClient(addresses[0])
+    client.sealed(0, 4, seal(root / "node0", rank=0, version=4, fill=1))
+    time.sleep(0.3)
+    client.sealed(1, 5, seal(root / "node0", rank=1, version=5, fill=2))  # rank 1 has no version 4
+    client.sealed(0, 5, seal(root / "node0", rank=0, version=5, fill=3))
+    wait_for(lambda: all(slot_header(root / "node1" / f"replica-rank-0000{r}.slot{slot_of(5)}") is not None for r in (0, 1)))
+    import json
+
+    events = [json.loads(line) for line in (root / "j0.jsonl").read_text().splitlines()]
+    sent = [(e["rank"], e["version"]) for e in events if e["event"] == "replicated"]
+    assert sent[0] == (0, 4) and sorted(sent[1:]) == [(0, 5), (1, 5)]  # the first round saw only rank 0
+    client.close()

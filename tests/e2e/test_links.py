@@ -1,0 +1,68 @@
+"""Link faults between nodes in real network namespaces (root only): throttle, partition, delay."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.journal import Journal, read_events
+
+from .conftest import ROOT, run_cli
+
+pytestmark = [
+    pytest.mark.e2e, pytest.mark.slow, pytest.mark.netns,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces and tc"),
+]
+CI = ROOT / "scenarios" / "ci"
+
+
+def test_throttled_link_keeps_training_first_and_the_replicas_useful(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "link-throttle-replication.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    j = Journal.load(tmp_path / "out" / "faulted")
+    (measured,) = j.events("link_measured")
+    assert 0 < measured["measured_bit"] <= 1.1 * measured["rate_bit"]  # the throttle took effect
+    stores = [e for f in sorted((tmp_path / "out" / "faulted" / "journal").glob("store-node*.jsonl")) for e in read_events(f)]
+    assert any(e["event"] == "replication_paced" and e["limited_by_link"] for e in stores)
+    rec = v["recoveries"][0]
+    assert "peer" in rec["restored_tier"] and v["bitwise_equal"]
+    assert not subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("baft-")
+
+
+def test_partition_stalls_the_job_the_watchdog_restarts_it(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "link-partition.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec = v["recoveries"][0]
+    assert rec["fault"]["fault"] == "partition" and 5 <= rec["detection_seconds"] < 15
+    assert rec["lost_steps"] <= 2 and v["bitwise_equal"]
+    j = Journal.load(tmp_path / "out" / "faulted")
+    assert [e["event"] for e in j.launcher if e["event"].startswith("fault")] == ["fault", "fault_rollback"]
+
+
+def test_delay_without_netem_is_refused_up_front(tmp_path: Path) -> None:
+    from injectors.network import netem_available
+
+    if netem_available():
+        pytest.skip("this kernel has netem; the refusal path cannot be exercised")
+    f = tmp_path / "delay.yaml"
+    f.write_text((CI / "link-partition.yaml").read_text().replace(
+        "partition: {link: [node0, node1], from_step: 10, duration: 8}", "delay: {link: [node0, node1], ms: 20, from_step: 5}"))
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "validate", str(f)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "faults[0].delay" in proc.stderr and "netem" in proc.stderr
+
+
+def test_bench_on_a_throttled_link_reports_the_link_and_replication(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "bench", "--out", str(tmp_path / "b"), "--nodes", "2", "--strategies", "baft",
+         "--cycles", "3", "--block", "3", "--warmup", "1", "--link-rate", "40mbit"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    b = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert 0.5 * 40e6 < b["link"]["measured_bit"] <= 1.1 * 40e6
+    assert b["replication"]["replicated"] > 0 and "baft" in b["strategies"]
+    assert "link: throttled to 40 Mbit/s" in proc.stdout

@@ -1,0 +1,200 @@
+"""Real network namespaces, veths, a bridge and tc qdiscs: topology, throttle, partition, cleanup.
+
+Needs root. Every test removes what it created, also when it fails; the module's
+topology is checked to leave nothing behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from injectors import network
+from injectors.network import CommandFailed, NetworkUnavailable, Topology, measure_rate, reachable
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.netns,
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces and tc"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = 500e6  # an unshaped veth pair through a bridge moves several Gbit/s here
+
+
+def leftovers(tag: str) -> list[str]:
+    """Namespaces and root-namespace links whose names carry the tag."""
+    needle = f"baft-{tag}-"
+    names = [e["name"] for e in json.loads(subprocess.run(["ip", "-j", "netns", "list"], capture_output=True,
+                                                           text=True, check=True).stdout or "[]")]
+    links = [e["ifname"] for e in json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True,
+                                                            text=True, check=True).stdout or "[]")]
+    return [n for n in names + links if n.startswith(needle)]
+
+
+@pytest.fixture(scope="module")
+def topo() -> Iterator[Topology]:
+    t = Topology(3)
+    try:
+        yield t
+    finally:
+        t.close()
+    assert leftovers(t.tag) == []
+
+
+@pytest.fixture
+def net(topo: Topology) -> Iterator[Topology]:
+    """The module topology, with every fault rolled back after the test whatever happened."""
+    try:
+        yield topo
+    finally:
+        for i in range(topo.nodes):
+            topo.heal(i)
+            topo.unthrottle(i)
+
+
+def test_topology_namespaces_exist_and_nodes_connect(net: Topology) -> None:
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    for i in range(net.nodes):
+        assert net.namespace(i) in names
+        addrs = subprocess.run([*net.exec_prefix(i), "ip", "-j", "-4", "addr", "show", "dev", net.interface(i)],
+                               capture_output=True, text=True, check=True).stdout
+        assert net.address(i) in addrs
+        assert net.egress_qdisc(i) == "noqueue"
+    assert len({net.address(i) for i in range(net.nodes)} | {net.host_address}) == net.nodes + 1
+    for src, dst in [(0, 1), (1, 2), (2, 0)]:
+        assert reachable(net, src, dst), f"node {src} cannot reach node {dst}"
+
+
+def test_throttle_limits_rate_and_unthrottle_restores_it(net: Topology) -> None:
+    assert measure_rate(net, 0, 1, nbytes=20_000_000) > FAST
+    shaping = net.throttle(0, network.parse_rate("100mbit"))
+    assert shaping.rate_bit == 100_000_000
+    assert net.egress_qdisc(0) == "tbf"
+    rate = measure_rate(net, 0, 1, nbytes=4_000_000)
+    assert 60e6 < rate < 110e6, f"throttled to 100 Mbit/s, measured {rate / 1e6:.1f} Mbit/s"
+    net.unthrottle(0)
+    net.unthrottle(0)  # nothing left to remove is fine
+    assert net.egress_qdisc(0) == "noqueue"
+    assert measure_rate(net, 0, 1, nbytes=20_000_000) > FAST
+
+
+def test_partition_cuts_both_ways_and_heal_restores(net: Topology) -> None:
+    net.partition(1)
+    assert net.egress_qdisc(1) == "blackhole"
+    start = time.monotonic()
+    assert not reachable(net, 0, 1, timeout=1.5)
+    assert time.monotonic() - start < 3.0
+    assert not reachable(net, 1, 2, timeout=1.5)
+    assert reachable(net, 0, 2), "a partition of node 1 must not cut node 0 from node 2"
+    net.heal(1)
+    net.heal(1)  # healing twice is fine
+    assert reachable(net, 0, 1) and reachable(net, 1, 2)
+
+
+def test_heal_keeps_a_throttle_set_before_the_partition(net: Topology) -> None:
+    net.throttle(2, 50_000_000)
+    net.partition(2)
+    assert net.egress_qdisc(2) == "blackhole"
+    net.heal(2)
+    assert net.egress_qdisc(2) == "tbf"
+    assert measure_rate(net, 2, 0, nbytes=2_000_000) < 60e6
+
+
+def test_close_removes_everything_and_is_idempotent() -> None:
+    t = Topology(2)
+    try:
+        assert len(leftovers(t.tag)) == 2 + 2 + 1  # namespaces, host veths, bridge
+    finally:
+        t.close()
+    assert leftovers(t.tag) == []
+    t.close()
+
+
+def test_setup_failure_midway_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    tag = secrets.token_hex(3)
+    real_run = network._run
+
+    def failing(cmd: list[str], **kw: object) -> str:
+        if cmd[:3] == ["ip", "link", "add"] and "veth" in cmd:
+            raise CommandFailed(cmd, 2, "injected failure")
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(network, "_run", failing)
+    try:
+        with pytest.raises(CommandFailed, match="injected failure"):
+            Topology(2, tag=tag)
+    finally:
+        monkeypatch.undo()
+        left = leftovers(tag)
+        network.cleanup_stale(prefix=f"baft-{tag}-", force=True)
+    assert left == []
+
+
+def test_cleanup_stale_removes_a_crashed_topology_but_not_a_live_one() -> None:
+    tag = secrets.token_hex(3)
+    code = f"from injectors.network import Topology; t = Topology(2, tag={tag!r}); print('up', flush=True); input()"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    live = Topology(1)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+        proc.kill()
+        proc.wait()
+        assert len(leftovers(tag)) == 5
+        removed = network.cleanup_stale(prefix=f"baft-{tag}-")
+        assert sorted(removed) == sorted([f"baft-{tag}-n0", f"baft-{tag}-n1", f"baft-{tag}-h0", f"baft-{tag}-h1",
+                                          f"baft-{tag}-br"])
+        assert leftovers(tag) == []
+        assert network.cleanup_stale(prefix=f"baft-{live.tag}-") == []
+        assert len(leftovers(live.tag)) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        network.cleanup_stale(prefix=f"baft-{tag}-", force=True)
+        live.close()
+
+
+def test_netem_detection() -> None:
+    available = network.netem_available()
+    assert isinstance(available, bool)
+    if available:
+        network.require_netem("add delay")
+    else:
+        with pytest.raises(NetworkUnavailable, match="netem") as e:
+            network.require_netem("add 20ms delay")
+        assert "cannot add 20ms delay" in str(e.value)
+
+
+def test_failed_commands_name_the_command_and_its_stderr() -> None:
+    with pytest.raises(CommandFailed) as e:
+        network._run(["ip", "link", "del", "dev", "baft-nosuch0"])
+    assert "ip link del dev baft-nosuch0" in str(e.value)
+    assert "Cannot find device" in str(e.value)
+
+
+def test_bad_arguments_fail_before_anything_is_created(topo: Topology) -> None:
+    with pytest.raises(network.FaultConfigError):
+        Topology(0)
+    with pytest.raises(network.FaultConfigError):
+        Topology(2, tag="Bad-Tag")
+    with pytest.raises(network.FaultConfigError):
+        topo.throttle(topo.nodes, 1_000_000)
+    with pytest.raises(network.FaultConfigError):
+        topo.throttle(0, 0)
+
+
+def test_a_taken_tag_is_refused_without_touching_the_existing_topology(topo: Topology) -> None:
+    before = leftovers(topo.tag)
+    with pytest.raises(network.NetworkError, match="already exists"):
+        Topology(1, tag=topo.tag)
+    assert leftovers(topo.tag) == before
