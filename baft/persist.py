@@ -263,6 +263,6 @@ def write_failure(root: Root, step: int, rank: int, reason: str) -> None:
     """Tell the committer that ``rank`` cannot deliver its shard of ``step`` (best effort: an
     empty marker needs no data blocks, so it usually fits on a full disk)."""
     try:
-        at(root).write(f"{step_name(step)}/rank-{rank:05d}.failed", b"")
+        storage.at(root).write(f"{step_name(step)}/rank-{rank:05d}.failed", b"")
     except OSError:
         pass

@@ -322,13 +322,14 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     with contextlib.ExitStack() as stack:
         topology = None
         if cfg.link_rate is not None:
-            from injectors.network import Topology, measure_rate, parse_rate
+            from injectors.linkprobe import measure_throttle
+            from injectors.network import Topology, parse_rate
 
             topology = stack.enter_context(Topology(cfg.nodes))
             rate = parse_rate(cfg.link_rate)
             for n in range(cfg.nodes):
                 topology.throttle(n, rate)
-            link = {"rate_bit": rate, "measured_bit": measure_rate(topology, 0, 1, nbytes=max(200_000, min(4_000_000, rate // 8)))}
+            link = {"rate_bit": rate, "measured_bit": measure_throttle(topology, 0, 1, rate)}
         try:
             result = launch(out, {"bench": to_plain(cfg), "shm_dir": str(shm)}, nodes=cfg.nodes, world_size=cfg.stages,
                             max_restarts=0, timeout=timeout, module="harness.bench", stores=stores, topology=topology)

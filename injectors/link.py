@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 from .base import Recorder, RunShape
 from .errors import FaultConfigError
-from .network import Topology, format_rate, measure_rate, parse_rate, require_netem, require_network_privileges
+from .linkprobe import measure_throttle
+from .network import Topology, format_rate, parse_rate, require_netem, require_network_privileges
 from .trigger import WindowFault
 
 NodeRef = int | str
@@ -125,7 +126,7 @@ class LinkInjector:
             for n in (a, b):
                 self.topo.throttle(n, rate, int(c.burst) if c.burst else None)
             if c.measure:
-                measured = measure_rate(self.topo, a, b, nbytes=max(200_000, min(4_000_000, rate // 8)), timeout=10.0)
+                measured = measure_throttle(self.topo, a, b, rate)
                 self.record("link_measured", id=self.fault_id, rate_bit=rate, measured_bit=round(measured),
                             measured=format_rate(int(measured)))
         elif isinstance(c, PartitionConfig):

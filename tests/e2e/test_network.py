@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from injectors import network
-from injectors.network import CommandFailed, NetworkUnavailable, Topology, measure_rate, reachable
+from injectors.linkprobe import measure_rate, reachable
+from injectors.network import CommandFailed, NetworkUnavailable, Topology
 
 pytestmark = [
     pytest.mark.e2e,

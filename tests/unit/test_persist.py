@@ -88,3 +88,15 @@ def test_none_strategy_never_saves(tmp_path: Path) -> None:
     st.step = 1
     assert not ck.after_step()
     assert not any(tmp_path.iterdir())
+
+
+def test_a_failed_rank_stops_the_committer_waiting(tmp_path: Path) -> None:
+    """A rank that cannot write its shard (ENOSPC) says so; the committer gives up at once."""
+    import time
+
+    persist.write_record(tmp_path, 4, persist.write_shard(tmp_path, 4, 0, b"x"))
+    persist.write_failure(tmp_path, 4, 1, "No space left on device")
+    t = time.monotonic()
+    assert persist.wait_records(tmp_path, 4, 2, timeout=30) is None
+    assert time.monotonic() - t < 5
+    assert persist.committed_steps(tmp_path) == []
