@@ -132,6 +132,8 @@ class BubbleSnapshotter:
 
     def attach(self, stage: Any) -> None:
         self.profiler.attach(stage)
+        if self.state.optimizer is not None:
+            self.profiler.attach_optimizer(self.state.optimizer)
 
     def close(self) -> None:
         self.profiler.detach()
@@ -285,6 +287,8 @@ class BubbleSnapshotter:
 
     def _replan(self, reason: str, iteration_seconds: float = 0.0) -> None:
         windows = self.profiler.accept() if self.profiler.warm else []
+        if iteration_seconds <= 0 and self.profiler.history:
+            iteration_seconds = self.profiler.history[-1].seconds  # e.g. a layout change between profiles
         self.plan = plan(self.mine, windows, self.bandwidth, self.planner_config,
                          iteration_seconds=iteration_seconds, reason=reason)
         events.emit("replan", **self.plan.describe())

@@ -41,6 +41,8 @@ class PlannerConfig:
     """What to do with what does not fit: ``stall`` or ``every_k``."""
     stall_budget: float = 0.01
     """With ``every_k``: the stall allowed per iteration, as a fraction of the iteration time."""
+    max_every: int = 64
+    """With ``every_k``: the largest k (a snapshot at least this often, whatever it stalls)."""
     copier: Copier = "inline"
     """``inline``: the training thread does the planned work when it enters each wait, within
     the window's budget; ``thread``: a copier thread works while the training thread waits."""
@@ -52,6 +54,8 @@ class PlannerConfig:
             raise BaftConfigError("fill", "a number in (0, 1]", self.fill)
         if self.overflow not in ("stall", "every_k"):
             raise BaftConfigError("overflow", "stall or every_k", self.overflow)
+        if self.max_every < 1 or self.max_every & (self.max_every - 1):
+            raise BaftConfigError("max_every", "a power of two >= 1", self.max_every)
         if not 0 < self.stall_budget < 1:
             raise BaftConfigError("stall_budget", "a number in (0, 1)", self.stall_budget)
         if self.copier not in ("inline", "thread"):
@@ -165,7 +169,19 @@ def plan(
         else:
             p.overflow.append(c.index)
             p.overflow_bytes += c.nbytes
-    if p.overflow and config.overflow == "every_k":
-        budget = config.stall_budget * max(iteration_seconds, 1e-9)
-        p.every = max(1, math.ceil(p.stall_seconds / budget)) if math.isfinite(p.stall_seconds) else 1_000_000
+    if p.overflow and config.overflow == "every_k" and iteration_seconds > 0:
+        # No iteration measured yet (the first snapshot): no basis for a budget, k stays 1.
+        budget = config.stall_budget * iteration_seconds
+        need = math.ceil(p.stall_seconds / budget) if math.isfinite(p.stall_seconds) else config.max_every
+        p.every = min(config.max_every, power_of_two(need))
     return p
+
+
+def power_of_two(n: float) -> int:
+    """The smallest power of two >= n (>= 1). Every rank re-plans on its own, at its own
+    moment; with k a power of two, the versions of the rank with the larger k are also
+    versions of every other rank, so a restore always finds a version all ranks hold."""
+    k = 1
+    while k < n:
+        k *= 2
+    return k

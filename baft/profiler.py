@@ -6,7 +6,8 @@ wraps the stage's ``forward_one_chunk`` / ``backward_one_chunk`` and the
 schedule module's p2p wait helper — at most a wrapper around the user's stage
 and schedule, nothing re-implemented — and records per iteration:
 
-* compute spans (forward and backward per microbatch),
+* compute spans (forward and backward per microbatch, and the optimizer step,
+  timed with the optimizer's own step hooks),
 * idle windows: each wait, by its position in the iteration (the k-th wait of
   every iteration is the same place in a static schedule), with offset and
   duration.
@@ -61,7 +62,7 @@ class ProfilerConfig:
 class Span:
     """One timed span of an iteration, seconds relative to its start."""
 
-    kind: str  # forward, backward, backward_weight, wait, snapshot (inline work at a wait's start)
+    kind: str  # forward, backward, backward_weight, optimizer, wait, snapshot (inline work at a wait's start)
     index: int  # microbatch for compute, position for waits
     start: float
     end: float
@@ -157,6 +158,8 @@ class BubbleProfiler:
         self.overruns = 0
         """Waits whose inline work outlasted the transfer (see :meth:`waiting`)."""
         self._originals: list[tuple[Any, str, Callable[..., Any]]] = []
+        self._hooks: list[Any] = []
+        self._opt_start = 0.0
 
     # -- attaching -------------------------------------------------------------------------
     def attach(self, stage: Any) -> None:
@@ -172,7 +175,21 @@ class BubbleProfiler:
                 setattr(st, name, self._timed(fn, kind))
         _WaitHook.install(self)
 
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """Time each optimizer step as an ``optimizer`` span (torch's step pre/post hooks)."""
+
+        def pre(*_: Any) -> None:
+            self._opt_start = self.clock()
+
+        def post(*_: Any) -> None:
+            self._span("optimizer", 0, self._opt_start, self.clock())
+
+        self._hooks += [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
+
     def detach(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
         for st, name, fn in self._originals:
             setattr(st, name, fn)
         self._originals.clear()

@@ -60,3 +60,15 @@ def test_kill_during_replication_keeps_the_replica_flowing(tmp_path: Path, ref_c
     stores = (tmp_path / "out" / "faulted" / "journal").glob("store-node*.jsonl")
     replicated = [line for f in stores for line in f.read_text().splitlines() if '"replicated"' in line and '"rank": 2' in line]
     assert any('"version": 9' in line for line in replicated)  # the killed rank's version 9 still reached node 0
+
+
+def test_overflow_every_k_snapshots_less_often_and_stays_restorable(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-every-k.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    j = Journal.load(tmp_path / "out" / "faulted")
+    plans = [e for e in j.events("replan") if e["policy"] == "every_k"]
+    assert plans and all(e["every"] & (e["every"] - 1) == 0 and e["every"] <= 8 for e in plans)
+    assert any(e["every"] > 1 for e in plans)  # the bubbles could not hold it: fewer snapshots, said so
+    snaps = [e["step"] for e in j.events("snapshot", 0) if e["incarnation"] == 0]
+    assert len(snaps) < 17  # not one per iteration
+    assert v["bitwise_equal"] and v["lost_steps"] <= 8

@@ -182,3 +182,28 @@ def test_inline_work_that_overruns_shrinks_the_window() -> None:
     assert it.windows == pytest.approx([0.005, 0.003])
     assert prof.overruns == 1
     assert [s.kind for s in it.spans] == ["snapshot", "wait", "snapshot", "wait"]
+
+
+def test_profiler_times_the_optimizer_step() -> None:
+    clock = FakeClock()
+
+    class SlowSGD(torch.optim.SGD):
+        def step(self, closure=None):  # type: ignore[override]
+            clock.t += 0.25  # the step "takes" 250 ms on the fake clock
+            return super().step(closure)
+
+    prof = BubbleProfiler(clock=clock)
+    model = torch.nn.Linear(2, 2)
+    opt = SlowSGD(model.parameters(), lr=0.1)
+    prof.attach_optimizer(opt)
+    prof.begin_iteration(0)
+    model(torch.ones(1, 2)).sum().backward()
+    clock.t = 1.0
+    opt.step()
+    it = prof.end_iteration()
+    spans = [s for s in it.spans if s.kind == "optimizer"]
+    assert len(spans) == 1 and spans[0].duration == pytest.approx(0.25) and it.compute == pytest.approx(0.25)
+    prof.detach()
+    prof.begin_iteration(1)
+    opt.step()
+    assert not [s for s in prof.end_iteration().spans if s.kind == "optimizer"]  # hooks removed

@@ -82,6 +82,23 @@ def test_every_k_bounds_the_amortised_stall(sz: list[int], it: float, budget: fl
     chunks = make_chunks(spans_of(sz), 1024)
     p = plan(chunks, [], 1e6, PlannerConfig(chunk_bytes=1024, overflow="every_k", stall_budget=budget), iteration_seconds=it)
     assert not p.fits
-    assert p.stall_seconds / p.every <= budget * it + 1e-12
-    assert p.every == 1 or p.stall_seconds / (p.every - 1) > budget * it
+    assert p.every & (p.every - 1) == 0 and p.every <= 64  # a power of two, capped
+    if p.every < 64:
+        assert p.stall_seconds / p.every <= budget * it + 1e-12
+    assert p.every == 1 or p.stall_seconds / (p.every // 2) > budget * it  # the smallest such power
     assert math.isfinite(p.stall_seconds)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ks=st.lists(st.integers(0, 6), min_size=2, max_size=8), horizon=st.integers(64, 500))
+def test_independent_every_k_choices_share_versions(ks: list[int], horizon: int) -> None:
+    """Ranks pick k on their own; powers of two keep a common version within any max-k span."""
+    everies = [2**k for k in ks]
+    common = [v for v in range(horizon) if all(v % e == 0 for e in everies)]
+    assert common and all(b - a == max(everies) for a, b in zip(common, common[1:]))
+
+
+def test_every_k_is_one_before_any_iteration_was_measured() -> None:
+    chunks = make_chunks(spans_of([4096] * 4), 1024)
+    p = plan(chunks, [], 1e6, PlannerConfig(chunk_bytes=1024, overflow="every_k"), iteration_seconds=0.0)
+    assert p.every == 1
