@@ -24,11 +24,13 @@ between network namespaces; nothing here is authenticated.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import signal
 import socket
 import socketserver
+import statistics
 import struct
 import sys
 import threading
@@ -46,10 +48,17 @@ _FIELDS = struct.Struct("<6q")
 #: training's packets.
 PIECE = 64 << 10
 SNDBUF = 64 << 10
+#: A round waits at most this long for a rank to seal its version (a dead rank never will).
+ROUND_TIMEOUT = 10.0
 #: The largest replication stride (versions) the store degrades to.
 MAX_STRIDE = 64
 #: With ``yield``, replication takes at most this share of the link's measured capacity.
-LINK_SHARE = 0.5
+LINK_SHARE = float(os.environ.get("BAFT_LINK_SHARE", "0.5"))
+#: The link is taken for the bottleneck when at least this share of recent pieces blocked
+#: (measured: 0.33-0.56 on a 50 Mbit/s tbf link, 0-0.13 on loopback with busy cores).
+LINK_BOUND = 0.3
+#: Seconds the pacing holds after the link last looked like the bottleneck.
+PACE_HOLD = 10.0
 #: A send that blocks at least this long measured the link, not the kernel's buffer.
 BLOCKED_SEND = 0.002
 #: The longest a piece waits for the node's pipeline traffic to pause (progress is guaranteed).
@@ -147,7 +156,7 @@ def replica_slot(root: Path, rank: int, k: int) -> Path:
 
 
 def kept_slot(root: Path, rank: int, k: int) -> Path:
-    """The store's own copy of the version of a local rank it last replicated (a ring of two)."""
+    """The store's own copies of a local rank's recent round versions (a ring of ``SLOTS``)."""
     return root / f"kept-rank-{rank:05d}.slot{k}"
 
 
@@ -177,8 +186,13 @@ class Store:
         self._jlock = threading.Lock()
         self._cond = threading.Condition()
         self._sealed: dict[int, dict[int, str]] = {}  # rank -> recent sealed versions -> slot file
-        self._round = -1  # the last version replicated (for every local rank)
-        self._rounds = 0
+        self._done = -1  # the last round finished (every local rank's copy sent)
+        self._current: int | None = None  # the round in progress
+        self._captured: dict[int, bytes] = {}  # rank -> its copy of the round's version
+        self._sent: set[int] = set()  # ranks whose copy of the current round is sent
+        self._lost: set[int] = set()  # ranks whose copy of the current round could not be taken
+        self._round_t0 = 0.0
+        self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
         self.stride = 1
         """Replicate only versions that are multiples of this (a power of two, grown while the
         link cannot carry every version, so every node's choice of versions lines up)."""
@@ -186,7 +200,10 @@ class Store:
         self._last_seal: tuple[int, float] | None = None
         self._closed = False
         self.capacity: float | None = None
-        """Moving estimate of the link's bytes/s, from piece sends that had to wait for the link."""
+        """Estimate of the link's bytes/s, from piece sends that had to wait for the link."""
+        self._rates: collections.deque[float] = collections.deque(maxlen=32)
+        self._blocked: collections.deque[bool] = collections.deque(maxlen=32)
+        self._limited_until = 0.0
         self._limited = False
         threading.Thread(target=self._replicate_loop, name="store-replicate", daemon=True).start()
 
@@ -210,9 +227,11 @@ class Store:
             with self._cond:
                 versions = self._sealed.setdefault(header["rank"], {})
                 versions[header["version"]] = header["file"]
-                for old in sorted(versions)[:-SLOTS]:
-                    del versions[old]  # its slot has been reused by now
+                for old in sorted(versions)[:-(SLOTS - 1)]:
+                    del versions[old]  # its slot is being reused for the next version by now
                 self._note_period(header["version"])
+                if header["version"] == self._current:
+                    self._capture(header["rank"])  # now, before the slot is reused
                 self._cond.notify()
             return {"ok": True}, b""
         if op == "put":
@@ -265,88 +284,136 @@ class Store:
         if self._last_seal is None or version >= self._last_seal[0]:
             self._last_seal = (version, now)
 
-    def _next_round(self) -> tuple[int, dict[int, str]] | None:
-        """The newest version every local rank has sealed, on the stride, not yet replicated."""
-        if not self._sealed:
+    # -- replication in rounds -------------------------------------------------------------
+    # A round is one version v (on the stride) replicated for every rank of the node, so the
+    # copies of all ranks line up on common versions: a restore needs one every rank can get.
+    # Each rank's copy of v is captured from its slot the moment the rank seals v (a slot is
+    # reused three versions later, long before a slow link has sent the others), then sent at
+    # the pace the link allows. The next round takes the newest version sealed by then.
+
+    def _start_round(self) -> None:
+        """Open a round at the newest version on the stride that any local rank has sealed."""
+        fresh = set().union(*({v for v in vs if v % self.stride == 0 and v > self._done} for vs in self._sealed.values()))
+        if not fresh:
+            return
+        v = max(fresh)
+        if self._done >= 0 and v - self._done > 1:
+            self.log("replication_skipped", version=v, skipped=v - self._done - 1, stride=self.stride,
+                     reason=f"{v - self._done - 1} version(s) sealed since the last round were not replicated")
+        self._current, self._captured, self._sent, self._lost = v, {}, set(), set()
+        self._round_t0 = time.monotonic()
+        for rank in self._sealed:
+            self._capture(rank)
+
+    def _capture(self, rank: int) -> None:
+        """Copy ``rank``'s slot of the round's version into memory if it is sealed and not yet taken."""
+        v = self._current
+        if v is None or rank in self._captured or rank in self._sent or rank in self._lost:
+            return
+        versions = self._sealed.get(rank, {})
+        if v not in versions:
+            if versions and max(versions) > v:  # it moved past v without sealing it (a restart)
+                self._lose(rank, "never sealed by this rank")
+            return
+        data = read_complete(Path(versions[v]), v)
+        if data is None:
+            self._lose(rank, "slot rewritten before it was read")
+            return
+        self._captured[rank] = data
+        # Keep the node's own copy of every round's version (a ring like the slots'): after a
+        # peer node is lost, its ranks restore from their replicas here, at a round's version,
+        # and this node's ranks must still have that version too, sent or not.
+        k = self._kept.get(rank, 0)
+        write_slot(kept_slot(self.root, rank, k % SLOTS), data)
+        self._kept[rank] = k + 1
+
+    def _lose(self, rank: int, reason: str) -> None:
+        self._lost.add(rank)
+        self.log("replication_skipped", rank=rank, version=self._current, reason=reason)
+
+    def _next_send(self) -> tuple[int, int, bytes] | None:
+        """(rank, version, data) to send next; None while waiting. Called under the lock."""
+        if self._current is None:
+            self._start_round()
+        if self._current is None:
             return None
-        common = set.intersection(*(set(v) for v in self._sealed.values()))
-        due = [v for v in common if v > self._round and v % self.stride == 0]
-        if not due:
-            return None
-        v = max(due)
-        return v, {rank: files[v] for rank, files in self._sealed.items()}
+        for rank in self._sealed:
+            self._capture(rank)
+        if time.monotonic() - self._round_t0 > ROUND_TIMEOUT:  # a rank died and never sealed v
+            for rank in self._sealed:
+                if rank not in self._sent and rank not in self._captured and rank not in self._lost:
+                    self._lose(rank, f"not sealed within {ROUND_TIMEOUT:.0f} s")
+        for rank, data in self._captured.items():
+            if rank not in self._sent:
+                return rank, self._current, data
+        if all(r in self._sent or r in self._lost for r in self._sealed):
+            self._done, self._current = self._current, None
+            self._captured = {}
+            self._adapt(time.monotonic() - self._round_t0)
+            return self._next_send()
+        return None
 
     def _replicate_loop(self) -> None:
-        """Replicate in rounds: one version for every rank of the node, so the copies of all ranks
-        line up on common versions (a restore needs one that every rank can get)."""
         while True:
             with self._cond:
-                while not self._closed and (job := self._next_round()) is None:
-                    self._cond.wait()
+                while not self._closed and (job := self._next_send()) is None:
+                    self._cond.wait(0.2)
                 if self._closed:
                     return
-            version, files = job
-            t0 = time.perf_counter()
-            skipped = version - self._round - 1 if self._round >= 0 else 0
-            self._round = version
-            datas = {rank: read_complete(Path(f), version) for rank, f in files.items()}
-            if any(d is None for d in datas.values()):
-                self.log("replication_skipped", version=version, reason="a slot was rewritten before it was read")
-                continue
-            ok = True
-            for rank, data in datas.items():
-                for target in self.targets:
-                    t = time.perf_counter()
-                    try:
-                        deferred = self._send_put(target, rank, version, data)
-                    except OSError as e:
-                        ok = False
-                        self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
-                        continue
-                    self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data),
-                             seconds=time.perf_counter() - t, deferred_seconds=deferred)
-            if ok:
-                # Keep this node's own copy of the version its peers now hold, in a ring of two,
-                # so a later restore without the peers' own memory still finds it here.
-                for rank, data in datas.items():
-                    write_slot(kept_slot(self.root, rank, self._rounds % 2), data)
-                self._rounds += 1
-            if skipped:
-                self.log("replication_skipped", version=version, skipped=skipped, stride=self.stride,
-                         reason=f"{skipped} newer version(s) sealed while the previous round was sent")
-            self._adapt(time.perf_counter() - t0)
+                rank, version, data = job
+                self._sent.add(rank)
+            for target in self.targets:
+                t = time.perf_counter()
+                try:
+                    deferred = self._send_put(target, rank, version, data)
+                except OSError as e:
+                    self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
+                    continue
+                self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data),
+                         seconds=time.perf_counter() - t, deferred_seconds=deferred,
+                         blocked_share=round(sum(self._blocked) / max(1, len(self._blocked)), 3))
 
     def _adapt(self, seconds: float) -> None:
         """Double the stride while a round takes longer than the versions it covers; halve it when
         rounds fit easily again. Powers of two keep every node's choice of versions aligned."""
         if self._period is None or self._period <= 0:
             return
-        old = self.stride
         if seconds > self.stride * self._period and self.stride < MAX_STRIDE:
-            self.stride *= 2
+            self._set_stride(self.stride * 2, "a round took longer than its versions", seconds)
         elif self.stride > 1 and seconds < 0.3 * (self.stride // 2) * self._period:
-            self.stride //= 2
-        if self.stride != old:
-            self.log("replication_stride", stride=self.stride, round_seconds=round(seconds, 4),
-                     version_seconds=round(self._period, 4))
+            self._set_stride(self.stride // 2, "rounds fit again", seconds)
+
+    def _set_stride(self, stride: int, reason: str, seconds: float) -> None:
+        if stride != self.stride:
+            self.stride = stride
+            self.log("replication_stride", stride=stride, reason=reason, round_seconds=round(seconds, 4),
+                     version_seconds=round(self._period, 4) if self._period else None)
 
     def pace(self) -> float:
-        """Bytes/s to send at: the configured ``rate``, and with ``yield`` at most ``LINK_SHARE``
-        of the measured link capacity (0: unlimited)."""
+        """Bytes/s to send at: the configured ``rate``, and with ``yield``, once the link is found
+        to be the bottleneck, at most ``LINK_SHARE`` of its measured capacity (0: unlimited)."""
         limits = [self.rate] if self.rate > 0 else []
-        if self.flags is not None and self.capacity is not None:
+        if self.flags is not None and self._limited and self.capacity is not None and LINK_SHARE > 0:
             limits.append(LINK_SHARE * self.capacity)
         return min(limits, default=0.0)
 
     def _measure(self, nbytes: int, seconds: float) -> None:
-        if seconds < BLOCKED_SEND:
-            return  # the piece went into free buffer space: says nothing about the link
-        rate = nbytes / seconds
-        self.capacity = rate if self.capacity is None else 0.8 * self.capacity + 0.2 * rate
-        limited = self.flags is not None and (self.rate <= 0 or LINK_SHARE * self.capacity < self.rate)
+        """Learn from one piece's send: a slow link blocks (nearly) every piece at its rate; a
+        receiver that was merely descheduled on busy cores blocks some pieces, not most."""
+        blocked = seconds >= BLOCKED_SEND
+        self._blocked.append(blocked)
+        if blocked:
+            self._rates.append(nbytes / seconds)
+            self.capacity = statistics.median(self._rates)
+        now = time.monotonic()
+        if len(self._blocked) >= 16 and sum(self._blocked) >= LINK_BOUND * len(self._blocked):
+            # Paced sends stop blocking, so once the link is found slow the pacing holds for a
+            # while before the store tries full speed again (and re-detects a link still slow).
+            self._limited_until = now + PACE_HOLD
+        limited = now < self._limited_until
         if limited != self._limited:
             self._limited = limited
-            self.log("replication_paced", link_mbytes_per_s=round(self.capacity / 1e6, 3),
+            self.log("replication_paced", link_mbytes_per_s=round((self.capacity or 0) / 1e6, 3),
                      pace_mbytes_per_s=round(self.pace() / 1e6, 3), limited_by_link=limited)
 
     def _send_put(self, target: str, rank: int, version: int, data: bytes) -> float:

@@ -59,7 +59,7 @@ def test_sealed_versions_reach_the_next_node_and_can_be_pulled_back(two_stores) 
     wait_for(lambda: slot_header(replica) is not None and slot_header(replica)[:2] == (COMPLETE, 7))
 
     # the store keeps its own copy of what it replicated
-    kept = root / "node0" / "kept-rank-00003.slot0"
+    kept = root / "node0" / "kept-rank-00003.slot0"  # captured into the ring when the round opened
     wait_for(lambda: slot_header(kept) is not None and slot_header(kept)[:2] == (COMPLETE, 7))
     # node 0 loses its memory; a new worker of rank 3 there asks its store
     path.unlink()
