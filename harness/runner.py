@@ -150,6 +150,10 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
     return verdict
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def summary(verdict: dict[str, Any], out: Path) -> str:
     """A few lines for the terminal."""
     ok = verdict["passed"]
@@ -160,7 +164,7 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
         d = verdict["first_divergence"]
         lines.append(f"  first divergence step {d['step']}, {d['component']} / {d['key']} (rank {d['rank']})")
     lines.append(f"  faults fired     {verdict['faults_fired']}/{verdict['faults_declared']}"
-                 f" ({verdict.get('fault_occurrences', verdict['faults_fired'])} occurrences)")
+                 f" ({_count(verdict.get('fault_occurrences', verdict['faults_fired']), 'occurrence')})")
     for r in verdict["recoveries"]:
         f = r["fault"]
         rec = f"{r['recovery_seconds']:.2f} s" if r["recovery_seconds"] is not None else "never"
