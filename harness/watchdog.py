@@ -22,32 +22,12 @@ from pathlib import Path
 
 from analysis.journal import JournalWriter
 
+from injectors.process import descendants
+
 from .controller import Progress
 
 #: Seconds a job may take from launch (or a restart) to its first completed step.
 STARTUP_TIMEOUT = 60.0
-
-
-def descendants(pid: int) -> list[tuple[int, str]]:
-    """(pid, state letter) of every process below ``pid``, from /proc."""
-    parent: dict[int, int] = {}
-    state: dict[int, str] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(d.name)], state[int(d.name)] = int(rest[1]), rest[0]
-    out, frontier = [], [pid]
-    while frontier:
-        p = frontier.pop()
-        for child, pp in parent.items():
-            if pp == p:
-                out.append((child, state[child]))
-                frontier.append(child)
-    return out
 
 
 class Watchdog:

@@ -17,25 +17,27 @@ from .worker import InWorkerInjector
 WORKER_PHASES = ("iteration", "forward", "backward", "optimizer", "snapshot", "replicate", "persist", "restore")
 
 
-def _check_rank(rank: int) -> None:
-    if rank < 0:
-        raise FaultConfigError("rank", "a rank >= 0", rank)
-
-
 @dataclass(kw_only=True, slots=True)
-class KillConfig(PointFault):
-    """Send a signal to one rank when its trigger fires."""
+class RankFault(PointFault):
+    """A point fault that takes one rank down, at any phase a worker announces."""
 
-    kind: ClassVar[str] = "kill"
     fatal: ClassVar[bool] = True
     phases: ClassVar[tuple[str, ...]] = WORKER_PHASES
     rank: int
-    """Global rank to kill."""
-    signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGABRT"] = "SIGKILL"
-    """SIGKILL: no cleanup at all; SIGTERM / SIGINT: the process may run its handlers; SIGABRT: a core-dump style abort."""
+    """Global rank the fault hits."""
 
     def __post_init__(self) -> None:
-        _check_rank(self.rank)
+        if self.rank < 0:
+            raise FaultConfigError("rank", "a rank >= 0", self.rank)
+
+
+@dataclass(kw_only=True, slots=True)
+class KillConfig(RankFault):
+    """Send a signal to one rank when its trigger fires."""
+
+    kind: ClassVar[str] = "kill"
+    signal: Literal["SIGKILL", "SIGTERM", "SIGINT", "SIGABRT"] = "SIGKILL"
+    """SIGKILL: no cleanup at all; SIGTERM / SIGINT: the process may run its handlers; SIGABRT: a core-dump style abort."""
 
 
 class KillInjector(InWorkerInjector):
@@ -46,20 +48,13 @@ class KillInjector(InWorkerInjector):
 
 
 @dataclass(kw_only=True, slots=True)
-class CrashConfig(PointFault):
+class CrashConfig(RankFault):
     """A rank crashes by itself: a segmentation fault, an abort, an exit or an uncaught exception."""
 
     kind: ClassVar[str] = "crash"
-    fatal: ClassVar[bool] = True
-    phases: ClassVar[tuple[str, ...]] = WORKER_PHASES
-    rank: int
-    """Global rank that crashes."""
     how: Literal["segfault", "abort", "exit", "exception"] = "segfault"
     """``segfault``: a real invalid memory read; ``abort``: ``abort()``; ``exit``: exit code 1
     without cleanup; ``exception``: an uncaught Python exception through the training loop."""
-
-    def __post_init__(self) -> None:
-        _check_rank(self.rank)
 
 
 class InjectedCrash(RuntimeError):
@@ -79,7 +74,7 @@ class CrashInjector(InWorkerInjector):
 
 
 @dataclass(kw_only=True, slots=True)
-class HangConfig(PointFault):
+class HangConfig(RankFault):
     """A rank stops (SIGSTOP) and never comes back by itself.
 
     torchrun alone would wait forever (the other ranks block in gloo); the
@@ -89,13 +84,6 @@ class HangConfig(PointFault):
     """
 
     kind: ClassVar[str] = "hang"
-    fatal: ClassVar[bool] = True
-    phases: ClassVar[tuple[str, ...]] = WORKER_PHASES
-    rank: int
-    """Global rank that hangs."""
-
-    def __post_init__(self) -> None:
-        _check_rank(self.rank)
 
 
 class HangInjector(InWorkerInjector):
@@ -125,18 +113,24 @@ class NodeLossConfig(PointFault):
         return node == self.node and local_rank == 0
 
 
-def _children_of(ppid: int) -> list[int]:
-    """PIDs whose parent is ``ppid`` (from /proc)."""
-    out = []
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, state letter, e.g. ``T`` for stopped) of every process below ``pid``, from /proc."""
+    table: dict[int, tuple[int, str]] = {}  # pid -> (parent, state)
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
-            continue
-        if int(fields[1]) == ppid:
-            out.append(int(d.name))
+            continue  # exited meanwhile
+        table[int(d.name)] = (int(rest[1]), rest[0])
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        for child, (parent, state) in table.items():
+            if parent == p:
+                out.append((child, state))
+                frontier.append(child)
     return out
 
 
@@ -152,7 +146,7 @@ class NodeLossInjector(InWorkerInjector):
                 pass
             shutil.rmtree(memory, ignore_errors=True)
         me = os.getpid()
-        for pid in _children_of(os.getppid()):
+        for pid, _ in descendants(os.getppid()):
             if pid != me:
                 try:
                     os.kill(pid, signal.SIGKILL)

@@ -14,8 +14,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from baft import STRATEGIES, BaftConfigError, CheckpointConfig, Checkpointer, CheckpointCorrupt, TrainState
+from baft import STRATEGIES, BaftConfigError, CheckpointConfig, Checkpointer, CheckpointCorrupt
 from baft import dcpformat, digest_components, persist, storage
+
+from .test_strategies import make_state, train
 
 @pytest.fixture(params=["file", "memory"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
@@ -263,24 +265,6 @@ def test_steps_newer_than_latest_are_ignored(url: str) -> None:
 
 
 # Every strategy, end to end, at a URL
-
-
-def make_state(seed: int) -> TrainState:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
-    return TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-2))
-
-
-def train(st: TrainState, ck: Checkpointer, steps: int) -> None:
-    for _ in range(steps):
-        ck.begin_iteration()
-        loss = st.model(torch.randn(3, 4)).pow(2).mean()
-        st.optimizer.zero_grad()
-        loss.backward()
-        ck.before_optimizer_step()
-        st.optimizer.step()
-        st.step += 1
-        ck.after_step()
 
 
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "none"])
