@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 
@@ -25,12 +26,24 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def bootstrap_median_ci(xs: list[float], rounds: int = 2000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(xs: list[float], stat: Callable[[list[float]], float] = statistics.median, level: float = 0.95,
+                 block: int = 1, rounds: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``stat``; with ``block > 1`` a circular block bootstrap
+    (runs of ``block`` neighbours resampled together, for serially correlated series)."""
     if len(xs) < 2:
         return (xs[0], xs[0]) if xs else (float("nan"), float("nan"))
     rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(rounds))
-    return meds[int(0.025 * rounds)], meds[int(0.975 * rounds) - 1]
+    n, block = len(xs), max(1, min(block, len(xs)))
+    stats = []
+    for _ in range(rounds):
+        sample: list[float] = []
+        while len(sample) < n:
+            start = rng.randrange(n)
+            sample.extend(xs[(start + i) % n] for i in range(block))
+        stats.append(stat(sample[:n]))
+    stats.sort()
+    tail = (1 - level) / 2
+    return stats[int(tail * rounds)], stats[int((1 - tail) * rounds) - 1]
 
 
 def block_medians(iterations: list[dict[str, Any]], skip_first: int = 1) -> dict[int, dict[str, float]]:
@@ -56,7 +69,7 @@ def paired_ratios(iterations: list[dict[str, Any]], baseline: str = "none") -> d
         times = [c[strat] for c in per_cycle.values() if strat in c]
         if not ratios:
             continue
-        lo, hi = bootstrap_median_ci(ratios)
+        lo, hi = bootstrap_ci(ratios)
         out[strat] = {
             "ratio_vs_none": statistics.median(ratios),
             "iqr": [quantile(ratios, 0.25), quantile(ratios, 0.75)],

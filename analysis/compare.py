@@ -4,7 +4,8 @@ Both runs fingerprint every state component at every step boundary (the
 ``state`` events) and record each iteration's loss as exact float bits (the
 ``step`` events). Every record of the run under test — before the fault, and
 again after the restore — is compared with the reference's record of the same
-rank and step. The first divergence is the earliest (step, place) where they
+rank and step (records written at another world size, after an elastic restart,
+are counted apart: the loss curve judges those). The first divergence is the earliest (step, place) where they
 differ: the state at boundary ``s`` comes before the loss of iteration ``s``,
 and components are ordered as in :data:`COMPONENT_ORDER`.
 """
@@ -49,6 +50,9 @@ class Comparison:
     divergences: list[Divergence] = field(default_factory=list)
     missing_reference: list[tuple[int, int]] = field(default_factory=list)
     """(rank, step) records of the run that the reference lacks."""
+    resized: int = 0
+    """Records written at another world size than the reference's (after an elastic restart):
+    not comparable bit for bit; the loss curve judges them."""
 
     @property
     def first(self) -> Divergence | None:
@@ -81,10 +85,14 @@ def compare_digests(step: int, rank: int, ref: dict[str, dict[str, str]], got: d
 def compare(reference: Journal, run: Journal) -> Comparison:
     """Compare each state and loss record of ``run`` with ``reference`` (same rank, same step)."""
     result = Comparison()
+    world = reference.world_size
     for rank in sorted(run.ranks):
         ref_states = _index(reference, "state", rank)
         ref_steps = _index(reference, "step", rank)
         for ev in run.events("state", rank):
+            if ev.get("world") not in (None, world):
+                result.resized += 1
+                continue
             ref = ref_states.get(ev["step"])
             if ref is None:
                 result.missing_reference.append((rank, ev["step"]))
@@ -92,6 +100,9 @@ def compare(reference: Journal, run: Journal) -> Comparison:
             result.states_compared += 1
             result.divergences.extend(compare_digests(ev["step"], rank, ref["digests"], ev["digests"]))
         for ev in run.events("step", rank):
+            if ev.get("world") not in (None, world):
+                result.resized += 1
+                continue
             ref = ref_steps.get(ev["step"])
             if ref is None:
                 result.missing_reference.append((rank, ev["step"]))

@@ -10,7 +10,8 @@ one JSON object with at least:
 ``attempt`` the torchrun restart count of the writing worker's agent
 
 On loading, every event also gets ``incarnation``: which worker process of its
-rank wrote it (0 for the first, 1 after the first restart, ...).
+rank wrote it (0 for the first, 1 after the first restart, ...), and ``world``:
+the world size that process ran in (it changes after an elastic restart).
 
 Event fields:
 
@@ -153,11 +154,13 @@ def _with_incarnations(events: Iterator[dict[str, Any]]) -> list[dict[str, Any]]
     incarnation can.
     """
     out = []
-    inc = -1
+    inc, world = -1, None
     for e in events:
         if e.get("event") == "start":
             inc += 1
+            world = e.get("world_size")
         e["incarnation"] = max(inc, 0)
+        e["world"] = world
         out.append(e)
     return out
 
@@ -189,6 +192,13 @@ class Journal:
         if not j.ranks:
             raise AnalysisError(f"{root}: no rank journals")
         return j
+
+    @property
+    def world_size(self) -> int:
+        """The world size of the last incarnation's workers (the job's size at the end)."""
+        starts = [e for e in self.events("start") if e.get("world_size") is not None]
+        last = max(starts, key=lambda e: (e["incarnation"], e["t"]), default=None)
+        return int(last["world_size"]) if last else len(self.ranks)
 
     def events(self, kind: str, rank: int | None = None) -> list[dict[str, Any]]:
         """Events of one kind, of one rank, or of all ranks and the launcher (faults the

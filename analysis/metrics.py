@@ -69,12 +69,15 @@ def recoveries(run: Journal) -> list[Recovery]:
         progress = max(done, default=0)
         recovered, first_steps = None, []
         for k in (i for i in incarnations if i > inc):
+            # the ranks of that incarnation's world (fewer after an elastic restart)
+            world = max((e.get("world_size") or len(run.ranks) for e in run.events("start") if e["incarnation"] == k),
+                        default=len(run.ranks))
             firsts = []
-            for rank in run.ranks:
+            for rank in range(world):
                 steps = [e for e in run.events("step", rank) if e["incarnation"] == k]
                 if steps:
                     firsts.append(steps[0]["t"])
-            if len(firsts) == len(run.ranks):
+            if len(firsts) == world:
                 recovered, first_steps = k, firsts
                 break
         restores = [e for e in run.events("checkpoint_restored") if e["incarnation"] == recovered]

@@ -7,6 +7,7 @@ from typing import Any
 from .compare import compare
 from .errors import AnalysisError
 from .journal import Journal
+from .losscurve import LossExpect, compare_curves, loss_curve
 from .metrics import final_step, recoveries, windows
 
 
@@ -28,6 +29,9 @@ class ExpectConfig:
     """At most this many steps executed twice because of each fault."""
     max_recovery_seconds: float | None = None
     """At most this long from a fault to every rank completing its first step after the restore."""
+    loss: LossExpect | None = None
+    """A loss-curve tolerance (``analysis.losscurve``), for records that cannot be equal bit for
+    bit (after an elastic restart on fewer replicas): ``{rtol, atol, window, margin, alpha, from_step}``."""
 
     def __post_init__(self) -> None:
         if self.max_lost_steps is not None and self.max_lost_steps < 0:
@@ -42,9 +46,17 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     recs = recoveries(run)
     finished = final_step(run)
     failures: list[str] = []
-    completed = len(finished) == len(reference.ranks) and all(s == steps for s in finished.values())
+    # Every rank of the job as it ended (fewer than the reference's after an elastic restart).
+    expected_ranks = set(range(run.world_size)) if run.world_size != reference.world_size else set(reference.ranks)
+    completed = expected_ranks <= set(finished) and all(finished[r] == steps for r in expected_ranks)
     if not completed:
-        failures.append(f"run did not complete: finished ranks {sorted(finished)} of {sorted(reference.ranks)}")
+        failures.append(f"run did not complete: finished ranks {sorted(finished)} of {sorted(expected_ranks)}")
+    if cmp.resized and expect.loss is None:
+        failures.append(f"{cmp.resized} records were written at world size {run.world_size} (the reference ran on "
+                        f"{reference.world_size}); judging them needs expect.loss")
+    loss = compare_curves(loss_curve(reference), loss_curve(run), expect.loss) if expect.loss is not None else None
+    if loss is not None:
+        failures.extend(f"loss curve: {f}" for f in loss["failures"])
     fault_events = run.events("fault")
     fired = len({e.get("id") for e in fault_events})
     if fired < faults_declared:
@@ -73,6 +85,9 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         "first_divergence": None if first is None else first.as_dict(),
         "divergent_records": len(cmp.divergences),
         "states_compared": cmp.states_compared,
+        "resized_records": cmp.resized,
+        "world_size": {"reference": reference.world_size, "final": run.world_size},
+        "loss_curve": loss,
         "losses_compared": cmp.losses_compared,
         "lost_steps": lost,
         "recovery_seconds": worst,

@@ -19,6 +19,7 @@ plan order, so an early-ending window only moves chunks to the next one.
 """
 from __future__ import annotations
 
+import shutil
 import struct
 import sys
 import time
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import codec, events
-from .collective import all_gather, all_min
+from .collective import all_gather, all_min, rank_world
 from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
 from .layout import BULK_COMPONENTS, MARKER, TensorSpec, as_bytes, layout, rebuild, split, total_bytes
 from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
@@ -80,6 +81,15 @@ def _components(meta: bytes, data: torch.Tensor) -> tuple[dict[str, Any], dict[s
     for c, v in dynamic.items():
         out[c] = v
     return {c: out[c] for c in COMPONENTS if c in out}, static
+
+
+def _saved_replicas(buffer: SnapshotBuffer, complete: dict[int, int]) -> int:
+    """How many data-parallel replicas made the newest complete version in ``buffer`` (0: none)."""
+    if not complete:
+        return 0
+    meta = buffer.slots[complete[max(complete)]].meta()
+    (n,) = struct.unpack_from("<Q", meta, 0)
+    return int(codec.decode(bytes(meta[8 : 8 + n])).get("replicas", 1))
 
 
 class BubbleSnapshotter:
@@ -314,6 +324,9 @@ class BubbleSnapshotter:
         complete = self._open_slots()
         for i in self._torn:
             events.emit("checkpoint_rejected", step=i, tier="shm", reason="torn: the writer stopped mid-copy")
+        saved = max(all_gather(_saved_replicas(self.buffer, complete)))
+        if saved and saved != self.replicas:
+            return self._restore_resized(saved, t0)
         remote = self.store.locate(self.rank) if self.store is not None else []
         events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=sorted(remote))
         everyone = all_gather(sorted(set(complete) | {v for v, _ in remote}))
@@ -342,6 +355,66 @@ class BubbleSnapshotter:
         self.buffer.close()
         self.restored_version = version
         events.emit("checkpoint_restored", step=version, tier=tier, seconds=time.perf_counter() - t0, path=str(self.buffer.root))
+        return version
+
+    def _restore_resized(self, saved: int, t0: float) -> int | None:
+        """Restore after the number of data-parallel replicas changed (an elastic restart).
+
+        Ranks are replica-major (``rank = replica * stages + stage``). Each of the
+        ``saved`` replicas of this rank's stage held its own share of the bulk tensors
+        (zeros elsewhere), so their copies of one version, from this node's memory or
+        pulled from a store, sum to the whole stage; the small state (RNGs, data position,
+        scheduler) comes from the old rank with this rank's replica index (modulo ``saved``).
+        """
+        _, world = rank_world()
+        stages = world // self.replicas
+        stage = self.rank - self.replica * stages
+        olds = [d * stages + stage for d in range(saved)]
+        here = {o: SnapshotBuffer(self.buffer.root, o) for o in olds}
+        local = {o: {i.version for i in buf.open_existing() if i.state == COMPLETE} for o, buf in here.items()}
+        remote = {o: ({v for v, _ in self.store.locate(o)} if self.store is not None else set()) for o in olds}
+        mine = set.intersection(*(local[o] | remote[o] for o in olds))
+        events.emit("restore_candidates", tier="shm", local=sorted(set.intersection(*local.values())),
+                    remote=sorted(mine), resized_from=saved)
+        everyone = all_gather(sorted(mine))
+        common = set(everyone[0]).intersection(*map(set, everyone[1:]))
+        data: torch.Tensor | None = None
+        meta, tier, ok = b"", "shm", bool(common)
+        pulled = self.buffer.root / f"resize-rank{self.rank}"
+        try:
+            version = max(common) if common else -1
+            for d, o in enumerate(olds):
+                if not ok:
+                    break
+                buf = here[o]
+                if version not in local[o]:
+                    buf.close()
+                    buf = here[o] = SnapshotBuffer(pulled, o)
+                    pulled.mkdir(parents=True, exist_ok=True)
+                    source = self.store.pull(o, version, buf.path(slot_of(version))) if self.store else None
+                    tier = "peer" if source is not None and source != self.node else tier
+                    buf.open_existing()
+                slot = buf.slots.get(slot_of(version))
+                info = slot.info(slot_of(version)) if slot is not None else None
+                if info is None or info.state != COMPLETE or info.version != version:
+                    ok = False
+                    break
+                part = slot.data()
+                data = part.clone() if data is None else data.add_(part)
+                if d == self.replica % saved:
+                    meta = bytes(slot.meta())
+        finally:
+            for buf in here.values():
+                buf.close()
+            self.buffer.close()
+            shutil.rmtree(pulled, ignore_errors=True)
+        if all_min(int(ok)) == 0:
+            return None
+        events.emit("phase", phase="restore", step=version, tier=tier)
+        self.state.restore(_components(meta, data)[0])
+        self.restored_version = version
+        events.emit("checkpoint_restored", step=version, tier=tier, seconds=time.perf_counter() - t0,
+                    path=str(self.buffer.root), resized_from=saved, replicas=self.replicas)
         return version
 
     def _open_slots(self) -> dict[int, int]:

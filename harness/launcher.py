@@ -34,6 +34,14 @@ if TYPE_CHECKING:
     from .stores import StoreSpec
 
 
+#: Seconds an elastic rendezvous waits for more nodes once the minimum has joined (torchrun's
+#: default is 30; every elastic restart pays it, and a node that starts later than this is left out).
+LAST_CALL = 10
+#: Rendezvous settings of elastic runs: the last call above, and a lost node's agent declared dead
+#: after 3 missed 1 s keep-alives (torchrun's default, 3 x 5 s, adds 15 s to every elastic restart).
+ELASTIC_RDZV = f",last_call_timeout={LAST_CALL},keep_alive_interval=1,keep_alive_max_attempt=3"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,6 +91,7 @@ def launch(
     hang_timeout: float | None = None,
     topology: Topology | None = None,
     harness_faults: list[tuple[int, Any]] | None = None,
+    min_nodes: int | None = None,
 ) -> LaunchResult:
     """Start the node stores (if any), write the worker spec, start one torchrun agent per
     node, wait for all of them; stop the stores.
@@ -90,6 +99,9 @@ def launch(
     With a ``topology`` every node (agent, workers, store) runs in its own network
     namespace and rendezvous on node 0's address; ``harness_faults`` (fault id, config)
     are then driven on its links by a :class:`~harness.controller.FaultController`.
+
+    With ``min_nodes`` below ``nodes`` the agents are elastic (``--nnodes MIN:MAX``): when a
+    node is gone for good, the others re-rendezvous without it after :data:`LAST_CALL` seconds.
     """
     from .controller import FaultController
     from .stores import StoreFleet
@@ -110,6 +122,7 @@ def launch(
     port = free_port()
     run_id = uuid.uuid4().hex[:12]
     per_node = world_size // nodes
+    elastic = min_nodes is not None and min_nodes < nodes
     procs: list[subprocess.Popen] = []
     watchdog = controller = None
     t0 = time.monotonic()
@@ -117,12 +130,12 @@ def launch(
         for node in range(nodes):
             cmd = [
                 sys.executable, "-m", "torch.distributed.run",
-                "--nnodes", str(nodes),
+                "--nnodes", f"{min_nodes}:{nodes}" if elastic else str(nodes),
                 "--nproc-per-node", str(per_node),
                 "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{host}:{port}",
                 "--rdzv-id", run_id,
-                "--rdzv-conf", f"is_host={1 if node == 0 else 0}",
+                "--rdzv-conf", f"is_host={1 if node == 0 else 0}" + (ELASTIC_RDZV if elastic else ""),
                 "--max-restarts", str(max_restarts),
                 "--monitor-interval", "0.2",
                 "-m", module, str(spec_path.resolve()),

@@ -84,6 +84,11 @@ class Scenario:
         """(fault id, config) of the faults the harness drives."""
         return [(i, f.config) for i, f in enumerate(self.faults) if f.config.site == "harness"]
 
+    @property
+    def lost_nodes(self) -> list[int]:
+        """Nodes a fault takes away for good (no replacement comes)."""
+        return sorted({f.config.node for f in self.faults if getattr(f.config, "replacement", True) is False})
+
     def fault_plan(self) -> list[dict[str, Any]]:
         """Faults as plain data for the worker spec."""
         return [{"kind": f.kind, "config": to_plain(f.config)} for f in self.faults]
@@ -115,6 +120,7 @@ def parse(data: Any, file: str) -> Scenario:
     faults = parse_faults(data.get("faults") or [], file, shape)
     check_phases(faults, checkpoint, file, workload.nodes)
     check_restarts(faults, run, file, workload.steps)
+    check_elastic(faults, workload, checkpoint, expect, file)
     if any(f.config.site == "harness" for f in faults) or run.network == "netns":
         from injectors.network import require_network_privileges
 
@@ -189,6 +195,35 @@ def check_restarts(faults: list[FaultSpec], run: RunConfig, file: str, steps: in
             needed += f.config.expected_occurrences(steps) or 0
     if needed > run.max_restarts:
         raise ScenarioError(file, "run.max_restarts", f"at least {needed} (the restarts the faults cause)", run.max_restarts)
+
+
+#: Strategies whose checkpoints restore on a different number of data-parallel replicas.
+ELASTIC_STRATEGIES = ("baft", "async-dcp")
+
+
+def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint: CheckpointConfig,
+                  expect: ExpectConfig, file: str) -> None:
+    """A node lost for good must leave a job that can go on: a world the stages divide, the
+    same global batch, a strategy that restores across replica counts, a loss-curve verdict."""
+    lost = [(i, f) for i, f in enumerate(faults) if getattr(f.config, "replacement", True) is False]
+    if not lost:
+        return
+    i, f = lost[0]
+    path = f"faults[{i}].{f.kind}"
+    nodes = workload.nodes - len({g.config.node for _, g in lost})
+    if nodes < 1:
+        raise ScenarioError(file, f"{path}.node", "at least one node left after the permanent losses", nodes)
+    try:
+        workload.resized(nodes * (workload.world_size // workload.nodes))
+    except ConfigValueError as e:
+        raise ScenarioError(file, f"workload.{e.field}", f"{e.expected} after losing {path}.node for good",
+                            e.found) from None
+    if checkpoint.strategy not in ELASTIC_STRATEGIES:
+        raise ScenarioError(file, "checkpoint.strategy", "a strategy that restores on fewer replicas ("
+                            + ", ".join(ELASTIC_STRATEGIES) + ") when a node is lost for good", checkpoint.strategy)
+    if expect.loss is None:
+        raise ScenarioError(file, "expect.loss", "a loss-curve tolerance (bitwise equality cannot hold across "
+                            "world sizes once a node is lost for good)", None)
 
 
 def load(path: str | Path) -> Scenario:

@@ -54,6 +54,9 @@ def convert(value: Any, tp: Any, file: str, path: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        real = [a for a in args if a is not type(None)]
+        if len(real) == 1:  # an optional value: its own error says more than "X (or null)"
+            return convert(value, real[0], file, path)
         for arg in args:
             if arg is type(None):
                 continue

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.journal import JournalWriter
+from injectors.process import lost_marker
 
 from .launcher import free_port, worker_env
 
@@ -92,6 +93,9 @@ class StoreFleet:
             for node, p in enumerate(self.procs):
                 if p is not None and p.poll() is not None and not self._stop.is_set():
                     self.journal.write("store_exit", node=f"node{node}", returncode=p.returncode)
+                    if lost_marker(self.run_dir / "faults", node).exists():
+                        self.procs[node] = None  # lost for good: no replacement node, no store
+                        continue
                     self._start(node)  # the replacement node's store, with whatever memory is left
 
     def stop(self) -> None:

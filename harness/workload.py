@@ -12,6 +12,7 @@ Run as ``python -m harness.workload RUN_CONFIG.json`` (by the launcher).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -91,6 +92,20 @@ class WorkloadConfig:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
         if self.dataset_size < self.global_batch:
             raise ConfigValueError("dataset_size", f"at least one global batch ({self.global_batch})", self.dataset_size)
+
+    def resized(self, world_size: int) -> WorkloadConfig:
+        """The same training on ``world_size`` ranks: the stages stay, the data-parallel replicas
+        change, and each replica runs more (or fewer) microbatches so the global batch stays."""
+        if world_size == self.world_size:
+            return self
+        if world_size % self.stages:
+            raise ConfigValueError("data_parallel", f"a world size divisible by stages ({self.stages})", world_size)
+        replicas = world_size // self.stages
+        if (self.microbatches * self.data_parallel) % replicas:
+            raise ConfigValueError("microbatches", f"microbatches*data_parallel = {self.microbatches * self.data_parallel} "
+                                   f"divisible by {replicas} replicas (the global batch must stay)", self.microbatches)
+        return dataclasses.replace(self, data_parallel=replicas,
+                                   microbatches=self.microbatches * self.data_parallel // replicas)
 
     @property
     def world_size(self) -> int:
@@ -277,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     set_determinism()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world != cfg.world_size:
-        raise ScenarioError(str(spec_path), "workload", f"world size {cfg.world_size}", world)
+    try:
+        cfg = cfg.resized(world)  # an elastic restart on fewer nodes
+    except ConfigValueError as e:
+        raise ScenarioError(str(spec_path), f"workload.{e.field}", e.expected, e.found) from None
     probe = Probe.from_env(run_dir)
 
     ctx = WorkerContext(rank=rank, fault_dir=run_dir / "faults", record=probe.record, node=node,

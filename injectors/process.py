@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from .base import RunShape
 from .errors import FaultConfigError
 from .trigger import PointFault
 from .worker import InWorkerInjector
@@ -95,8 +96,10 @@ class HangInjector(InWorkerInjector):
 class NodeLossConfig(PointFault):
     """Lose a node: every worker on it, its checkpoint store and its memory.
 
-    Locally the node's torchrun agent survives and restarts the workers, playing
-    the replacement node; the harness starts a fresh store with empty memory.
+    With a replacement (the default) the node's torchrun agent survives and restarts
+    the workers, playing the replacement node; the harness starts a fresh store with
+    empty memory. Without one the agent dies too, nothing restarts on that node, and
+    the job continues elastically on the nodes that remain.
     """
 
     kind: ClassVar[str] = "node_loss"
@@ -104,10 +107,23 @@ class NodeLossConfig(PointFault):
     phases: ClassVar[tuple[str, ...]] = ("iteration", "forward", "backward", "optimizer", "snapshot")
     node: int
     """Index of the node to lose."""
+    replacement: bool = True
+    """False: the node is lost for good; the job goes on with fewer data-parallel replicas
+    (torchrun ``--nnodes MIN:MAX``) and the same global batch (more microbatches each)."""
 
     def __post_init__(self) -> None:
         if self.node < 0:
             raise FaultConfigError("node", "a node >= 0", self.node)
+
+    def check(self, run: RunShape) -> None:
+        PointFault.check(self, run)
+        if not self.replacement:
+            if self.node == 0:
+                raise FaultConfigError("node", "a node other than 0 when replacement is false (node 0 hosts the "
+                                       "rendezvous; the job cannot outlive it)", self.node)
+            if self.every is not None or self.mtbf is not None:
+                raise FaultConfigError("replacement", "true with a periodic or random trigger (a node can be lost "
+                                       "for good only once)", self.replacement)
 
     def targets(self, rank: int, node: int, local_rank: int) -> bool:
         return node == self.node and local_rank == 0
@@ -134,10 +150,21 @@ def descendants(pid: int) -> list[tuple[int, str]]:
     return out
 
 
+def lost_marker(fault_dir: Path, node: int) -> Path:
+    """The file that says ``node`` is gone for good (the harness then restarts nothing there)."""
+    return fault_dir / f"node{node}.lost"
+
+
 class NodeLossInjector(InWorkerInjector):
-    """Fired by local rank 0 of the node: kills the store, wipes the memory, kills every worker."""
+    """Fired by local rank 0 of the node: kills the store, wipes the memory, kills every worker
+    (and, without a replacement, the node's torchrun agent first, so nothing restarts)."""
 
     def inject(self, fields: dict[str, Any]) -> None:
+        agent = os.getppid()
+        workers = descendants(agent)
+        if not self.config.replacement:
+            lost_marker(self.ctx.fault_dir, self.config.node).touch()
+            os.kill(agent, signal.SIGKILL)
         memory = self.ctx.node_memory
         if memory is not None:
             try:
@@ -146,7 +173,7 @@ class NodeLossInjector(InWorkerInjector):
                 pass
             shutil.rmtree(memory, ignore_errors=True)
         me = os.getpid()
-        for pid, _ in descendants(os.getppid()):
+        for pid, _ in workers:
             if pid != me:
                 try:
                     os.kill(pid, signal.SIGKILL)

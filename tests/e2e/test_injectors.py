@@ -98,3 +98,22 @@ def test_slow_storage_delays_persistence_not_training(tmp_path: Path, ref_cache:
     assert rc == 0, out
     (window,) = v["windows"]
     assert window["effects"]["writes"] >= 1 and v["bitwise_equal"]
+
+
+def test_a_node_lost_for_good_leaves_an_elastic_job_on_fewer_replicas(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "elastic-node-loss.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["world_size"] == {"reference": 4, "final": 2} and v["completed"]
+    assert v["bitwise_equal"] and v["states_compared"] > 0 and v["resized_records"] > 0
+    rec = v["recoveries"][0]
+    assert rec["restored_tier"] == "shm" and rec["lost_steps"] <= 2
+    assert v["loss_curve"]["passed"] and v["loss_curve"]["equivalence"]["equivalent"]
+    j = Journal.load(tmp_path / "out" / "faulted")
+    (restored,) = {(e["step"], e.get("resized_from")) for e in j.events("checkpoint_restored")}
+    assert restored[1] == 2  # rebuilt from two replicas' shares
+    exits = {e["node"]: e["returncode"] for e in j.launcher if e["event"] == "agent_exit"}
+    assert exits["node0"] == 0 and exits["node1"] != 0  # node 1's agent died with its node
+    stores = [e["node"] for e in j.launcher if e["event"] == "store_start"]
+    assert stores.count("node1") == 1  # no replacement store for a node lost for good
+    starts = {e["world_size"] for e in j.events("start", 0)}
+    assert starts == {4, 2} and not j.events("start", 2)[1:]

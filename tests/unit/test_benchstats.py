@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.benchstats import bootstrap_median_ci, paired_ratios, quantile
+from analysis.benchstats import bootstrap_ci, paired_ratios, quantile
 
 
 def iterations(cycles: int, cost: float, drift: list[float]) -> list[dict]:
@@ -34,5 +34,5 @@ def test_warmup_blocks_are_ignored() -> None:
 def test_quantiles_and_ci() -> None:
     xs = [1.0, 2.0, 3.0, 4.0, 5.0]
     assert quantile(xs, 0.5) == 3.0 and quantile(xs, 0.25) == 2.0
-    lo, hi = bootstrap_median_ci(xs)
+    lo, hi = bootstrap_ci(xs)
     assert 1.0 <= lo <= 3.0 <= hi <= 5.0

@@ -156,3 +156,41 @@ def test_a_fault_the_host_cannot_inject_is_bad_input(tmp_path: Path, monkeypatch
     assert cli_main(["validate", str(f)]) == 2
     err = capsys.readouterr().err
     assert "faults[0].disk_full" in err and "needs root" in err
+
+
+ELASTIC = """\
+name: elastic
+workload: {model: gpt-tiny, stages: 2, data_parallel: 2, microbatches: 4, steps: 30, nodes: 2}
+checkpoint: {strategy: baft, every: 5}
+faults:
+  - node_loss: {node: 1, at_step: 12, replacement: false}
+expect: {loss: {rtol: 0.02, window: 5}}
+"""
+
+
+def test_the_elastic_scenario_loads_and_names_the_lost_node(tmp_path: Path) -> None:
+    s = load(write(tmp_path, ELASTIC))
+    assert s.lost_nodes == [1] and s.expect.loss is not None and s.expect.loss.window == 5
+    assert s.workload.resized(2).microbatches == 8 and s.workload.resized(2).global_batch == s.workload.global_batch
+
+
+@pytest.mark.parametrize(
+    "old, new, path, expected",
+    [
+        ("node: 1,", "node: 0,", "faults[0].node_loss.node", "node 0 hosts the rendezvous"),
+        ("at_step: 12,", "at_step: 12, every: 5,", "faults[0].node_loss.replacement", "only once"),
+        ("strategy: baft", "strategy: sync", "checkpoint.strategy", "restores on fewer replicas"),
+        ("expect: {loss: {rtol: 0.02, window: 5}}", "expect: {bitwise: true}", "expect.loss", "loss-curve tolerance"),
+        ("microbatches: 4, steps: 30, nodes: 2", "microbatches: 4, steps: 30, nodes: 4", "workload.data_parallel",
+         "divisible by stages"),
+        ("data_parallel: 2, microbatches: 4, steps: 30, nodes: 2", "data_parallel: 3, microbatches: 3, steps: 30, nodes: 3",
+         "workload.microbatches", "the global batch must stay"),
+        ("rtol: 0.02", "rtol: -1", "expect.loss.rtol", ">= 0"),
+        ("window: 5", "window: 0", "expect.loss.window", ">= 1"),
+    ],
+)
+def test_elastic_problems_are_bad_input(tmp_path: Path, old: str, new: str, path: str, expected: str) -> None:
+    assert old in ELASTIC
+    with pytest.raises(ScenarioError) as e:
+        load(write(tmp_path, ELASTIC.replace(old, new)))
+    assert e.value.path == path and expected in e.value.expected, (e.value.path, e.value.expected)

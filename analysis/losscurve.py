@@ -1,0 +1,124 @@
+"""Loss-curve comparison, for runs that cannot match their reference bit for bit.
+
+After an elastic restart on fewer replicas (or with nondeterministic kernels)
+the run follows the same trajectory only approximately. Three checks, each
+configurable in ``expect.loss``:
+
+* a tolerance band: over every window of ``window`` consecutive steps, the mean
+  loss of the run is within ``atol + rtol * |reference mean|`` of the reference's
+  (``window: 1`` compares step by step);
+* an equivalence test (with ``margin``): the mean relative difference of the run
+  from the reference is shown to lie inside ``±margin`` — the two one-sided tests
+  (TOST) at level ``alpha``, done as the inclusion of the ``1 - 2·alpha`` bootstrap
+  interval of the mean, resampled in blocks of ``window`` steps because the
+  differences of neighbouring steps are correlated;
+* both start at ``from_step`` (default: the first step where the run's loss
+  differs from the reference's at all, so steps equal bit for bit do not dilute
+  the test).
+
+A run's curve takes, for each step, the loss of the last time it was executed
+(a step redone after a restore counts as its later execution).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .benchstats import bootstrap_ci
+from .errors import AnalysisError
+from .journal import Journal
+
+
+class LossExpectError(AnalysisError, ValueError):
+    """A loss expectation is out of range; ``field`` names it for the scenario loader."""
+
+    def __init__(self, field: str, expected: str, found: object) -> None:
+        self.field, self.expected, self.found = field, expected, found
+        super().__init__(f"{field}: expected {expected}, found {found!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class LossExpect:
+    """How close the run's loss curve must stay to the reference's."""
+
+    rtol: float = 1e-3
+    """Relative tolerance of each window's mean loss."""
+    atol: float = 0.0
+    """Absolute tolerance added to the relative one."""
+    window: int = 1
+    """Steps per window (1: step by step); also the block length of the equivalence bootstrap."""
+    margin: float | None = None
+    """Equivalence margin on the mean relative difference (null: no equivalence test)."""
+    alpha: float = 0.05
+    """Level of each one-sided test of the equivalence test."""
+    from_step: int | None = None
+    """First step judged (null: the first step whose loss differs from the reference at all)."""
+
+    def __post_init__(self) -> None:
+        if self.rtol < 0 or self.atol < 0:
+            field = "rtol" if self.rtol < 0 else "atol"
+            raise LossExpectError(field, "a number >= 0", getattr(self, field))
+        if self.window < 1:
+            raise LossExpectError("window", "an integer >= 1", self.window)
+        if self.margin is not None and self.margin <= 0:
+            raise LossExpectError("margin", "a number > 0 (or null)", self.margin)
+        if not 0 < self.alpha < 0.5:
+            raise LossExpectError("alpha", "a number in (0, 0.5)", self.alpha)
+        if self.from_step is not None and self.from_step < 0:
+            raise LossExpectError("from_step", "an integer >= 0 (or null)", self.from_step)
+
+
+def loss_curve(journal: Journal) -> dict[int, float]:
+    """Step -> loss of its last execution (any rank that reports a loss: the last stages'
+    replicas report the same all-reduced value)."""
+    out: dict[int, tuple[tuple[int, float], float]] = {}
+    for e in journal.events("step"):
+        if e.get("loss") is None:
+            continue
+        when = (e["incarnation"], e["t"])  # a re-execution always belongs to a later incarnation
+        prev = out.get(e["step"])
+        if prev is None or when >= prev[0]:
+            out[e["step"]] = (when, float(e["loss"]))
+    return {s: v for s, (_, v) in sorted(out.items())}
+
+
+def compare_curves(reference: dict[int, float], run: dict[int, float], cfg: LossExpect) -> dict[str, Any]:
+    """The loss verdict as a JSON-ready dict; ``passed`` is True when every configured check holds."""
+    common = sorted(set(reference) & set(run))
+    first_diff = next((s for s in common if run[s] != reference[s]), None)
+    start = cfg.from_step if cfg.from_step is not None else first_diff
+    steps = [s for s in common if start is not None and s >= start]
+    out: dict[str, Any] = {"from_step": start, "steps_compared": len(steps), "window": cfg.window,
+                           "rtol": cfg.rtol, "atol": cfg.atol, "missing_steps": sorted(set(reference) - set(run))}
+    failures: list[str] = []
+    if out["missing_steps"]:
+        failures.append(f"no loss for {len(out['missing_steps'])} reference steps (first {out['missing_steps'][0]})")
+    worst: dict[str, Any] | None = None
+    for i in range(len(steps) - cfg.window + 1):
+        win = steps[i : i + cfg.window]
+        ref = sum(reference[s] for s in win) / len(win)
+        got = sum(run[s] for s in win) / len(win)
+        tol = cfg.atol + cfg.rtol * abs(ref)
+        dev = abs(got - ref)
+        score = dev / tol if tol > 0 else (0.0 if dev == 0 else float("inf"))
+        if worst is None or score > worst["score"]:
+            worst = {"steps": [win[0], win[-1]], "reference": ref, "run": got, "deviation": dev, "tolerance": tol,
+                     "score": score}
+    out["worst_window"] = worst
+    if worst is not None and worst["score"] > 1:
+        failures.append(f"mean loss of steps {worst['steps'][0]}-{worst['steps'][1]} is {worst['run']:.6g}, reference "
+                        f"{worst['reference']:.6g}: off by {worst['deviation']:.3g}, tolerance {worst['tolerance']:.3g}")
+    out["equivalence"] = None
+    if cfg.margin is not None and steps:
+        rel = [(run[s] - reference[s]) / abs(reference[s]) if reference[s] else 0.0 for s in steps]
+        mean = sum(rel) / len(rel)
+        lo, hi = bootstrap_ci(rel, stat=lambda xs: sum(xs) / len(xs), level=1 - 2 * cfg.alpha, block=cfg.window)
+        equivalent = -cfg.margin < lo and hi < cfg.margin
+        out["equivalence"] = {"mean_relative_difference": mean, "interval": [lo, hi], "margin": cfg.margin,
+                              "alpha": cfg.alpha, "equivalent": equivalent}
+        if not equivalent:
+            failures.append(f"not shown equivalent: the {100 * (1 - 2 * cfg.alpha):.0f}% interval of the mean relative "
+                            f"difference [{lo:.2%}, {hi:.2%}] is not inside ±{cfg.margin:.2%}")
+    out["failures"] = failures
+    out["passed"] = not failures
+    return out
