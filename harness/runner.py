@@ -163,6 +163,22 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
     lines = [f"{verdict['scenario']}: {'PASSED' if ok else 'FAILED'}"]
     bw = "yes" if verdict["bitwise_equal"] else "NO"
     lines.append(f"  bitwise equal    {bw} ({verdict['states_compared']} state and {verdict['losses_compared']} loss records compared)")
+    ws = verdict.get("world_size") or {}
+    if ws and ws["reference"] != ws["final"]:
+        lines.append(f"  world size       {ws['reference']} -> {ws['final']} ranks ({verdict['resized_records']} records "
+                     "after the resize judged by the loss curve)")
+    lc = verdict.get("loss_curve")
+    if lc:
+        worst = lc["worst_window"]
+        where = (f"worst steps {worst['steps'][0]}-{worst['steps'][1]}: {worst['deviation']:.3g} off, tolerance "
+                 f"{worst['tolerance']:.3g}" if worst else "identical to the reference")
+        lines.append(f"  loss curve       {'within tolerance' if not lc['failures'] else 'OUT OF TOLERANCE'} "
+                     f"({lc['steps_compared']} steps from step {lc['from_step']}, window {lc['window']}; {where})")
+        eq = lc.get("equivalence")
+        if eq:
+            lines.append(f"  loss equivalence {'shown' if eq['equivalent'] else 'NOT shown'}: mean relative difference "
+                         f"{eq['mean_relative_difference']:+.3%}, {100 * (1 - 2 * eq['alpha']):.0f}% interval "
+                         f"[{eq['interval'][0]:+.3%}, {eq['interval'][1]:+.3%}] within ±{eq['margin']:.2%}")
     if verdict["first_divergence"]:
         d = verdict["first_divergence"]
         lines.append(f"  first divergence step {d['step']}, {d['component']} / {d['key']} (rank {d['rank']})")

@@ -16,7 +16,6 @@ def digests(step: int, rng: str = "r") -> dict:
 def write_run(root: Path, ranks: int, steps: int, *, kill_at: int | None = None, restore: int = 0, bad_rng_after: bool = False) -> Journal:
     for r in range(ranks):
         w = JournalWriter(rank_journal(root, r), rank=r, attempt=0)
-        t = 100.0
         w.write("start", node="node0")
         w.write("state", step=0, digests=digests(0))
         stop = kill_at if kill_at is not None else steps
