@@ -15,8 +15,10 @@ the world size that process ran in (it changes after an elastic restart).
 
 Event fields:
 
-``start``               node, pid, world_size
-``state``               step (completed optimizer steps), digests {component: {key: hex}}
+``start``               node, pid, world_size, created (when the process was created, wall clock),
+                        init_seconds (spent forming the process group before this event)
+``state``               step (completed optimizer steps), digests {component: {key: hex}},
+                        norms {component: {key: L2 norm}} (floating tensors only; absent in older journals)
 ``step``                step (0-based iteration index), loss, loss_bits (hex of the float32), seconds
 ``checkpoint_saved``    step, tier, bytes, seconds, path
 ``checkpoint_restored`` step, tier, seconds, path
@@ -32,6 +34,9 @@ Event fields:
 ``snapshot``            step (version), tier, bytes, window_bytes, stall_bytes, copy_seconds, stall_seconds
 ``bubbles``             step, idle_seconds, windows, copy_in_windows_seconds, utilisation (copy time / idle time),
                         in_window_fraction (bytes copied inside windows / all bytes), iteration_seconds
+``timeline``            step, seconds, spans [[kind, index, start, end]] (seconds from the iteration's start;
+                        kinds forward, backward, optimizer, wait = a bubble, snapshot = copy work inside it);
+                        every 10th iteration and after each re-plan (baft only)
 ``replan``              windows, idle_ms, bandwidth_gbps, bytes, overflow_bytes, stall_ms, policy, every, reason
 ``snapshot_skipped``    step, tier, reason (its slot was still being persisted)
 ``restore_candidates``  tier, local (versions in the rank's own memory), remote ([version, node] held by stores)
@@ -77,6 +82,7 @@ EVENTS = (
     "snapshot",
     "snapshot_skipped",
     "bubbles",
+    "timeline",
     "replan",
     "restore_candidates",
     "persist_backpressure",

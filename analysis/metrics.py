@@ -27,6 +27,11 @@ class Recovery:
     restore_seconds: float | None
     detection_seconds: float | None = None
     """For a stall (hang, partition): from the fault to the watchdog's ``hang_detected``."""
+    phases: dict[str, float | None] | None = None
+    """Where the time to recover went (:data:`RECOVERY_PHASES`), seconds each; None where the
+    journal does not tell."""
+    caught_up_seconds: float | None = None
+    """From the fault until the job had again completed every step it had completed before it."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -38,11 +43,54 @@ class Recovery:
             "recovery_seconds": self.recovery_seconds,
             "restore_seconds": self.restore_seconds,
             "detection_seconds": self.detection_seconds,
+            "phases": self.phases,
+            "caught_up_seconds": self.caught_up_seconds,
         }
 
 
 #: Faults that stall the job rather than end a process: the watchdog detects them.
 STALLS = ("hang", "partition")
+
+#: The phases of a recovery, in order, each ending at a journaled moment (the latest rank's):
+#: ``detection``  fault -> the watchdog declares the hang (stalls only; a crash is seen at once)
+#: ``restart``    -> the new worker processes exist (torchrun stops the survivors, re-rendezvous, spawns)
+#: ``startup``    -> the workers begin to form the process group (interpreter and imports)
+#: ``rendezvous`` -> the process group is formed (gloo's full mesh)
+#: ``restore``    -> the checkpoint is loaded
+#: ``first_step`` -> every rank finished its first step after the restore
+#: ``catch_up``   -> the step reached before the fault is completed again (the lost work redone)
+RECOVERY_PHASES = ("detection", "restart", "startup", "rendezvous", "restore", "first_step", "catch_up")
+
+
+def _recovery_phases(run: Journal, t_fault: float, detection: float | None, k: int, world: int,
+                     progress: int) -> tuple[dict[str, float | None], float | None]:
+    """Seconds per :data:`RECOVERY_PHASES` of the recovery into incarnation ``k``; and the time to catch up."""
+    def latest(values: list[float | None]) -> float | None:
+        return None if not values or any(v is None for v in values) else max(values)  # type: ignore[type-var]
+
+    starts = [next((e for e in run.events("start", r) if e["incarnation"] == k), None) for r in range(world)]
+    if any(e is None for e in starts):
+        return {p: None for p in RECOVERY_PHASES}, None
+    created = latest([e.get("created") for e in starts])
+    init = latest([e["t"] - e["init_seconds"] if e.get("init_seconds") is not None else None for e in starts])
+    joined = latest([e["t"] for e in starts])
+    restored = latest([next((x["t"] for x in run.events("checkpoint_restored", r) if x["incarnation"] == k), e["t"])
+                       for r, e in zip(range(world), starts)])
+    first = latest([next((x["t"] for x in run.events("step", r) if x["incarnation"] == k), None) for r in range(world)])
+    redone = latest([next((x["t"] for x in run.events("step", r) if x["incarnation"] == k and x["step"] >= progress - 1),
+                          None) for r in range(world)])
+    if redone is not None and first is not None:
+        redone = max(redone, first)
+    marks = [t_fault + detection if detection is not None else None, created, init, joined, restored, first, redone]
+    phases: dict[str, float | None] = {}
+    prev = t_fault
+    for name, mark in zip(RECOVERY_PHASES, marks):
+        if mark is None:
+            phases[name] = None
+            continue
+        phases[name] = max(0.0, mark - prev)
+        prev = max(prev, mark)
+    return phases, (redone - t_fault) if redone is not None else None
 
 
 def recoveries(run: Journal) -> list[Recovery]:
@@ -82,6 +130,9 @@ def recoveries(run: Journal) -> list[Recovery]:
                 break
         restores = [e for e in run.events("checkpoint_restored") if e["incarnation"] == recovered]
         restored = min((e["step"] for e in restores), default=0)
+        detection = next((t - t_f for t in hangs if t >= t_f), None) if fault.get("fault") in STALLS else None
+        phases, caught_up = (_recovery_phases(run, t_f, detection, recovered, world, progress) if recovered is not None
+                             else (None, None))
         out.append(
             Recovery(
                 fault=fault,
@@ -91,7 +142,9 @@ def recoveries(run: Journal) -> list[Recovery]:
                 lost_steps=max(0, progress - restored),
                 recovery_seconds=(max(first_steps) - t_f) if recovered is not None else None,
                 restore_seconds=max((e["seconds"] for e in restores), default=None),
-                detection_seconds=next((t - t_f for t in hangs if t >= t_f), None) if fault.get("fault") in STALLS else None,
+                detection_seconds=detection,
+                phases=phases,
+                caught_up_seconds=caught_up,
             )
         )
     return out
@@ -147,3 +200,58 @@ def fault_target(f: dict[str, Any]) -> str:
     if f.get("rank") is not None:
         return f"rank {f['rank']}"
     return f"node {f['node']}" if f.get("node") is not None else str(f.get("tier", ""))
+
+
+def _wall(journal: Journal) -> float | None:
+    """Seconds from the first worker start to the last ``finish``."""
+    starts, ends = journal.events("start"), journal.events("finish")
+    return (ends[-1]["t"] - starts[0]["t"]) if starts and ends else None
+
+
+def _median(xs: list[float]) -> float | None:
+    s = sorted(xs)
+    return (s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2) if s else None
+
+
+def efficiency(reference: Journal, run: Journal, steps: int) -> dict[str, Any]:
+    """What the faults and the checkpointing cost the run as a whole.
+
+    ``goodput``: useful steps per wall second (steps redone after a restore are not useful),
+    and its ratio to the reference's; ``iteration_seconds``: median per run (every rank's
+    records, steps of fault windows included) and ``iteration_overhead`` = run / reference - 1;
+    ``checkpoint``: persistent checkpoints written and their mean write time, baft's snapshot
+    stall per iteration; ``bubbles``: per rank, the mean share of the idle windows baft's copy
+    used and the share of its bytes copied inside them.
+    """
+    wall_ref, wall_run = _wall(reference), _wall(run)
+    good_ref = steps / wall_ref if wall_ref else None
+    good_run = steps / wall_run if wall_run else None
+    it_ref = _median([e["seconds"] for e in reference.events("step") if e.get("seconds") is not None])
+    it_run = _median([e["seconds"] for e in run.events("step") if e.get("seconds") is not None])
+    saved = {e["step"]: e for e in run.events("checkpoint_saved") if e.get("tier") == "persistent"}
+    snaps = run.events("snapshot")
+    executed = len(run.events("step"))
+    bubbles: dict[str, dict[str, float]] = {}
+    for rank in sorted(run.ranks):
+        evs = run.events("bubbles", rank)
+        if evs:
+            bubbles[str(rank)] = {
+                "utilisation": sum(e["utilisation"] for e in evs) / len(evs),
+                "in_window_fraction": sum(e["in_window_fraction"] for e in evs) / len(evs),
+                "idle_ms": 1e3 * sum(e["idle_seconds"] for e in evs) / len(evs),
+            }
+    return {
+        "wall_seconds": {"reference": wall_ref, "faulted": wall_run},
+        "goodput_steps_per_second": {"reference": good_ref, "faulted": good_run},
+        "goodput_ratio": (good_run / good_ref) if good_ref and good_run else None,
+        "iteration_seconds": {"reference": it_ref, "faulted": it_run},
+        "iteration_overhead": (it_run / it_ref - 1) if it_ref and it_run else None,
+        "checkpoint": {
+            "persistent_saved": len(saved),
+            "persistent_mean_seconds": (sum(e["seconds"] for e in saved.values()) / len(saved)) if saved else None,
+            "snapshot_stall_ms_per_iteration": (1e3 * sum(e.get("stall_seconds", 0.0) for e in snaps) / executed)
+            if snaps and executed else None,
+            "snapshots": len(snaps),
+        },
+        "bubbles": bubbles,
+    }

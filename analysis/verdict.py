@@ -8,7 +8,7 @@ from .compare import compare
 from .errors import AnalysisError
 from .journal import Journal
 from .losscurve import LossExpect, compare_curves, loss_curve
-from .metrics import final_step, recoveries, windows
+from .metrics import efficiency, final_step, recoveries, windows
 
 
 class ExpectValueError(AnalysisError, ValueError):
@@ -99,6 +99,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         "windows": windows(run),
         "checkpoints_rejected": _by_step(run.events("checkpoint_rejected")),
         "checkpoints_failed": _by_step(run.events("checkpoint_failed")),
+        "metrics": efficiency(reference, run, steps),
     }
 
 

@@ -46,6 +46,9 @@ BOUNDARY_COMPONENTS = ("rng", "data", "step")
 #: How long the copier may hold the GIL when the training thread wants it back.
 SWITCH_INTERVAL = 0.0005
 INITIAL_BANDWIDTH = 5e9
+#: Every this many iterations (and after each re-plan) the iteration's spans are announced as a
+#: ``timeline`` event: compute, waits (the bubbles) and the snapshot work done inside them.
+TIMELINE_EVERY = 10
 
 
 def _specs(meta: dict[str, Any]) -> list[TensorSpec]:
@@ -294,6 +297,9 @@ class BubbleSnapshotter:
                         in_window_fraction=st.window_bytes / copied if copied else 1.0,
                         iteration_seconds=prof.seconds)
         self.last_stats = None
+        if prof.step % TIMELINE_EVERY == 0 or reason:
+            events.emit("timeline", step=prof.step, seconds=prof.seconds,
+                        spans=[[sp.kind, sp.index, round(sp.start, 6), round(sp.end, 6)] for sp in prof.spans])
 
     def _replan(self, reason: str, iteration_seconds: float = 0.0) -> None:
         windows = self.profiler.accept() if self.profiler.warm else []

@@ -20,6 +20,26 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--out", type=Path, help="output directory (default runs/NAME-TIMESTAMP)")
     run.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
+    run.add_argument("--no-report", dest="report", action="store_false", help="skip report.html / report.md and the plots")
+    run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
+    run.add_argument("--wandb-online", dest="wandb_online", action="store_true", help="publish online (needs WANDB_API_KEY)")
+    suite = sub.add_parser("suite", help="run every scenario of a directory; write suite.json, junit.xml and a report")
+    suite.add_argument("directory", type=Path, help="directory of scenario YAML files")
+    suite.add_argument("--out", type=Path, help="output directory (default runs/suite-DIR-TIMESTAMP)")
+    suite.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
+    suite.add_argument("--no-report", dest="report", action="store_false", help="skip the HTML/Markdown reports")
+    rep = sub.add_parser("report", help="write report.html, report.md and plots for a run (or suite) directory")
+    rep.add_argument("path", type=Path, help="a run directory of `baft run`, or a suite directory of `baft suite`")
+    rep.add_argument("--mtbf", default="1,6,24", help="hours between failures for the interval advice (default 1,6,24)")
+    adv = sub.add_parser("advise", help="checkpoint interval (Young/Daly) from a run's measured checkpoint cost")
+    adv.add_argument("path", type=Path, help="a run directory of `baft run`")
+    adv.add_argument("--mtbf", required=True, help="mean time between failures in hours (several: comma-separated)")
+    adv.add_argument("--restart", type=float, help="seconds a restart costs (default: the run's worst recovery)")
+    pub = sub.add_parser("publish", help="log a run to Weights & Biases (offline into RUN_DIR/wandb by default)")
+    pub.add_argument("path", type=Path, help="a run directory of `baft run`")
+    pub.add_argument("--online", action="store_true", help="publish online (needs WANDB_API_KEY or a netrc login)")
+    pub.add_argument("--project", default="baft-harness", help="W&B project (default baft-harness)")
+    pub.add_argument("--entity", help="W&B entity (team or user)")
     val = sub.add_parser("validate", help="validate scenario files without running anything")
     val.add_argument("scenarios", nargs="+")
     bench = sub.add_parser("bench", help="measure each checkpointing strategy's cost against none (paired)")
@@ -72,10 +92,102 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hours(text: str) -> tuple[float, ...] | None:
+    try:
+        hours = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        return None
+    return hours if hours and all(h > 0 for h in hours) else None
+
+
+def _report(args: argparse.Namespace) -> int:
+    from analysis.errors import AnalysisError
+    from analysis.report import report
+
+    hours = _hours(args.mtbf)
+    if hours is None:
+        print(f"baft: error: --mtbf: expected hours > 0, comma-separated, found {args.mtbf!r}", file=sys.stderr)
+        return 2
+    try:
+        r = report(args.path, hours)
+    except AnalysisError as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{r.html}\n{r.markdown}" + "".join(f"\n{f}" for f in r.figures))
+    return 0
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from analysis.advisor import advise, measured_cost
+    from analysis.errors import AnalysisError
+    from analysis.journal import Journal
+    from analysis.report import load_verdict
+
+    hours = _hours(args.mtbf)
+    if hours is None:
+        print(f"baft: error: --mtbf: expected hours > 0, comma-separated, found {args.mtbf!r}", file=sys.stderr)
+        return 2
+    try:
+        v = load_verdict(args.path)
+        run = Journal.load(args.path / "faulted")
+        cost, how = measured_cost(run)
+    except AnalysisError as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    steps = [e["seconds"] for e in run.events("step") if e.get("seconds") is not None]
+    iteration = sorted(steps)[len(steps) // 2] if steps else None
+    if cost is None or not iteration:
+        print(f"baft: error: {args.path}: no measured checkpoint cost ({how})", file=sys.stderr)
+        return 2
+    restart = args.restart if args.restart is not None else (v.get("recovery_seconds") or 0.0)
+    print(f"checkpoint cost {cost * 1e3:.2f} ms ({how}), iteration {iteration * 1e3:.1f} ms, restart {restart:.1f} s")
+    print(f"{'MTBF h':>8} {'Daly s':>9} {'Young s':>9} {'every':>6} {'waste':>8}")
+    for h in hours:
+        a = advise(cost, h * 3600, iteration, restart)
+        print(f"{h:>8g} {a['daly_seconds']:>9.2f} {a['young_seconds']:>9.2f} {a['every_steps']:>6d} {100 * a['waste']:>7.3f}%")
+    return 0
+
+
+def _publish(path: Path, online: bool, project: str = "baft-harness", entity: str | None = None) -> int:
+    from analysis.errors import AnalysisError
+    from analysis.publish import PublishConfig, publish
+
+    try:
+        r = publish(path, PublishConfig(project=project, entity=entity, mode="online" if online else "offline"))
+    except AnalysisError as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wandb: {r.mode} run {r.run_id} -> {r.url or r.wandb_dir}")
+    return 0
+
+
+def _suite(args: argparse.Namespace) -> int:
+    from .suite import run_suite, table
+
+    out = args.out or Path("runs") / f"suite-{args.directory.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        results = run_suite(args.directory, out, args.cache, report=args.report)
+    except ScenarioError as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    print(table(results))
+    print(f"suite.json: {out / 'suite.json'}\njunit.xml:  {out / 'junit.xml'}"
+          + (f"\nreport:     {out / 'report.html'}" if args.report else ""))
+    return 0 if all(r.get("passed") for r in results) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "advise":
+        return _advise(args)
+    if args.command == "publish":
+        return _publish(args.path, args.online, args.project, args.entity)
+    if args.command == "suite":
+        return _suite(args)
     from .scenario import load
 
     try:
@@ -93,11 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"baft: running {scenario.name} ({scenario.workload.world_size} ranks on {scenario.workload.nodes} node(s)) -> {out}", flush=True)
     try:
-        verdict = run_scenario(scenario, out, args.cache)
+        verdict = run_scenario(scenario, out, args.cache, report=args.report)
     except HarnessError as e:
         print(f"baft: error: {e}", file=sys.stderr)
         return 1
     print(summary(verdict, out))
+    if args.wandb or args.wandb_online:
+        rc = _publish(out, args.wandb_online)
+        if rc:
+            return rc
     return 0 if verdict["passed"] else 1
 
 

@@ -28,6 +28,7 @@ import torch
 
 from analysis.journal import Journal
 from analysis.metrics import fault_target as target
+from analysis.report import run_report
 from analysis.verdict import judge
 
 from injectors.network import Topology
@@ -92,8 +93,9 @@ def keep_copy(tier: Path) -> None:
     os.replace(saved, tier)
 
 
-def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> dict[str, Any]:
-    """Run reference and faulted run, write ``verdict.json`` into ``out``, return the verdict."""
+def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, report: bool = True) -> dict[str, Any]:
+    """Run reference and faulted run, write ``verdict.json`` (and, with ``report``, ``report.html``,
+    ``report.md`` and the plots) into ``out``, return the verdict."""
     cache = cache or default_cache_dir()
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("reference", "faulted"):
@@ -150,6 +152,8 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None) -> di
         "agents_returncodes": result.returncodes,
     }
     (out / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
+    if report:
+        run_report(out)
     return verdict
 
 
@@ -204,4 +208,6 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
     for f in verdict["failures"]:
         lines.append(f"  FAIL: {f}")
     lines.append(f"  verdict          {out / 'verdict.json'}")
+    if (out / "report.html").is_file():
+        lines.append(f"  report           {out / 'report.html'} (and report.md, plots *.png)")
     return "\n".join(lines)

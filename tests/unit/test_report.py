@@ -1,0 +1,109 @@
+"""Reports (Markdown + self-contained HTML + PNG plots) and JUnit XML from hand-made run directories."""
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from analysis.errors import AnalysisError
+from analysis.journal import Journal
+from analysis.junit import junit_xml
+from analysis.losscurve import LossExpect
+from analysis.report import is_suite, report
+from analysis.verdict import ExpectConfig, judge
+from harness.cli import main as cli_main
+
+from .test_losscurve import write_elastic
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def make_run(root: Path, *, offset: float = 0.001, name: str = "elastic") -> dict:
+    ref = write_elastic(root / "reference", 4, 20)
+    run = write_elastic(root / "faulted", 4, 20, lost_at=12, restore=11, offset=offset)
+    v = judge(ref, run, ExpectConfig(max_lost_steps=1, loss=LossExpect(rtol=0.01, window=3)), steps=20, faults_declared=1)
+    v = {"scenario": name, **v, "wall_seconds": {"reference": 1.0, "reference_cached": False, "faulted": 2.0}}
+    (root / "verdict.json").write_text(json.dumps(v))
+    (root / "scenario.yaml").write_text(f"name: {name}\ncheckpoint: {{strategy: baft, every: 5}}\n")
+    return v
+
+
+def test_a_run_report_has_the_story_plot_first_and_every_section(tmp_path: Path) -> None:
+    v = make_run(tmp_path)
+    r = report(tmp_path)
+    md, page = r.markdown.read_text(), r.html.read_text()
+    names = [f.name for f in r.figures]
+    assert names[:2] == ["loss.png", "progress.png"] and "recovery.png" in names
+    for f in r.figures:
+        assert f.read_bytes().startswith(PNG) and f.stat().st_size > 5000
+    # Markdown: the loss plot comes before the verdict table; every image it names exists
+    assert md.index("](loss.png)") < md.index("## Verdict")
+    for img in re.findall(r"\]\(([^)]+\.png)\)", md):
+        assert (tmp_path / img).is_file()
+    for section in ("## Recoveries", "## Loss curve", "## Cost", "## Checkpoint interval advice"):
+        assert section in md
+    assert "4 → 2" in md and f"| {v['recoveries'][0]['lost_steps']} |" in md
+    # HTML: self-contained (every image inline, no file references)
+    assert page.count("data:image/png;base64,") == len(r.figures)
+    assert not re.search(r"src=['\"](?!data:)", page)
+    assert "elastic: PASSED" in page
+
+
+def test_a_failed_run_says_why_at_the_top(tmp_path: Path) -> None:
+    make_run(tmp_path, offset=0.05)
+    md = report(tmp_path).markdown.read_text()
+    head = md.split("## Verdict")[0]
+    assert "FAILED" in head and "Why it failed: loss curve" in head
+
+
+def test_a_suite_report_links_each_run(tmp_path: Path) -> None:
+    make_run(tmp_path / "a", name="a")
+    make_run(tmp_path / "b", offset=0.05, name="b")
+    assert is_suite(tmp_path) and not is_suite(tmp_path / "a")
+    r = report(tmp_path)
+    page = r.html.read_text()
+    assert "<a href='a/report.html'>a</a>" in page and "FAILED (1 of 2 scenarios passed)" in page
+    assert (tmp_path / "a" / "report.html").is_file() and (tmp_path / "b" / "loss.png").is_file()
+
+
+def test_not_a_run_directory_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(AnalysisError, match="no verdict.json"):
+        report(tmp_path)
+    assert cli_main(["report", str(tmp_path)]) == 2
+    assert "no verdict.json" in capsys.readouterr().err
+    assert cli_main(["report", str(tmp_path), "--mtbf", "x"]) == 2
+
+
+def test_cli_report_and_advise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_run(tmp_path)
+    assert cli_main(["report", str(tmp_path), "--mtbf", "2"]) == 0
+    assert "report.html" in capsys.readouterr().out
+    # hand-made journals hold no checkpoint cost: advise says so, exit 2
+    assert cli_main(["advise", str(tmp_path), "--mtbf", "6"]) == 2
+    assert "no measured checkpoint cost" in capsys.readouterr().err
+
+
+def test_junit_counts_failures_and_errors() -> None:
+    results = [
+        {"scenario": "ok", "passed": True, "failures": [], "wall_seconds": {"faulted": 3.5}},
+        {"scenario": "bad", "passed": False, "failures": ["lost 4 steps, at most 1 allowed", "x"], "wall_seconds": {"faulted": 2}},
+        {"scenario": "broken", "passed": False, "error": "the reference run failed"},
+    ]
+    root = ET.fromstring(junit_xml("ci", results).split("?>", 1)[1])
+    (suite,) = root.findall("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "1")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert cases["bad"].find("failure").get("message") == "lost 4 steps, at most 1 allowed"
+    assert "x" in cases["bad"].find("failure").text and cases["broken"].find("error") is not None
+    assert cases["ok"].get("time") == "3.500" and cases["ok"].find("failure") is None
+
+
+def test_verdict_metrics_report_goodput_and_overhead(tmp_path: Path) -> None:
+    v = make_run(tmp_path)
+    m = v["metrics"]
+    assert m["goodput_steps_per_second"]["reference"] > 0 and m["goodput_ratio"] is not None
+    assert set(m["iteration_seconds"]) == {"reference", "faulted"}
+    assert Journal.load(tmp_path / "faulted").world_size == 2
