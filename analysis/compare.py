@@ -7,10 +7,12 @@ again after the restore — is compared with the reference's record of the same
 rank and step (records written at another world size, after an elastic restart,
 are counted apart: the loss curve judges those). The first divergence is the earliest (step, place) where they
 differ: the state at boundary ``s`` comes before the loss of iteration ``s``,
-and components are ordered as in :data:`COMPONENT_ORDER`.
+and components are ordered as in :data:`COMPONENT_ORDER`. Where the journals
+carry the L2 norms of floating tensors, a divergence also says how large it is.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,7 @@ COMPONENT_ORDER = ("model", "optimizer", "scheduler", "rng", "data", "scaler", "
 
 @dataclass(frozen=True, slots=True)
 class Divergence:
-    """Where two runs first differ."""
+    """Where two runs first differ, and (for a floating tensor) by how much."""
 
     step: int
     component: str
@@ -31,6 +33,22 @@ class Divergence:
     rank: int
     reference: str | None
     found: str | None
+    reference_norm: float | None = None
+    """L2 norm of the reference's tensor; None where not journaled (older journals, non-float leaves)."""
+    found_norm: float | None = None
+    """L2 norm of the run's tensor; None where not journaled."""
+
+    @property
+    def relative_norm_change(self) -> float | None:
+        """``|found - reference| / reference`` of the norms: how large the first divergence is.
+
+        None when a norm is unknown, not finite, or the reference's is 0.
+        """
+        if self.reference_norm is None or self.found_norm is None or self.reference_norm == 0:
+            return None
+        if not (math.isfinite(self.reference_norm) and math.isfinite(self.found_norm)):
+            return None
+        return abs(self.found_norm - self.reference_norm) / abs(self.reference_norm)
 
     def sort_key(self) -> tuple:
         comp = COMPONENT_ORDER.index(self.component) if self.component in COMPONENT_ORDER else len(COMPONENT_ORDER)
@@ -38,7 +56,8 @@ class Divergence:
 
     def as_dict(self) -> dict[str, Any]:
         return {"step": self.step, "component": self.component, "key": self.key, "rank": self.rank,
-                "reference": self.reference, "found": self.found}
+                "reference": self.reference, "found": self.found, "reference_norm": self.reference_norm,
+                "found_norm": self.found_norm, "relative_norm_change": self.relative_norm_change}
 
 
 @dataclass(slots=True)
@@ -67,8 +86,14 @@ def _index(journal: Journal, kind: str, rank: int) -> dict[int, dict[str, Any]]:
     return {e["step"]: e for e in journal.events(kind, rank)}
 
 
-def compare_digests(step: int, rank: int, ref: dict[str, dict[str, str]], got: dict[str, dict[str, str]]) -> list[Divergence]:
-    """Every (component, key) whose fingerprint differs, including keys present on one side only."""
+def compare_digests(step: int, rank: int, ref: dict[str, dict[str, str]], got: dict[str, dict[str, str]],
+                    ref_norms: dict[str, dict[str, float]] | None = None,
+                    got_norms: dict[str, dict[str, float]] | None = None) -> list[Divergence]:
+    """Every (component, key) whose fingerprint differs, including keys present on one side only.
+
+    Each divergence carries the two tensors' norms where the journals have them.
+    """
+    ref_norms, got_norms = ref_norms or {}, got_norms or {}
     out = []
     for comp in sorted(set(ref) | set(got)):
         r, g = ref.get(comp), got.get(comp)
@@ -78,7 +103,8 @@ def compare_digests(step: int, rank: int, ref: dict[str, dict[str, str]], got: d
             continue
         for key in sorted(set(r) | set(g)):
             if r.get(key) != g.get(key):
-                out.append(Divergence(step, comp, key, rank, r.get(key), g.get(key)))
+                out.append(Divergence(step, comp, key, rank, r.get(key), g.get(key),
+                                      ref_norms.get(comp, {}).get(key), got_norms.get(comp, {}).get(key)))
     return out
 
 
@@ -98,7 +124,8 @@ def compare(reference: Journal, run: Journal) -> Comparison:
                 result.missing_reference.append((rank, ev["step"]))
                 continue
             result.states_compared += 1
-            result.divergences.extend(compare_digests(ev["step"], rank, ref["digests"], ev["digests"]))
+            result.divergences.extend(compare_digests(ev["step"], rank, ref["digests"], ev["digests"],
+                                                      ref.get("norms"), ev.get("norms")))
         for ev in run.events("step", rank):
             if ev.get("world") not in (None, world):
                 result.resized += 1

@@ -170,7 +170,7 @@ def timeline_figure(run: Journal, path: Path) -> Path | None:
         return None
     step = max(full)
     rows = by_step[step]
-    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.55 * len(rows)), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.55 * len(rows)), dpi=DPI)
     for y, rank in enumerate(sorted(rows)):
         for kind, _idx, start, end in rows[rank]["spans"]:
             h, off = (0.8, 0.1) if kind != "snapshot" else (0.35, 0.325)
@@ -182,10 +182,10 @@ def timeline_figure(run: Journal, path: Path) -> Path | None:
     ax.set_title("per-stage timeline of one iteration: compute, bubbles (grey) and checkpoint copies in them (green)",
                  fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in _SPAN_COLORS.items() if k != "backward_weight"]
-    ax.legend(handles, [k if k != "wait" else "wait (bubble)" for k in _SPAN_COLORS if k != "backward_weight"],
-              fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(rows) < 3 else -0.15))
+    fig.legend(handles, [k if k != "wait" else "wait (bubble)" for k in _SPAN_COLORS if k != "backward_weight"],
+               fontsize=7, ncol=5, loc="lower center")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -199,7 +199,7 @@ def recovery_figure(verdict: dict[str, Any], path: Path) -> Path | None:
     recs = [r for r in verdict.get("recoveries", []) if r.get("phases")]
     if not recs:
         return None
-    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.5 * len(recs)), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(9, 1.8 + 0.5 * len(recs)), dpi=DPI)
     for y, r in enumerate(recs):
         left = 0.0
         for phase in RECOVERY_PHASES:
@@ -216,9 +216,9 @@ def recovery_figure(verdict: dict[str, Any], path: Path) -> Path | None:
     ax.set_title("recovery time by phase", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=7, ncol=len(uniq), loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    fig.legend(uniq.values(), uniq.keys(), fontsize=7, ncol=len(uniq), loc="lower center")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path

@@ -73,6 +73,16 @@ def _scenario_every(run_dir: Path) -> int | None:
         return None
 
 
+def _current_every(run: Journal, run_dir: Path) -> int | None:
+    """Steps between the checkpoints a restore could use: baft's snapshots (every k iterations,
+    as planned), else the scenario's ``checkpoint.every``."""
+    rank = min(run.ranks) if run.ranks else None
+    snaps = len(run.events("snapshot", rank)) if rank is not None else 0
+    if snaps:
+        return max(1, round(len(run.events("step", rank)) / snaps))
+    return _scenario_every(run_dir)
+
+
 def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tuple[list[Block], list[Path]]:
     """The blocks of one run's report, and the figures drawn for it (into ``run_dir``)."""
     from .metrics import efficiency
@@ -174,7 +184,7 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
             for r, b in eff["bubbles"].items()]))]
     for f in figures[3:]:
         blocks.append(("img", (f, captions[f.name])))
-    blocks += advice_blocks(run, eff, mtbf_hours, _scenario_every(run_dir), recs)
+    blocks += advice_blocks(run, eff, mtbf_hours, _current_every(run, run_dir), recs)
     return blocks, figures
 
 
@@ -195,7 +205,7 @@ def advice_blocks(run: Journal, eff: dict[str, Any], mtbf_hours: tuple[float, ..
             ("p", f"Measured checkpoint cost on the training thread: {cost * 1e3:.2f} ms ({how}); iteration "
                   f"{iteration * 1e3:.1f} ms; restart {restart:.1f} s (the worst recovery here). Young's and Daly's "
                   f"optimum interval and the expected share of time wasted (checkpointing + work redone + restarts), "
-                  f"against checkpointing every {every} steps as configured."),
+                  f"against checkpointing every {every} steps as this run did."),
             ("table", (["MTBF", "Daly interval (s)", "Young interval (s)", "every (steps)", "waste", "waste now"], rows))]
 
 

@@ -16,32 +16,47 @@ from typing import Any
 
 from analysis.journal import JournalWriter, float_bits, rank_journal
 from baft import events
-from baft.state import TrainState, digest_components
+from baft.state import TrainState, fingerprint_components
 
 
 #: ``baft`` events copied into the journal.
 JOURNALED = ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected", "checkpoint_failed", "restore_candidates", "snapshot",
-             "snapshot_skipped", "bubbles", "replan", "persist_backpressure")
+             "snapshot_skipped", "bubbles", "timeline", "replan", "persist_backpressure")
+
+
+def process_created() -> float | None:
+    """Wall-clock time this process was created (from ``/proc``: its start in clock ticks after
+    boot, plus the boot time); the recovery breakdown's end of the restart phase. None off Linux."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 class Probe:
     """Journals one rank's progress; subscribes to ``baft`` events while open."""
 
-    def __init__(self, run_dir: Path, rank: int, attempt: int, node: str, world_size: int) -> None:
+    def __init__(self, run_dir: Path, rank: int, attempt: int, node: str, world_size: int, **start: Any) -> None:
         self.rank, self.attempt = rank, attempt
         self.writer = JournalWriter(rank_journal(run_dir, rank), rank=rank, attempt=attempt)
-        self.writer.write("start", node=node, pid=os.getpid(), world_size=world_size, host=socket.gethostname())
+        self.writer.write("start", node=node, pid=os.getpid(), world_size=world_size, host=socket.gethostname(),
+                          created=process_created(), **start)
         self._unsubscribe = events.subscribe(self._on_event)
 
     @classmethod
-    def from_env(cls, run_dir: Path) -> Probe:
-        """Rank, attempt and node from the variables torchrun and the launcher set."""
+    def from_env(cls, run_dir: Path, **start: Any) -> Probe:
+        """Rank, attempt and node from the variables torchrun and the launcher set; ``start``: more
+        fields for the ``start`` event (the workload passes ``init_seconds``, the time it took to
+        form the process group)."""
         return cls(
             run_dir,
             rank=int(os.environ.get("RANK", "0")),
             attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             node=os.environ.get("BAFT_NODE", "node0"),
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            **start,
         )
 
     def _on_event(self, kind: str, fields: dict[str, Any]) -> None:
@@ -49,8 +64,12 @@ class Probe:
             self.writer.write(kind, **fields)
 
     def state(self, step: int, state: TrainState) -> None:
-        """Fingerprint every component at the boundary after ``step`` completed steps."""
-        self.writer.write("state", step=step, digests=digest_components(state.capture(), state.param_names()))
+        """Fingerprint every component at the boundary after ``step`` completed steps.
+
+        The L2 norms of floating tensors ride along so a divergence can be sized.
+        """
+        digests, norms = fingerprint_components(state.capture(), state.param_names())
+        self.writer.write("state", step=step, digests=digests, norms=norms)
 
     def step(self, step: int, loss: float | None, seconds: float) -> None:
         bits = float_bits(loss) if loss is not None else None

@@ -290,13 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     node, node_memory = place_on_node(ckpt_cfg, spec)
 
     set_determinism()
+    t_init = time.time()
     dist.init_process_group("gloo")
+    init_seconds = time.time() - t_init
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         cfg = cfg.resized(world)  # an elastic restart on fewer nodes
     except ConfigValueError as e:
         raise ScenarioError(str(spec_path), f"workload.{e.field}", e.expected, e.found) from None
-    probe = Probe.from_env(run_dir)
+    probe = Probe.from_env(run_dir, init_seconds=init_seconds)
 
     ctx = WorkerContext(rank=rank, fault_dir=run_dir / "faults", record=probe.record, node=node,
                         local_rank=int(os.environ.get("LOCAL_RANK", "0")), node_memory=node_memory,

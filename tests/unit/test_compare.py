@@ -81,3 +81,70 @@ def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
     p = rank_journal(tmp_path, 0)
     p.write_text(p.read_text() + '{"t": 1, "event": "st')
     assert Journal.load(tmp_path).events("finish", 0)
+
+
+def write_states(root: Path, states: list[tuple[dict, dict | None]]) -> Journal:
+    """One rank's journal of ``state`` events (step i = states[i]); norms omitted where None."""
+    w = JournalWriter(rank_journal(root, 0), rank=0, attempt=0)
+    w.write("start", node="node0")
+    for step, (dig, norms) in enumerate(states):
+        w.write("state", step=step, digests=dig, **({"norms": norms} if norms is not None else {}))
+    w.write("finish", step=len(states) - 1)
+    w.close()
+    return Journal.load(root)
+
+
+def test_divergence_carries_norms_and_relative_change(tmp_path: Path) -> None:
+    same = ({"model": {"w": "a", "n": "i"}}, {"model": {"w": 2.0}})
+    ref = write_states(tmp_path / "ref", [same, ({"model": {"w": "b", "n": "i"}}, {"model": {"w": 4.0}})])
+    run = write_states(tmp_path / "run", [same, ({"model": {"w": "c", "n": "j"}}, {"model": {"w": 5.0}})])
+    c = compare(ref, run)
+    by_key = {d.key: d for d in c.divergences}
+    w = by_key["w"]
+    assert (w.step, w.reference_norm, w.found_norm) == (1, 4.0, 5.0)
+    assert w.relative_norm_change == 0.25
+    d = w.as_dict()
+    assert (d["reference_norm"], d["found_norm"], d["relative_norm_change"]) == (4.0, 5.0, 0.25)
+    n = by_key["n"].as_dict()  # an integer leaf: digests differ, no norm journaled
+    assert (n["reference_norm"], n["found_norm"], n["relative_norm_change"]) == (None, None, None)
+
+
+def test_norms_absent_or_zero_give_no_relative_change(tmp_path: Path) -> None:
+    ref = write_states(tmp_path / "ref", [({"model": {"w": "a"}}, None), ({"model": {"w": "b"}}, {"model": {"w": 0.0}})])
+    run = write_states(tmp_path / "run", [({"model": {"w": "x"}}, {"model": {"w": 1.0}}),
+                                          ({"model": {"w": "y"}}, {"model": {"w": 3.0}})])
+    first, second = sorted(compare(ref, run).divergences, key=lambda d: d.step)
+    assert (first.reference_norm, first.found_norm, first.relative_norm_change) == (None, 1.0, None)  # older reference
+    assert (second.reference_norm, second.found_norm, second.relative_norm_change) == (0.0, 3.0, None)
+
+
+def test_old_journals_without_norms_still_compare(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", 1, 4)
+    run = write_run(tmp_path / "run", 1, 4, kill_at=3, restore=2, bad_rng_after=True)
+    first = compare(ref, run).first
+    assert first is not None and first.as_dict()["relative_norm_change"] is None and first.found_norm is None
+
+
+def test_probe_journals_norms_that_size_the_divergence(tmp_path: Path) -> None:
+    """End to end: the probe's ``state`` events carry norms; a weight scaled by 1.5 reads as a 0.5 change."""
+    import torch
+
+    from baft import TrainState
+    from harness.probe import Probe
+
+    def journal(root: Path, scale: float) -> Journal:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        with torch.no_grad():
+            model.weight.mul_(scale)
+        probe = Probe(root, rank=0, attempt=0, node="node0", world_size=1)
+        probe.state(0, TrainState(model=model))
+        probe.close(0)
+        return Journal.load(root)
+
+    ref, run = journal(tmp_path / "ref", 1.0), journal(tmp_path / "run", 1.5)
+    assert "weight" in ref.events("state", 0)[0]["norms"]["model"]
+    first = compare(ref, run).first
+    assert first is not None and (first.component, first.key) == ("model", "weight")
+    assert first.relative_norm_change is not None and abs(first.relative_norm_change - 0.5) < 1e-6
+    assert {d.key for d in compare(ref, run).divergences} == {"weight"}

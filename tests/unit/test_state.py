@@ -1,4 +1,5 @@
-"""TrainState capture/restore: a round trip through the on-disk format restores training bit for bit."""
+"""TrainState capture/restore: a round trip through the on-disk format restores training bit for bit;
+fingerprints: equal bytes, equal digests; any flipped byte, dtype or shape changes them; norms are accurate."""
 from __future__ import annotations
 
 import random
@@ -10,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baft import TrainState, digest_components
+from baft import state as state_mod
 from baft.persist import deserialize, serialize
-from baft.state import flatten
+from baft.state import BLOCK_BYTES, digest_leaf, fingerprint_components, fingerprint_leaf, flatten
 
 
 def make(widths: list[int], opt: str, seed: int) -> tuple[TrainState, torch.Generator]:
@@ -90,8 +92,6 @@ def test_capture_loads_with_weights_only() -> None:
 
 
 def test_digest_distinguishes_dtype_shape_and_value() -> None:
-    from baft.state import digest_leaf
-
     a = torch.zeros(4)
     assert digest_leaf(a) == digest_leaf(torch.zeros(4))
     assert digest_leaf(a) != digest_leaf(torch.zeros(2, 2))
@@ -108,3 +108,137 @@ def test_restore_without_model_is_refused() -> None:
     state, _ = make([2, 2], "sgd", 0)
     with pytest.raises(BaftError):
         state.restore({"rng": {}})
+
+
+# --- fingerprints: xxh3-128 digests and L2 norms -------------------------------------------
+
+#: Dtypes whose every bit pattern is a valid value (bool is not: a flipped byte is not a bool).
+BYTE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8]
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def random_bytes_tensor(dtype: torch.dtype, numel: int, seed: int) -> torch.Tensor:
+    """A tensor of uniformly random bytes: NaNs, infinities and subnormals included."""
+    gen = torch.Generator().manual_seed(seed)
+    size = numel * dtype.itemsize
+    return torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen).view(dtype)
+
+
+# Up to ~3 norm blocks of float32, so the block boundaries and the carried tail are crossed.
+sizes = st.one_of(st.integers(0, 64), st.integers(BLOCK_BYTES // 8 - 3, 3 * BLOCK_BYTES // 4 + 5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(dtype=st.sampled_from(BYTE_DTYPES), numel=sizes, seed=st.integers(0, 2**16), data=st.data())
+def test_equal_tensors_equal_fingerprints_and_any_flipped_byte_changes_it(
+    dtype: torch.dtype, numel: int, seed: int, data: st.DataObject
+) -> None:
+    t = random_bytes_tensor(dtype, numel, seed)
+    twin = t.clone()  # other memory, same bytes
+    digest, norm = fingerprint_leaf(t)
+    assert len(digest) == 32 and int(digest, 16) >= 0
+    twin_digest, twin_norm = fingerprint_leaf(twin)
+    assert twin_digest == digest and digest_leaf(t) == digest
+    assert (norm is None) == (not dtype.is_floating_point)
+    if norm is not None and not np.isnan(norm):
+        assert twin_norm == norm  # the norm is a function of the bytes: bit for bit
+    if numel:
+        raw = twin.view(torch.uint8)
+        i = data.draw(st.integers(0, raw.numel() - 1), label="byte")
+        raw[i] ^= data.draw(st.integers(1, 255), label="mask")
+        assert fingerprint_leaf(twin)[0] != digest
+
+
+@settings(max_examples=30, deadline=None)
+@given(numel=st.integers(1, 64), seed=st.integers(0, 2**16), data=st.data())
+def test_dtype_and_shape_are_part_of_the_fingerprint(numel: int, seed: int, data: st.DataObject) -> None:
+    t = random_bytes_tensor(torch.int32, numel, seed)
+    assert digest_leaf(t) != digest_leaf(t.view(torch.float32))  # same bytes, other dtype
+    assert digest_leaf(t) != digest_leaf(t.view(torch.uint8))
+    rows = data.draw(st.sampled_from([d for d in range(1, numel + 1) if numel % d == 0]), label="rows")
+    assert digest_leaf(t) != digest_leaf(t.reshape(rows, numel // rows, 1))  # same bytes, other shape
+    if numel > 1:
+        assert digest_leaf(t.reshape(1, numel)) != digest_leaf(t.reshape(numel, 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(FLOATS),
+    values=st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), max_size=40),
+    scale_exp=st.integers(-40, 40),
+    numel=st.integers(0, 3 * BLOCK_BYTES // 4 + 5),
+    seed=st.integers(0, 2**16),
+)
+def test_norm_matches_float64_vector_norm(dtype: torch.dtype, values: list[float], scale_exp: int, numel: int,
+                                          seed: int) -> None:
+    """Hand-picked extremes (subnormal, 3e38: their float32 squares underflow or overflow) and
+    scaled normal noise over several blocks: all within 1e-6 of the float64 norm."""
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.randn(numel, generator=gen, dtype=torch.float64) * 10.0**scale_exp
+    t = torch.cat([torch.tensor(values, dtype=torch.float64), noise]).to(dtype)
+    _, norm = fingerprint_leaf(t)
+    expected = float(torch.linalg.vector_norm(t, dtype=torch.float64))
+    if np.isinf(expected):  # float16/bfloat16 casts of huge noise overflow to inf
+        assert norm == expected
+    else:
+        assert norm == pytest.approx(expected, rel=1e-6, abs=1e-300)
+
+
+@pytest.mark.parametrize("stage_bytes", [3, 1000, 64 << 20])
+@settings(max_examples=25, deadline=None)
+@given(
+    dtype=st.sampled_from(BYTE_DTYPES),
+    shape=st.lists(st.integers(1, 40), min_size=2, max_size=3),
+    seed=st.integers(0, 2**16),
+    how=st.sampled_from(["transpose", "step", "column", "expand"]),
+)
+def test_non_contiguous_fingerprints_like_its_contiguous_copy(
+    stage_bytes: int, dtype: torch.dtype, shape: list[int], seed: int, how: str
+) -> None:
+    """Staged in pieces of any size (down to 3 bytes: the norm's blocks then straddle pieces)."""
+    base = random_bytes_tensor(dtype, int(np.prod(shape)), seed).reshape(shape)
+    view = {
+        "transpose": lambda: base.transpose(0, -1),
+        "step": lambda: base[::2],
+        "column": lambda: base[..., 1:2] if shape[-1] > 1 else base.transpose(0, -1),
+        "expand": lambda: base[:1].expand(3, *shape[1:]),
+    }[how]()
+    old, state_mod.STAGE_BYTES = state_mod.STAGE_BYTES, stage_bytes
+    try:
+        got = fingerprint_leaf(view)
+    finally:
+        state_mod.STAGE_BYTES = old
+    want = fingerprint_leaf(view.contiguous())
+    assert got[0] == want[0]
+    assert got[1] == want[1] or (got[1] is not None and np.isnan(got[1]) and np.isnan(want[1]))
+
+
+def test_components_carry_norms_for_float_tensors_only() -> None:
+    state, gen = make([4, 3], "adam", 0)
+    train(state, gen, 2, 4)
+    comps = state.capture()
+    digests, norms = fingerprint_components(comps, state.param_names())
+    assert digests == digest_components(comps, state.param_names())
+    assert fingerprint_components(comps, with_norms=False)[1] == {}
+    assert "state.0.weight.exp_avg" in norms["optimizer"]  # renamed like the digests
+    assert all(len(d) == 32 for leaves in digests.values() for d in leaves.values())
+
+    digests, norms = fingerprint_components(comps)  # keys as flatten names them
+    for comp, tree in comps.items():
+        for key, leaf in flatten(tree):
+            if key in digests[comp]:  # optimizer param index lists are skipped
+                is_float = isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
+                assert (key in norms.get(comp, {})) == is_float, f"{comp}.{key}"
+    assert "torch" in digests["rng"] and "torch" not in norms.get("rng", {})  # a uint8 RNG state has no norm
+    w = comps["model"]["0.weight"]
+    assert norms["model"]["0.weight"] == pytest.approx(float(torch.linalg.vector_norm(w, dtype=torch.float64)), rel=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensor_fingerprints_like_its_cpu_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_mod, "STAGE_BYTES", 1 << 20)  # several staged pieces per tensor
+    gen = torch.Generator().manual_seed(0)
+    for t in [torch.randn(3_000_000, generator=gen), torch.randn(700, 900, generator=gen).to(torch.bfloat16),
+              torch.randn(1000, 800, generator=gen, dtype=torch.float64).t(), torch.arange(10**6)]:
+        assert fingerprint_leaf(t.cuda()) == fingerprint_leaf(t)
