@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-replication-yield", dest="replication_yield", action="store_const", const=False,
                        help="2+ nodes: stores send replicas even while pipeline traffic is in flight")
     bench.add_argument("--seed", type=int)
+    bench.add_argument("--digest", type=float, metavar="GB",
+                       help="instead: time the state fingerprint (xxh3-128 + norms vs blake2b) over GB of float32 tensors")
     return p
 
 
@@ -68,9 +70,30 @@ _BENCH_FIELDS = ("model", "stages", "nodes", "microbatches", "microbatch_size", 
                  "warmup", "persist_every", "replicate_every", "baft_copier", "link_rate", "replication_yield", "seed")
 
 
+def _digest_bench(gigabytes: float, out: Path) -> int:
+    import json
+
+    from .digestbench import digest_benchmark, digest_table
+    from .errors import ConfigValueError
+
+    try:
+        result = digest_benchmark(gigabytes)
+    except ConfigValueError as e:
+        print(f"baft: error: --digest: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "digest.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(digest_table(result))
+    print(f"digest.json: {out / 'digest.json'}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, run_bench, table
     from .schema import build
+
+    if args.digest is not None:
+        return _digest_bench(args.digest, args.out)
 
     given = {k: getattr(args, k) for k in _BENCH_FIELDS if getattr(args, k) is not None}
     if "strategies" in given:

@@ -185,7 +185,9 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
                          f"[{eq['interval'][0]:+.3%}, {eq['interval'][1]:+.3%}] within ±{eq['margin']:.2%}")
     if verdict["first_divergence"]:
         d = verdict["first_divergence"]
-        lines.append(f"  first divergence step {d['step']}, {d['component']} / {d['key']} (rank {d['rank']})")
+        size = (f", norm {d['reference_norm']:.6g} -> {d['found_norm']:.6g} ({d['relative_norm_change']:.2e} relative)"
+                if d.get("relative_norm_change") is not None else "")
+        lines.append(f"  first divergence step {d['step']}, {d['component']} / {d['key']} (rank {d['rank']}){size}")
     lines.append(f"  faults fired     {verdict['faults_fired']}/{verdict['faults_declared']}"
                  f" ({_count(verdict.get('fault_occurrences', verdict['faults_fired']), 'occurrence')})")
     for r in verdict["recoveries"]:
