@@ -72,6 +72,8 @@ class Scenario:
     faults: list[FaultSpec] = field(default_factory=list)
     expect: ExpectConfig = field(default_factory=ExpectConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    marks: list[str] = field(default_factory=list)
+    """pytest marks of the scenario's test item (``pytest scenarios/``), e.g. ``[slow, netns]``."""
     source: str = ""
     """The file it was loaded from (not a YAML key)."""
 
@@ -94,7 +96,7 @@ class Scenario:
         return [{"kind": f.kind, "config": to_plain(f.config)} for f in self.faults]
 
 
-_SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run"}
+_SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks"}
 
 
 def parse(data: Any, file: str) -> Scenario:
@@ -112,6 +114,9 @@ def parse(data: Any, file: str) -> Scenario:
     description = data.get("description", "")
     if not isinstance(description, str):
         raise ScenarioError(file, "description", "a string", found_repr(description))
+    marks = data.get("marks") or []
+    if not isinstance(marks, list) or not all(isinstance(m, str) and m.isidentifier() for m in marks):
+        raise ScenarioError(file, "marks", "a list of pytest mark names", found_repr(marks))
     workload = build(WorkloadConfig, data.get("workload"), file, "workload")
     checkpoint = build(CheckpointConfig, data.get("checkpoint"), file, "checkpoint")
     expect = build(ExpectConfig, data.get("expect"), file, "expect")
@@ -131,7 +136,7 @@ def parse(data: Any, file: str) -> Scenario:
         except HostUnsupported as e:
             raise ScenarioError(file, "run.network", "a host that can create network namespaces", f"<{e}>") from None
     return Scenario(name=name, description=description, workload=workload, checkpoint=checkpoint,
-                    faults=faults, expect=expect, run=run, source=file)
+                    faults=faults, expect=expect, run=run, marks=marks, source=file)
 
 
 def parse_faults(items: Any, file: str, shape: RunShape) -> list[FaultSpec]:
