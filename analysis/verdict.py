@@ -20,6 +20,22 @@ class ExpectValueError(AnalysisError, ValueError):
 
 
 @dataclass(kw_only=True, slots=True)
+class CaughtExpect:
+    """For a run with a planted bug (``workload.mutant``): how the verdict must catch it."""
+
+    component: str | None = None
+    """The component the first divergence must name (``rng``, ``data``, ``optimizer``, ...)."""
+    key: str | None = None
+    """The start of the first divergence's key (e.g. ``generator.loader``), with ``component``."""
+    failure: str | None = None
+    """Text one of the verdict's failures must contain (e.g. ``lost`` or ``did not complete``)."""
+
+    def __post_init__(self) -> None:
+        if self.component is None and self.failure is None:
+            raise ExpectValueError("component", "a component or a failure text (how the bug shows)", None)
+
+
+@dataclass(kw_only=True, slots=True)
 class ExpectConfig:
     """What must hold for a scenario to pass."""
 
@@ -29,6 +45,9 @@ class ExpectConfig:
     """At most this many steps executed twice because of each fault."""
     max_recovery_seconds: float | None = None
     """At most this long from a fault to every rank completing its first step after the restore."""
+    caught: CaughtExpect | None = None
+    """The run carries a planted bug: it passes only if the other expectations fail the way given
+    here (the harness caught the bug and named it)."""
     loss: LossExpect | None = None
     """A loss-curve tolerance (``analysis.losscurve``), for records that cannot be equal bit for
     bit (after an elastic restart on fewer replicas): ``{rtol, atol, window, margin, alpha, from_step}``."""
@@ -40,12 +59,14 @@ class ExpectConfig:
             raise ExpectValueError("max_recovery_seconds", "a number > 0", self.max_recovery_seconds)
 
 
-def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int, faults_declared: int) -> dict[str, Any]:
-    """The verdict as a JSON-ready dict; ``passed`` is True only if every expectation holds."""
+def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int, faults_declared: int,
+          launch_failures: list[str] | None = None) -> dict[str, Any]:
+    """The verdict as a JSON-ready dict; ``passed`` is True only if every expectation holds.
+    ``launch_failures``: what went wrong outside the journals (agents that exited badly, a timeout)."""
     cmp = compare(reference, run)
     recs = recoveries(run)
     finished = final_step(run)
-    failures: list[str] = []
+    failures: list[str] = list(launch_failures or [])
     # Every rank of the job as it ended (fewer than the reference's after an elastic restart).
     expected_ranks = set(range(run.world_size)) if run.world_size != reference.world_size else set(reference.ranks)
     completed = expected_ranks <= set(finished) and all(finished[r] == steps for r in expected_ranks)
@@ -78,9 +99,23 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     if expect.max_recovery_seconds is not None and worst is not None and worst > expect.max_recovery_seconds:
         failures.append(f"recovery took {worst:.2f} s, at most {expect.max_recovery_seconds} s allowed")
     first = cmp.first
+    caught = None
+    if expect.caught is not None:
+        c = expect.caught
+        named = c.component is None or (first is not None and first.component == c.component
+                                        and (c.key is None or first.key.startswith(c.key)))
+        said = c.failure is None or any(c.failure in f for f in failures)
+        caught = {"expected": {"component": c.component, "key": c.key, "failure": c.failure},
+                  "caught": bool(failures) and named and said,
+                  "evidence": failures}
+        failures = [] if caught["caught"] else [
+            "the planted bug was not caught as expected (" + (f"first divergence in {c.component}" if c.component else "")
+            + (" and " if c.component and c.failure else "") + (f"a failure saying {c.failure!r}" if c.failure else "")
+            + "); the verdict said: " + ("; ".join(failures) or "nothing wrong")]
     return {
         "passed": not failures,
         "failures": failures,
+        "caught": caught,
         "bitwise_equal": cmp.equal,
         "first_divergence": None if first is None else first.as_dict(),
         "divergent_records": len(cmp.divergences),

@@ -322,21 +322,23 @@ class BubbleSnapshotter:
         return _components(slot.meta(), slot.data())[0]
 
     # -- restore ----------------------------------------------------------------------------
-    def restore(self) -> int | None:
+    def restore(self, floor: int = -1) -> int | None:
         """Restore the newest version every rank can get: from its own slots, else from a peer
-        node's replica (through the node's store). None if there is none (then the caller falls
-        back to the persistent tier)."""
+        node's replica (through the node's store). Versions older than ``floor`` (the newest
+        persistent checkpoint) are stale. None if there is none (then the caller falls back to
+        the persistent tier)."""
         t0 = time.perf_counter()
         complete = self._open_slots()
         for i in self._torn:
             events.emit("checkpoint_rejected", step=i, tier="shm", reason="torn: the writer stopped mid-copy")
         saved = max(all_gather(_saved_replicas(self.buffer, complete)))
         if saved and saved != self.replicas:
-            return self._restore_resized(saved, t0)
+            return self._restore_resized(saved, t0, floor)
         remote = self.store.locate(self.rank) if self.store is not None else []
         events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=sorted(remote))
         everyone = all_gather(sorted(set(complete) | {v for v, _ in remote}))
         common = set(everyone[0]).intersection(*map(set, everyone[1:])) if everyone else set()
+        common = {v for v in common if v >= floor}
         if not common:
             self.buffer.close()
             return None
@@ -363,7 +365,7 @@ class BubbleSnapshotter:
         events.emit("checkpoint_restored", step=version, tier=tier, seconds=time.perf_counter() - t0, path=str(self.buffer.root))
         return version
 
-    def _restore_resized(self, saved: int, t0: float) -> int | None:
+    def _restore_resized(self, saved: int, t0: float, floor: int) -> int | None:
         """Restore after the number of data-parallel replicas changed (an elastic restart).
 
         Ranks are replica-major (``rank = replica * stages + stage``). Each of the
@@ -383,7 +385,7 @@ class BubbleSnapshotter:
         events.emit("restore_candidates", tier="shm", local=sorted(set.intersection(*local.values())),
                     remote=sorted(mine), resized_from=saved)
         everyone = all_gather(sorted(mine))
-        common = set(everyone[0]).intersection(*map(set, everyone[1:]))
+        common = {v for v in set(everyone[0]).intersection(*map(set, everyone[1:])) if v >= floor}
         data: torch.Tensor | None = None
         meta, tier, ok = b"", "shm", bool(common)
         pulled = self.buffer.root / f"resize-rank{self.rank}"

@@ -50,9 +50,15 @@ def default_cache_dir() -> Path:
     return Path(base)
 
 
+def _reference_workload(workload: WorkloadConfig) -> dict[str, Any]:
+    """The workload the reference runs: the same, without a planted bug (a mutant lives only in
+    the faulted run)."""
+    return {**to_plain(workload), "mutant": None}
+
+
 def reference_key(workload: WorkloadConfig) -> str:
     root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256(json.dumps(to_plain(workload), sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(_reference_workload(workload), sort_keys=True).encode())
     h.update(torch.__version__.encode())
     for rel in _TRAINING_CODE:
         h.update((root / rel).read_bytes())
@@ -73,7 +79,7 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
         return Reference(run_dir=final, cached=True, seconds=float((final / "complete").read_text() or 0))
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    spec = {"workload": to_plain(workload), "checkpoint": {"strategy": "none"}, "faults": []}
+    spec = {"workload": _reference_workload(workload), "checkpoint": {"strategy": "none"}, "faults": []}
     result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0, timeout=timeout)
     if not result.ok:
         raise LaunchError(f"the reference run failed (exit codes {result.returncodes}, timed out: {result.timed_out}); logs in {tmp / 'logs'}")
@@ -136,15 +142,14 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
         shutil.rmtree(shm, ignore_errors=True)
         if private_tier is not None:
             keep_copy(Path(checkpoint["dir"]))
-    verdict = judge(
-        Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
-        steps=scenario.workload.steps, faults_declared=len(scenario.faults),
-    )
     # The agent of a node lost for good was killed on purpose; the others must end well.
     survivors = [rc for node, rc in enumerate(result.returncodes) if node not in scenario.lost_nodes]
-    if result.timed_out or any(rc != 0 for rc in survivors):
-        verdict["passed"] = False
-        verdict["failures"].insert(0, f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else ""))
+    launch_failures = ([f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else "")]
+                       if result.timed_out or any(rc != 0 for rc in survivors) else [])
+    verdict = judge(
+        Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
+        steps=scenario.workload.steps, faults_declared=len(scenario.faults), launch_failures=launch_failures,
+    )
     verdict = {
         "scenario": scenario.name,
         **verdict,
@@ -185,8 +190,9 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
                          f"[{eq['interval'][0]:+.3%}, {eq['interval'][1]:+.3%}] within ±{eq['margin']:.2%}")
     if verdict["first_divergence"]:
         d = verdict["first_divergence"]
-        size = (f", norm {d['reference_norm']:.6g} -> {d['found_norm']:.6g} ({d['relative_norm_change']:.2e} relative)"
-                if d.get("relative_norm_change") is not None else "")
+        rel = d.get("relative_norm_change")
+        size = ("" if rel is None else f", norm {d['reference_norm']:.6g} -> {d['found_norm']:.6g} ({rel:.2e} relative)"
+                if rel else ", norms equal (a change below what a norm resolves)")
         lines.append(f"  first divergence step {d['step']}, {d['component']} / {d['key']} (rank {d['rank']}){size}")
     lines.append(f"  faults fired     {verdict['faults_fired']}/{verdict['faults_declared']}"
                  f" ({_count(verdict.get('fault_occurrences', verdict['faults_fired']), 'occurrence')})")
@@ -207,6 +213,12 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
     for kind, label in (("checkpoints_rejected", "rejected"), ("checkpoints_failed", "write failed")):
         for c in verdict.get(kind, []):
             lines.append(f"  checkpoint {label}: step {c['step']} ({c['tier']}): {c['reason']}")
+    c = verdict.get("caught")
+    if c is not None:
+        want = " / ".join(x for x in (c["expected"]["component"], c["expected"]["failure"]) if x)
+        lines.append(f"  planted bug      {'CAUGHT' if c['caught'] else 'NOT CAUGHT'} (expected: {want})")
+        for f in c["evidence"]:
+            lines.append(f"    evidence: {f}")
     for f in verdict["failures"]:
         lines.append(f"  FAIL: {f}")
     lines.append(f"  verdict          {out / 'verdict.json'}")

@@ -63,6 +63,9 @@ class WorkloadConfig:
     """Linear warm-up steps before the cosine decay."""
     dataset_size: int = 512
     """Samples in the synthetic dataset (one epoch)."""
+    mutant: str | None = None
+    """A known checkpoint bug planted in the faulted run's workers (``harness.mutants``), to prove
+    the verdict catches it; null: none."""
 
     def __post_init__(self) -> None:
         layers = PRESETS[self.model].layers
@@ -90,6 +93,11 @@ class WorkloadConfig:
             raise ConfigValueError("lr", "a number > 0", self.lr)
         if self.warmup < 0:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
+        if self.mutant is not None:
+            from .mutants import MUTANTS
+
+            if self.mutant not in MUTANTS:
+                raise ConfigValueError("mutant", "one of " + ", ".join(MUTANTS), self.mutant)
         if self.dataset_size < self.global_batch:
             raise ConfigValueError("dataset_size", f"at least one global batch ({self.global_batch})", self.dataset_size)
 
@@ -289,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(spec["run_dir"])
     node, node_memory = place_on_node(ckpt_cfg, spec)
 
+    if cfg.mutant is not None:
+        from .mutants import apply
+
+        apply(cfg.mutant)
     set_determinism()
     t_init = time.time()
     dist.init_process_group("gloo")

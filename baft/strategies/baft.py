@@ -10,7 +10,8 @@ Tiers, nearest first:
    process group of its own, and rank 0 commits it (checksums, manifest,
    ``latest`` moved only after the files are durable).
 
-Restore takes the newest version every rank holds in shared memory, else the
+Restore takes the newest version every rank holds in shared memory (or can pull
+from a peer's replica) unless the newest persistent checkpoint is newer, else the
 newest persistent checkpoint every rank can verify.
 
 Persistence is collective, so it is never skipped on one rank alone: when a
@@ -29,10 +30,16 @@ from .. import dcpformat, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
 from ..snapshot import slot_of
-from ..collective import rank_world
+from ..collective import all_min, rank_world
 from ..store import StoreClient
 from .base import WRITE_ERRORS, Strategy, persist_failed
 from .dcp import checkpoint_group, restore_dcp, stage_key_of
+
+
+def persistent_floor(root: Any) -> int:
+    """The newest committed persistent step (-1: none)."""
+    steps = persist.committed_steps(root)
+    return steps[0] if steps else -1
 
 
 class BaftStrategy(Strategy):
@@ -75,7 +82,9 @@ class BaftStrategy(Strategy):
         return self.snap
 
     def restore(self) -> int | None:
-        version = self._snap().restore()
+        # A shared-memory or peer version older than the newest persistent checkpoint is stale
+        # (replication can lag persistence): then the persistent tier is the fresher copy.
+        version = self._snap().restore(floor=all_min(persistent_floor(self.root)))
         if version is None:
             version = restore_dcp(self, self.stage_key, self.group)
         if version is not None:
