@@ -28,6 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     suite.add_argument("--out", type=Path, help="output directory (default runs/suite-DIR-TIMESTAMP)")
     suite.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
     suite.add_argument("--no-report", dest="report", action="store_false", help="skip the HTML/Markdown reports")
+    fz = sub.add_parser("fuzz", help="search fault schedules (hypothesis) for one that fails; shrink it to a minimal scenario")
+    fz.add_argument("scenario", type=Path, help="base scenario (workload, checkpoint, expect; its faults are replaced)")
+    fz.add_argument("--budget", type=int, default=10, help="generated schedules to try (default 10)")
+    fz.add_argument("--shrink-budget", type=int, dest="shrink_budget", help="more runs to shrink a failure (default 2x budget)")
+    fz.add_argument("--max-faults", type=int, default=3, dest="max_faults", help="faults per schedule at most (default 3)")
+    fz.add_argument("--out", type=Path, help="output directory (default runs/fuzz-NAME-TIMESTAMP)")
+    fz.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
     rep = sub.add_parser("report", help="write report.html, report.md and plots for a run (or suite) directory")
     rep.add_argument("path", type=Path, help="a run directory of `baft run`, or a suite directory of `baft suite`")
     rep.add_argument("--mtbf", default="1,6,24", help="hours between failures for the interval advice (default 1,6,24)")
@@ -184,6 +191,27 @@ def _publish(path: Path, online: bool, project: str = "baft-harness", entity: st
     return 0
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    from .fuzz import fuzz
+
+    if args.budget < 1 or args.max_faults < 1 or (args.shrink_budget is not None and args.shrink_budget < 0):
+        print("baft: error: --budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)", file=sys.stderr)
+        return 2
+    out = args.out or Path("runs") / f"fuzz-{args.scenario.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget)
+    except ScenarioError as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    failed = sum(not t.passed for t in r.trials)
+    print(f"{len(r.trials)} trials, {failed} failed; fuzz.json: {out / 'fuzz.json'}")
+    if r.minimal_file is None:
+        print("no failing schedule found")
+        return 0
+    print(f"minimal failing schedule: {r.minimal_file}\n  reproduce: baft run {r.minimal_file}")
+    return 1
+
+
 def _suite(args: argparse.Namespace) -> int:
     from .suite import run_suite, table
 
@@ -211,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         return _publish(args.path, args.online, args.project, args.entity)
     if args.command == "suite":
         return _suite(args)
+    if args.command == "fuzz":
+        return _fuzz(args)
     from .scenario import load
 
     try:

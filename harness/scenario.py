@@ -126,9 +126,8 @@ def parse(data: Any, file: str) -> Scenario:
     check_phases(faults, checkpoint, file, workload.nodes)
     check_restarts(faults, run, file, workload.steps)
     check_elastic(faults, workload, checkpoint, expect, file)
-    if (expect.caught is None) != (workload.mutant is None):
-        raise ScenarioError(file, "expect.caught" if expect.caught is None else "workload.mutant",
-                            "expect.caught and workload.mutant together (a planted bug and how it must be caught)", None)
+    if expect.caught is not None and workload.mutant is None:
+        raise ScenarioError(file, "workload.mutant", "a planted bug (expect.caught says how it must be caught)", None)
     if any(f.config.site == "harness" for f in faults) or run.network == "netns":
         from injectors.network import require_network_privileges
 
