@@ -123,7 +123,8 @@ def worker(spec_path: Path) -> int:
     from baft.strategies.sync import restore_shards
 
     from .schema import build
-    from .workload import PipelineTrainer, WorkloadConfig, place_on_node, set_determinism
+    from .session import place_on_node
+    from .workload import PipelineTrainer, WorkloadConfig, set_determinism
 
     spec = json.loads(spec_path.read_text())
     cfg = build(BenchConfig, spec["bench"], str(spec_path), "bench")

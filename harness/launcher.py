@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from analysis.journal import JournalWriter, launcher_journal
 
 from .errors import LaunchError
+from .session import SPEC_VARIABLE
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ def launch(
     topology: Topology | None = None,
     harness_faults: list[tuple[int, Any]] | None = None,
     min_nodes: int | None = None,
+    script: list[str] | None = None,
 ) -> LaunchResult:
     """Start the node stores (if any), write the worker spec, start one torchrun agent per
     node, wait for all of them; stop the stores.
@@ -99,6 +101,9 @@ def launch(
     With a ``topology`` every node (agent, workers, store) runs in its own network
     namespace and rendezvous on node 0's address; ``harness_faults`` (fault id, config)
     are then driven on its links by a :class:`~harness.controller.FaultController`.
+
+    ``script`` (a path and its arguments) replaces ``-m module SPEC`` as what each worker runs;
+    every worker finds the spec in ``BAFT_SPEC`` either way.
 
     With ``min_nodes`` below ``nodes`` the agents are elastic (``--nnodes MIN:MAX``): when a
     node is gone for good, the others re-rendezvous without it after :data:`LAST_CALL` seconds.
@@ -138,14 +143,13 @@ def launch(
                 "--rdzv-conf", f"is_host={1 if node == 0 else 0}" + (ELASTIC_RDZV if elastic else ""),
                 "--max-restarts", str(max_restarts),
                 "--monitor-interval", "0.2",
-                "-m", module, str(spec_path.resolve()),
-            ]
+            ] + (list(script) if script else ["-m", module, str(spec_path.resolve())])
             if topology is not None:
                 cmd[3:3] = ["--local-addr", topology.address(node)]  # what the other nodes dial
                 cmd = topology.exec_prefix(node) + cmd
             log = open(logs / f"node{node}.log", "ab")
-            procs.append(subprocess.Popen(cmd, env=worker_env(node, topology), stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+            env = {**worker_env(node, topology), SPEC_VARIABLE: str(spec_path.resolve())}  # what a Session reads
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             log.close()
             journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
         if hang_timeout is not None:

@@ -56,12 +56,19 @@ def _reference_workload(workload: WorkloadConfig) -> dict[str, Any]:
     return {**to_plain(workload), "mutant": None}
 
 
+def script_command(workload: WorkloadConfig) -> list[str] | None:
+    """What torchrun runs for a script workload (None: the built-in one)."""
+    return [workload.script, *workload.args] if workload.script is not None else None
+
+
 def reference_key(workload: WorkloadConfig) -> str:
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256(json.dumps(_reference_workload(workload), sort_keys=True).encode())
     h.update(torch.__version__.encode())
     for rel in _TRAINING_CODE:
         h.update((root / rel).read_bytes())
+    if workload.script is not None:
+        h.update(Path(workload.script).read_bytes())
     return h.hexdigest()[:20]
 
 
@@ -80,7 +87,8 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     spec = {"workload": _reference_workload(workload), "checkpoint": {"strategy": "none"}, "faults": []}
-    result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0, timeout=timeout)
+    result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0, timeout=timeout,
+                    script=script_command(workload))
     if not result.ok:
         raise LaunchError(f"the reference run failed (exit codes {result.returncodes}, timed out: {result.timed_out}); logs in {tmp / 'logs'}")
     (tmp / "complete").write_text(f"{result.seconds:.3f}")
@@ -135,7 +143,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
             faulted, spec, nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
             hang_timeout=scenario.run.hang_timeout, topology=topology, harness_faults=scenario.harness_faults(),
-            min_nodes=scenario.workload.nodes - len(scenario.lost_nodes),
+            min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), script=script_command(scenario.workload),
         )
     finally:
         stack.close()  # namespaces, veths and bridge go, whatever happened

@@ -118,6 +118,12 @@ def parse(data: Any, file: str) -> Scenario:
     if not isinstance(marks, list) or not all(isinstance(m, str) and m.isidentifier() for m in marks):
         raise ScenarioError(file, "marks", "a list of pytest mark names", found_repr(marks))
     workload = build(WorkloadConfig, data.get("workload"), file, "workload")
+    if workload.script is not None:
+        script = (Path(file).parent / workload.script).resolve()
+        if not script.is_file():
+            raise ScenarioError(file, "workload.script", "an existing training script (relative to the scenario file)",
+                                str(script))
+        workload.script = str(script)
     checkpoint = build(CheckpointConfig, data.get("checkpoint"), file, "checkpoint")
     expect = build(ExpectConfig, data.get("expect"), file, "expect")
     run = build(RunConfig, data.get("run"), file, "run")

@@ -13,13 +13,12 @@ Run as ``python -m harness.workload RUN_CONFIG.json`` (by the launcher).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +62,14 @@ class WorkloadConfig:
     """Linear warm-up steps before the cosine decay."""
     dataset_size: int = 512
     """Samples in the synthetic dataset (one epoch)."""
+    script: str | None = None
+    """A training script to run instead of the built-in pipeline (path relative to the scenario
+    file); it reports through ``harness.session.Session``. The built-in's fields are then unused,
+    except ``steps`` (how many the script trains), ``seed`` and ``nodes``."""
+    nproc: int = 1
+    """With ``script``: workers per node."""
+    args: list[str] = field(default_factory=list)
+    """With ``script``: its command-line arguments."""
     mutant: str | None = None
     """A known checkpoint bug planted in the faulted run's workers (``harness.mutants``), to prove
     the verdict catches it; null: none."""
@@ -85,6 +92,8 @@ class WorkloadConfig:
                                    f"{self.virtual_stages} virtual stages", self.stages)
         if self.microbatches < self.stages:
             raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
+        if self.nproc < 1:
+            raise ConfigValueError("nproc", "an integer >= 1", self.nproc)
         if self.world_size % self.nodes:
             raise ConfigValueError("nodes", f"a divisor of stages*data_parallel = {self.world_size}", self.nodes)
         if self.seed < 0:
@@ -106,6 +115,8 @@ class WorkloadConfig:
         change, and each replica runs more (or fewer) microbatches so the global batch stays."""
         if world_size == self.world_size:
             return self
+        if self.script is not None:
+            raise ConfigValueError("script", "the built-in workload (a script's world size cannot change)", self.script)
         if world_size % self.stages:
             raise ConfigValueError("data_parallel", f"a world size divisible by stages ({self.stages})", world_size)
         replicas = world_size // self.stages
@@ -117,7 +128,7 @@ class WorkloadConfig:
 
     @property
     def world_size(self) -> int:
-        return self.stages * self.data_parallel
+        return self.nproc * self.nodes if self.script is not None else self.stages * self.data_parallel
 
     @property
     def global_batch(self) -> int:
@@ -145,20 +156,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def place_on_node(ckpt_cfg: Any, spec: dict[str, Any]) -> tuple[int, Path | None]:
-    """This worker's node index and shared-memory directory; points a baft config at them.
-
-    The launcher sets ``BAFT_NODE_INDEX`` and, when it runs node stores, puts their
-    addresses and the run's memory directory into the spec; the per-node values are
-    filled in here because only the worker knows its node.
-    """
-    node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
-    node_memory = Path(spec["node_memory"]) / f"node{node}" if spec.get("node_memory") else None
-    if node_memory is not None:
-        ckpt_cfg.shm_dir, ckpt_cfg.store, ckpt_cfg.node = str(node_memory), spec["stores"][node], node
-    return node, node_memory
 
 
 def announce_compute(stage: Any, trainer: Any) -> None:
@@ -283,69 +280,39 @@ class PipelineTrainer:
 
 def main(argv: list[str] | None = None) -> int:
     """One worker of a scenario run: build, restore if a checkpoint exists, train, journal every boundary."""
-    from baft import Checkpointer, CheckpointConfig
-    from injectors import FAULTS, WorkerContext
-
-    from .probe import Probe
     from .schema import build
+    from .session import SPEC_VARIABLE, Session
 
     args = argv if argv is not None else sys.argv[1:]
-    spec_path = Path(args[0])
-    spec = json.loads(spec_path.read_text())
-    cfg = build(WorkloadConfig, spec["workload"], str(spec_path), "workload")
-    ckpt_cfg = build(CheckpointConfig, spec["checkpoint"], str(spec_path), "checkpoint")
-    run_dir = Path(spec["run_dir"])
-    node, node_memory = place_on_node(ckpt_cfg, spec)
-
+    spec_path = Path(args[0]) if args else Path(os.environ[SPEC_VARIABLE])
+    session = Session(spec_path)
+    cfg = build(WorkloadConfig, session.spec["workload"], str(spec_path), "workload")
     if cfg.mutant is not None:
         from .mutants import apply
 
         apply(cfg.mutant)
     set_determinism()
-    t_init = time.time()
-    dist.init_process_group("gloo")
-    init_seconds = time.time() - t_init
-    rank, world = dist.get_rank(), dist.get_world_size()
+    session.start()
     try:
-        cfg = cfg.resized(world)  # an elastic restart on fewer nodes
+        cfg = cfg.resized(dist.get_world_size())  # an elastic restart on fewer nodes
     except ConfigValueError as e:
         raise ScenarioError(str(spec_path), f"workload.{e.field}", e.expected, e.found) from None
-    probe = Probe.from_env(run_dir, init_seconds=init_seconds)
-
-    ctx = WorkerContext(rank=rank, fault_dir=run_dir / "faults", record=probe.record, node=node,
-                        local_rank=int(os.environ.get("LOCAL_RANK", "0")), node_memory=node_memory,
-                        started_at=float(spec.get("started_at", 0.0)),
-                        checkpoint_dir=Path(ckpt_cfg.dir) if "://" not in ckpt_cfg.dir else None)
-    injectors = []
-    for i, item in enumerate(spec.get("faults", [])):
-        config_cls, injector_cls = FAULTS[item["kind"]]
-        if config_cls.site != "worker":
-            continue  # driven by the harness (links between nodes)
-        inj = injector_cls(build(config_cls, item["config"], str(spec_path), f"faults[{i}]"), i, ctx)
-        inj.arm()
-        injectors.append(inj)
-
     try:
         trainer = PipelineTrainer(cfg)
         state = trainer.state
-        ckpt = Checkpointer(ckpt_cfg, state)
+        ckpt = session.checkpointer(state)
         trainer.attach(ckpt)
         start = ckpt.restore_latest()
-        probe.state(start, state)
-
+        session.restored(start, state)
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
-            loss = trainer.iteration(step, ckpt)
-            probe.step(step, loss, time.perf_counter() - t0)
-            probe.state(state.step, state)
+            loss = trainer.iteration(step, ckpt)  # announces the iteration phase itself
+            session.end(step, loss, state, seconds=time.perf_counter() - t0)
             ckpt.after_step()
     finally:
-        for inj in injectors:
-            inj.disarm()  # rolls back window faults, also on the way out of a crash
+        session.disarm()
     ckpt.close()
-    dist.barrier()
-    probe.close(state.step)
-    dist.destroy_process_group()
+    session.close(state.step)
     return 0
 
 

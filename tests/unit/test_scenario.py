@@ -194,3 +194,22 @@ def test_elastic_problems_are_bad_input(tmp_path: Path, old: str, new: str, path
     with pytest.raises(ScenarioError) as e:
         load(write(tmp_path, ELASTIC.replace(old, new)))
     assert e.value.path == path and expected in e.value.expected, (e.value.path, e.value.expected)
+
+
+def test_a_script_workload_resolves_its_path_and_counts_its_ranks(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    f = write(tmp_path, GOOD.replace("workload: {model: gpt-tiny, stages: 2, data_parallel: 1, microbatches: 4, schedule: 1f1b, "
+                                     "steps: 30, seed: 0, nodes: 1}",
+                                     "workload: {script: train.py, nproc: 3, nodes: 2, steps: 30, args: [--x, '1']}")
+              .replace("rank: 1, at_step: 17", "rank: 5, at_step: 17"))
+    s = load(f)
+    assert s.workload.script == str(tmp_path / "train.py") and s.workload.world_size == 6
+    with pytest.raises(Exception, match="script"):
+        s.workload.resized(3)
+
+
+def test_a_missing_script_is_bad_input(tmp_path: Path) -> None:
+    f = write(tmp_path, GOOD.replace("model: gpt-tiny,", "script: nope.py,"))
+    with pytest.raises(ScenarioError) as e:
+        load(f)
+    assert e.value.path == "workload.script" and "nope.py" in str(e.value.found)

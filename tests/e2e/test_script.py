@@ -1,0 +1,31 @@
+"""A user's own training script as the workload, through the probe API (harness.session)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.journal import Journal
+
+from .conftest import ROOT, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_the_example_script_is_killed_resumed_and_judged_bitwise(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "examples" / "mlp-kill.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and v["states_compared"] > 40 and v["recoveries"][0]["restored_step"] == 10
+    j = Journal.load(tmp_path / "out" / "faulted")
+    assert {e["world_size"] for e in j.events("start")} == {2}
+    assert {"model", "optimizer", "scheduler", "rng", "data", "step"} <= set(j.events("state", 0)[-1]["digests"])
+
+
+def test_an_unseeded_rng_in_a_script_is_caught(tmp_path: Path, ref_cache: Path) -> None:
+    src = (ROOT / "examples" / "train_mlp.py").read_text()
+    assert "np.random.seed(seed)" in src
+    (tmp_path / "train.py").write_text(src.replace("np.random.seed(seed)", "pass"))
+    scenario = (ROOT / "examples" / "mlp-kill.yaml").read_text().replace("script: train_mlp.py", "script: train.py")
+    (tmp_path / "s.yaml").write_text(scenario)
+    rc, out, v = run_cli(tmp_path / "s.yaml", tmp_path / "out", ref_cache)
+    assert rc == 1 and v["first_divergence"]["component"] == "rng" and v["first_divergence"]["key"].startswith("numpy")
