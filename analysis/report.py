@@ -309,8 +309,12 @@ def suite_report(suite_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) ->
         rows.append([link, "PASSED" if v["passed"] else "FAILED", _fmt(v.get("bitwise_equal")),
                      f"{v.get('faults_fired')}/{v.get('faults_declared')}", _fmt(v.get("lost_steps")),
                      _fmt(v.get("recovery_seconds")), "; ".join(v.get("failures", []))[:200]])
+    try:  # the scenario directory's name, as `baft suite` recorded it
+        name = json.loads((suite_dir / "suite.json").read_text())["suite"]
+    except (OSError, ValueError, KeyError):
+        name = suite_dir.name
     blocks: list[Block] = [
-        ("h1", f"suite {suite_dir.name}: {'PASSED' if passed == len(runs) else 'FAILED'} ({passed} of {len(runs)} "
+        ("h1", f"suite {name}: {'PASSED' if passed == len(runs) else 'FAILED'} ({passed} of {len(runs)} "
                "scenarios passed)"),
         ("table", (["scenario", "verdict", "bitwise", "faults fired", "lost steps", "recovery s", "failures"], rows)),
     ]
