@@ -1,0 +1,467 @@
+"""Validate Chaos Mesh objects as a live cluster would: the CRD schemas, then the admission webhook's rules.
+
+The CRDs (``chaos-mesh.org`` ``v1alpha1``, v2.8 line) live in ``shared/chaos-mesh-crds``
+beside the repository (override with ``BAFT_CHAOS_CRDS``). An object is checked in
+three layers, and :func:`validate` reports every problem of every layer at once,
+each with its JSON path and where the rule comes from:
+
+* ``(schema)`` — ``spec.versions[0].schema.openAPIV3Schema`` with a Draft 7
+  validator. Two things are made strict on the way, because the API server would
+  otherwise accept a mistake silently: an unknown field is an error (the server
+  *prunes* it, so a misspelt field would just not happen), and ``format: int32`` /
+  ``int64`` bounds are enforced. OpenAPI 3.0's boolean ``exclusiveMinimum`` and
+  ``nullable`` are translated to Draft 7.
+* ``(api-server)`` — ObjectMeta: a DNS-1123 name and namespace, valid labels.
+* ``(webhook)`` — what Chaos Mesh's admission webhook checks and the schema lacks,
+  transcribed from ``api/v1alpha1/*_webhook.go``: ``container-kill`` needs
+  ``containerNames``; NetworkChaos ``direction: from|both`` needs ``target`` unless
+  the action is ``partition``; a bandwidth ``rate`` parses as Chaos Mesh's
+  ``ConvertUnitToBytes`` does; every duration, latency, jitter and IO delay parses
+  as a Go ``time.Duration``; stressors exist and have workers > 0; IOChaos errno is
+  not 0 and percent is in 0..100; a Schedule's cron parses as robfig/cron's
+  ``ParseStandard``; pod-mode values are in range.
+* ``(harness)`` — a few stricter checks of ours where Chaos Mesh would accept an
+  object that then fails at injection: the action's own sub-spec is present, a rate
+  is at least 1 byte/s, IO methods are ones Chaos Mesh defines, a Schedule's type
+  names a kind and carries that kind's spec.
+
+``jsonschema`` is an optional dependency, imported only here, only when validating.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import HostUnsupported, InjectorError
+
+GROUP = "chaos-mesh.org"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: Kind -> plural (the CRD file is ``chaos-mesh.org_<plural>.yaml``).
+PLURALS: dict[str, str] = {
+    "PodChaos": "podchaos", "NetworkChaos": "networkchaos", "StressChaos": "stresschaos",
+    "IOChaos": "iochaos", "TimeChaos": "timechaos", "Schedule": "schedules", "Workflow": "workflows",
+}
+
+#: Schedule ``type`` -> the spec field that embeds that kind (Chaos Mesh's ScheduleItem).
+SCHEDULE_EMBEDS: dict[str, str] = {
+    "PodChaos": "podChaos", "NetworkChaos": "networkChaos", "StressChaos": "stressChaos",
+    "IOChaos": "ioChaos", "TimeChaos": "timeChaos",
+}
+
+#: Chaos Mesh's ``IoMethod`` values (api/v1alpha1/podiochaos_types.go).
+IO_METHODS = frozenset({
+    "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink", "rmdir", "symlink",
+    "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir", "readdir",
+    "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr", "access",
+    "create", "getlk", "setlk", "bmap"})
+
+INSTALL_HINT = "pip install 'baft-harness[k8s]' (or: pip install jsonschema)"
+
+
+class ManifestInvalid(InjectorError):
+    """A Chaos Mesh object the cluster would refuse (or silently change); ``errors`` lists every problem."""
+
+    def __init__(self, kind: str, name: str, errors: list[str]) -> None:
+        self.kind, self.name, self.errors = kind, name, errors
+        super().__init__(f"{kind} {name!r} is invalid ({len(errors)} problem{'s' * (len(errors) != 1)}):\n"
+                         + "\n".join(f"  - {e}" for e in errors))
+
+
+# --- names and labels (Kubernetes ObjectMeta rules) ---------------------------------------------
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def is_dns_label(text: object) -> bool:
+    """A DNS-1123 label: lowercase alphanumerics and '-', alphanumeric at both ends, at most 63 chars."""
+    return isinstance(text, str) and len(text) <= 63 and _DNS_LABEL.fullmatch(text) is not None
+
+
+def is_dns_subdomain(text: object) -> bool:
+    """A DNS-1123 subdomain (what a custom resource's name must be): dot-separated labels, <= 253 chars."""
+    return isinstance(text, str) and len(text) <= 253 and _DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
+def is_label_key(text: object) -> bool:
+    """A label key: an optional DNS-subdomain prefix and '/', then a name of <= 63 chars."""
+    if not isinstance(text, str):
+        return False
+    prefix, _, name = text.rpartition("/")
+    return ((not prefix or is_dns_subdomain(prefix)) and len(name) <= 63
+            and _LABEL_NAME.fullmatch(name) is not None)
+
+
+def is_label_value(text: object) -> bool:
+    """A label value: empty, or <= 63 alphanumerics, '-', '_', '.' with alphanumeric ends."""
+    return isinstance(text, str) and (text == "" or (len(text) <= 63 and _LABEL_NAME.fullmatch(text) is not None))
+
+
+# --- Go durations ---------------------------------------------------------------------------------
+
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_TERM = re.compile(r"([0-9]*)(?:\.([0-9]*))?([^0-9.]*)")
+_GO_MAX_SECONDS = (2**63 - 1) / 1e9
+
+
+def parse_go_duration(text: str) -> float:
+    """Seconds in a Go ``time.ParseDuration`` string ("300ms", "1h30m", "-1.5h", "0"); ValueError otherwise.
+
+    Follows Go's grammar: an optional sign, then one or more number+unit terms (a number
+    has digits before or after an optional '.'), units ns, us/µs, ms, s, m, h; a bare
+    "0" is the only unit-less duration; the total must fit in an int64 of nanoseconds.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"a Go duration is a string, found {text!r}")
+    s, sign = text, 1.0
+    if s[:1] in ("-", "+"):
+        sign, s = (-1.0 if s[0] == "-" else 1.0), s[1:]
+    if s == "0":
+        return 0.0
+    if not s:
+        raise ValueError(f"invalid Go duration {text!r}")
+    total, pos = 0.0, 0
+    while pos < len(s):
+        m = _GO_TERM.match(s, pos)
+        assert m is not None  # the pattern matches the empty string
+        whole, frac, unit = m.group(1), m.group(2), m.group(3)
+        if not whole and not frac:
+            raise ValueError(f"invalid Go duration {text!r}")
+        if not unit:
+            raise ValueError(f"missing unit in Go duration {text!r}")
+        if unit not in _GO_UNITS:
+            raise ValueError(f"unknown unit {unit!r} in Go duration {text!r}")
+        total += float(f"{whole or '0'}.{frac or '0'}") * _GO_UNITS[unit]
+        pos = m.end()
+    if total > _GO_MAX_SECONDS:
+        raise ValueError(f"Go duration {text!r} overflows int64 nanoseconds")
+    return sign * total
+
+
+# --- bandwidth rates -----------------------------------------------------------------------------
+
+_CHAOS_RATE_UNITS = ("tbps", "gbps", "mbps", "kbps", "bps")  # checked in this order, as Chaos Mesh does
+
+
+def chaos_rate_bytes(text: str) -> int:
+    """Bytes per second of a NetworkChaos bandwidth ``rate``, parsed exactly as Chaos Mesh's
+    ``ConvertUnitToBytes`` does (the webhook and the daemon both use it).
+
+    Only the ``bps`` family is accepted — ``bps`` means *bytes*/s, and each step
+    ``kbps``..``tbps`` multiplies by 1024 — with an unsigned decimal integer in front,
+    case-insensitively. ``mbit`` and friends, though the CRD description lists them,
+    fail there with "invalid unit", and so do fractions. ValueError otherwise, also
+    for a count that overflows uint64 (Go would silently wrap it).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"a rate is a string like '1250000bps', found {text!r}")
+    s = text.strip().lower()
+    for i, unit in enumerate(_CHAOS_RATE_UNITS):
+        if s.endswith(unit):
+            digits = s[: -len(unit)].strip()
+            if not re.fullmatch(r"[0-9]+", digits):
+                raise ValueError(f"rate {text!r}: expected an unsigned integer before {unit!r}")
+            value = int(digits) * 1024 ** (4 - i)
+            if value >= 2**64:
+                raise ValueError(f"rate {text!r} overflows uint64 bytes/s")
+            return value
+    raise ValueError(f"rate {text!r}: invalid unit (Chaos Mesh accepts bps, kbps, mbps, gbps, tbps; bps = bytes/s)")
+
+
+def format_chaos_rate(bytes_per_s: int) -> str:
+    """Spell bytes/s in Chaos Mesh's units exactly: the largest of tbps..bps (powers of 1024) that divides it."""
+    if isinstance(bytes_per_s, bool) or not isinstance(bytes_per_s, int) or bytes_per_s < 1:
+        raise ValueError(f"expected a positive int of bytes/s, found {bytes_per_s!r}")
+    for i, unit in enumerate(_CHAOS_RATE_UNITS):
+        scale = 1024 ** (4 - i)
+        if bytes_per_s % scale == 0:
+            return f"{bytes_per_s // scale}{unit}"
+    raise AssertionError("unreachable: bps divides everything")
+
+
+# --- cron (robfig/cron v3 ParseStandard) ----------------------------------------------------------
+
+_CRON_DESCRIPTORS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+_CRON_FIELDS = (  # (name, low, high, names)
+    ("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}),
+    ("month", 1, 12, {m: i + 1 for i, m in enumerate(
+        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"])}),
+    ("day of week", 0, 6, {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}),
+)
+
+
+def check_cron(spec: str) -> None:
+    """Raise ValueError unless robfig/cron's ``ParseStandard`` accepts ``spec`` (what the Schedule webhook calls).
+
+    Accepts an optional ``TZ=``/``CRON_TZ=`` prefix, the descriptors ``@hourly``..``@yearly``,
+    ``@every <Go duration>``, or exactly five fields of ``*``, ``?``, numbers or names,
+    ranges ``a-b`` and steps ``/n`` within each field's bounds.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"empty cron spec {spec!r}")
+    s = spec.strip()
+    if s.startswith(("TZ=", "CRON_TZ=")):
+        s = s.partition(" ")[2].strip()
+    if s.startswith("@"):
+        if s.startswith("@every "):
+            parse_go_duration(s[len("@every "):])
+            return
+        if s not in _CRON_DESCRIPTORS:
+            raise ValueError(f"unrecognized cron descriptor {s!r}")
+        return
+    fields = s.split()
+    if len(fields) != 5:
+        raise ValueError(f"expected exactly 5 cron fields, found {len(fields)}: {spec!r}")
+    for text, (name, low, high, names) in zip(fields, _CRON_FIELDS):
+        for part in text.split(","):
+            rng, _, step = part.partition("/")
+            if step and (not step.isdigit() or int(step) == 0):
+                raise ValueError(f"cron {name}: bad step in {part!r}")
+            if rng in ("*", "?"):
+                continue
+            ends = [names.get(e.lower(), e) for e in rng.split("-")]
+            if len(ends) > 2 or not all(isinstance(e, int) or e.isdigit() for e in ends):
+                raise ValueError(f"cron {name}: cannot parse {part!r}")
+            lo, hi = int(ends[0]), int(ends[-1])
+            if not low <= lo <= hi <= high:
+                raise ValueError(f"cron {name}: {part!r} is outside {low}..{high}")
+
+
+# --- the CRD schemas -----------------------------------------------------------------------------
+
+def crds_dir() -> Path:
+    """Where the CRD files are: ``$BAFT_CHAOS_CRDS``, else ``shared/chaos-mesh-crds`` beside the repository."""
+    env = os.environ.get("BAFT_CHAOS_CRDS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "chaos-mesh-crds"
+
+
+@functools.lru_cache(maxsize=None)
+def _load_schema(directory: str, kind: str) -> dict[str, Any]:
+    path = Path(directory) / f"{GROUP}_{PLURALS[kind]}.yaml"
+    if not path.is_file():
+        raise HostUnsupported(f"the Chaos Mesh CRD of {kind} is missing: no {path} "
+                              "(point BAFT_CHAOS_CRDS at a directory of chaos-mesh.org_*.yaml files)")
+    with path.open() as f:
+        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: 5x faster on Schedule's
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def crd_schema(kind: str) -> dict[str, Any]:
+    """The ``openAPIV3Schema`` of a Chaos Mesh kind ("PodChaos", "Schedule", ...), as the CRD file holds it.
+
+    Files are read once per directory and kind; each call returns a copy the caller may change.
+    """
+    if kind not in PLURALS:
+        raise ValueError(f"not a Chaos Mesh kind: {kind!r} (known: {', '.join(PLURALS)})")
+    return copy.deepcopy(_load_schema(str(crds_dir()), kind))
+
+
+def _draft7(node: Any) -> Any:
+    """A copy of an OpenAPI 3.0 structural schema as a strict Draft 7 schema (see the module docstring)."""
+    if isinstance(node, list):
+        return [_draft7(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _draft7(v) for k, v in node.items()}
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False  # the API server prunes unknown fields: make that visible
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(exclusive), bool):
+            if out.pop(exclusive) and bound in out:
+                out[exclusive] = out.pop(bound)
+    if out.pop("nullable", False) and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(directory: str, kind: str) -> Any:
+    try:
+        import jsonschema
+    except ImportError:
+        raise HostUnsupported(f"validating Chaos Mesh manifests needs jsonschema: {INSTALL_HINT}") from None
+    checker = jsonschema.FormatChecker(formats=())
+    for fmt, bits in (("int32", 32), ("int64", 64)):
+        checker.checks(fmt)(functools.partial(_fits_int, bits=bits))
+    return jsonschema.Draft7Validator(_draft7(_load_schema(directory, kind)), format_checker=checker)
+
+
+def _fits_int(value: object, bits: int) -> bool:
+    return not isinstance(value, int) or isinstance(value, bool) or -(2 ** (bits - 1)) <= value < 2 ** (bits - 1)
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+def validate(obj: dict[str, Any]) -> None:
+    """Raise :class:`ManifestInvalid` listing every reason the cluster would refuse ``obj`` (see module docstring)."""
+    if not isinstance(obj, dict):
+        raise ManifestInvalid("?", "?", [f"$: expected an object, found {type(obj).__name__}"])
+    kind, meta = obj.get("kind"), obj.get("metadata")
+    name = str(meta.get("name", "?")) if isinstance(meta, dict) else "?"
+    if obj.get("apiVersion") != API_VERSION:
+        raise ManifestInvalid(str(kind), name,
+                              [f"$.apiVersion: expected {API_VERSION!r}, found {obj.get('apiVersion')!r}"])
+    if kind not in PLURALS:
+        raise ManifestInvalid(str(kind), name, [f"$.kind: expected one of {', '.join(PLURALS)}, found {kind!r}"])
+    errors = [f"{e.json_path}: {e.message} (schema)"
+              for e in sorted(_validator(str(crds_dir()), kind).iter_errors(obj), key=lambda e: list(map(str, e.path)))]
+    errors += list(_meta_rules(meta))
+    spec = obj.get("spec")
+    if isinstance(spec, dict):
+        errors += list(_spec_rules(kind, spec, "$.spec"))
+    if errors:
+        raise ManifestInvalid(kind, name, errors)
+
+
+def _meta_rules(meta: Any) -> Iterator[str]:
+    if not isinstance(meta, dict):
+        yield "$.metadata: expected an object with a name (api-server)"
+        return
+    if not is_dns_subdomain(meta.get("name")):
+        yield f"$.metadata.name: expected a DNS-1123 subdomain, found {meta.get('name')!r} (api-server)"
+    if "namespace" in meta and not is_dns_label(meta["namespace"]):
+        yield f"$.metadata.namespace: expected a DNS-1123 label, found {meta['namespace']!r} (api-server)"
+    labels = meta.get("labels") or {}
+    for key, value in labels.items() if isinstance(labels, dict) else ():
+        if not is_label_key(key) or not is_label_value(value):
+            yield f"$.metadata.labels[{key!r}]: expected a valid label key and value, found {value!r} (api-server)"
+
+
+def _spec_rules(kind: str, spec: dict[str, Any], at: str) -> Iterator[str]:
+    """The webhook's (and our) rules for one spec; a Schedule's embedded spec is checked the same way."""
+    yield from _duration_rule(spec.get("duration"), f"{at}.duration")
+    if kind != "Schedule":
+        yield from _mode_rule(spec, at)
+    if kind == "PodChaos":
+        action = spec.get("action")
+        if action == "container-kill" and not spec.get("containerNames"):
+            yield f"{at}.containerNames: container-kill needs containerNames (webhook)"
+        if action == "pod-failure" and "duration" not in spec:
+            yield f"{at}.duration: pod-failure needs a duration (CRD description)"
+    elif kind == "NetworkChaos":
+        yield from _network_rules(spec, at)
+    elif kind == "StressChaos":
+        yield from _stress_rules(spec, at)
+    elif kind == "IOChaos":
+        yield from _io_rules(spec, at)
+    elif kind == "Schedule":
+        try:
+            check_cron(spec.get("schedule", ""))
+        except ValueError as e:
+            yield f"{at}.schedule: {e} (webhook)"
+        embedded = SCHEDULE_EMBEDS.get(spec["type"]) if isinstance(spec.get("type"), str) else None
+        if embedded is None:
+            yield f"{at}.type: expected one of {', '.join(SCHEDULE_EMBEDS)}, found {spec.get('type')!r} (harness)"
+        elif not isinstance(spec.get(embedded), dict):
+            yield f"{at}.{embedded}: a Schedule of type {spec['type']} needs its {embedded} spec (harness)"
+        else:
+            yield from _spec_rules(spec["type"], spec[embedded], f"{at}.{embedded}")
+
+
+def _duration_rule(value: Any, at: str, what: str = "duration") -> Iterator[str]:
+    if value is None:
+        return
+    try:
+        parse_go_duration(value)
+    except ValueError as e:
+        yield f"{at}: {what} must be a Go duration: {e} (webhook)"
+
+
+def _mode_rule(spec: dict[str, Any], at: str) -> Iterator[str]:
+    mode, value = spec.get("mode"), spec.get("value")
+    if mode in ("fixed", "fixed-percent", "random-max-percent"):
+        high = math.inf if mode == "fixed" else 100
+        if not (isinstance(value, str) and value.isdigit() and 0 < int(value) <= high):
+            yield f"{at}.value: mode {mode} needs a value in 1..{high}, found {value!r} (webhook)"
+
+
+def _float_rule(value: Any, at: str) -> Iterator[str]:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        yield f"{at}: expected a number in a string, found {value!r} (webhook)"
+
+
+def _network_rules(spec: dict[str, Any], at: str) -> Iterator[str]:
+    action, direction = str(spec.get("action")), spec.get("direction", "to")
+    if action != "partition" and direction in ("from", "both"):
+        if spec.get("target") is None:
+            yield f"{at}.direction: '{direction}' needs a target unless the action is partition (webhook)"
+        if spec.get("externalTargets") is not None:
+            yield f"{at}.direction: '{direction}' cannot be used with externalTargets (webhook)"
+    if isinstance(spec.get("target"), dict):
+        yield from _mode_rule(spec["target"], f"{at}.target")
+    if action in ("delay", "loss", "duplicate", "corrupt", "bandwidth") and not isinstance(spec.get(action), dict):
+        yield f"{at}.{action}: action {action} needs its {action} spec (harness)"
+    if action == "netem" and not any(isinstance(spec.get(k), dict) for k in ("delay", "loss", "duplicate", "corrupt")):
+        yield f"{at}: action netem needs one of delay, loss, duplicate, corrupt (harness)"
+    delay = spec.get("delay")
+    if isinstance(delay, dict):
+        yield from _duration_rule(delay.get("latency"), f"{at}.delay.latency", "latency")
+        yield from _duration_rule(delay.get("jitter"), f"{at}.delay.jitter", "jitter")
+        if "correlation" in delay:
+            yield from _float_rule(delay["correlation"], f"{at}.delay.correlation")
+        if isinstance(delay.get("reorder"), dict):
+            for k in ("reorder", "correlation"):
+                if k in delay["reorder"]:
+                    yield from _float_rule(delay["reorder"][k], f"{at}.delay.reorder.{k}")
+    for k in ("loss", "duplicate", "corrupt"):
+        sub = spec.get(k)
+        if isinstance(sub, dict):
+            for f in (k, "correlation"):
+                if f in sub:
+                    yield from _float_rule(sub[f], f"{at}.{k}.{f}")
+    bandwidth = spec.get("bandwidth")
+    if isinstance(bandwidth, dict) and isinstance(bandwidth.get("rate"), str):
+        try:
+            if chaos_rate_bytes(bandwidth["rate"]) < 1:
+                yield f"{at}.bandwidth.rate: a rate of 0 bytes/s stops all traffic (harness)"
+        except ValueError as e:
+            yield f"{at}.bandwidth.rate: {e} (webhook)"
+
+
+def _stress_rules(spec: dict[str, Any], at: str) -> Iterator[str]:
+    stressors = spec.get("stressors")
+    if not spec.get("stressngStressors") and not isinstance(stressors, dict):
+        yield f"{at}.stressors: missing stressors (webhook)"
+        return
+    if isinstance(stressors, dict):
+        if not any(isinstance(stressors.get(k), dict) for k in ("cpu", "memory")):
+            yield f"{at}.stressors: missing stressors: give cpu or memory (webhook)"
+        for k in ("cpu", "memory"):
+            s = stressors.get(k)
+            if isinstance(s, dict) and not (isinstance(s.get("workers"), int) and s["workers"] > 0):
+                yield (f"{at}.stressors.{k}.workers: workers should always be positive, "
+                       f"found {s.get('workers')!r} (webhook)")
+
+
+def _io_rules(spec: dict[str, Any], at: str) -> Iterator[str]:
+    action = spec.get("action")
+    if action == "latency":
+        if "delay" not in spec:
+            yield f"{at}.delay: action latency needs a delay (webhook)"
+        else:
+            yield from _duration_rule(spec["delay"], f"{at}.delay", "delay")
+    if action == "fault" and not spec.get("errno"):
+        yield f"{at}.errno: action fault: errno 0 is not supported (webhook)"
+    percent = spec.get("percent", 100)
+    if isinstance(percent, int) and not 0 <= percent <= 100:
+        yield f"{at}.percent: percent field should be in 0-100, found {percent} (webhook)"
+    if action == "mistake" and not isinstance(spec.get("mistake"), dict):
+        yield f"{at}.mistake: action mistake needs its mistake spec (harness)"
+    methods = spec.get("methods") if isinstance(spec.get("methods"), list) else []
+    unknown = [m for m in methods if not isinstance(m, str) or m not in IO_METHODS]
+    if unknown:
+        yield f"{at}.methods: unknown IO methods {unknown} (harness; known: {', '.join(sorted(IO_METHODS))})"

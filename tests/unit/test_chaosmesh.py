@@ -1,0 +1,592 @@
+"""Fault configs as Chaos Mesh objects, checked against the real CRD schemas and the webhook's rules."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from injectors import FAULTS, FaultConfigError, HostUnsupported
+from injectors import chaosschema
+from injectors.chaosmesh import (ClusterTarget, ManifestInvalid, Unmappable, chaos_rate, crd_schema, go_duration,
+                                 go_millis, manifests, object_name, schedule_manifest, straggler_workers, tc_rate,
+                                 to_yaml, validate)
+from injectors.chaosschema import chaos_rate_bytes, check_cron, crds_dir, is_dns_label, parse_go_duration
+from injectors.network import parse_rate
+
+# jsonschema is optional (the k8s extra) and the CRDs live outside the repository: without them the
+# validating tests say so and skip; the mapping, unit and name tests below run everywhere.
+needs_crds = pytest.mark.skipif(not crds_dir().is_dir(), reason=f"no Chaos Mesh CRDs at {crds_dir()} (BAFT_CHAOS_CRDS)")
+needs_schema = pytest.mark.skipif(
+    importlib.util.find_spec("jsonschema") is None or not crds_dir().is_dir(),
+    reason="needs jsonschema (pip install 'baft-harness[k8s]') and the Chaos Mesh CRDs (BAFT_CHAOS_CRDS)")
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = ClusterTarget(namespace="train", selector={"training.kubeflow.org/job-name": "gpt"})
+JOB = {"training.kubeflow.org/job-name": "gpt"}
+IDX = "training.kubeflow.org/replica-index"
+
+#: One typical config per registered fault kind, and what it must become.
+EXAMPLES: dict[str, tuple[dict[str, Any], str, str | None]] = {
+    "kill": ({"rank": 1, "at_step": 3}, "PodChaos", "pod-kill"),
+    "crash": ({"rank": 1, "at_step": 3, "how": "segfault"}, "PodChaos", "container-kill"),
+    "hang": ({"rank": 2, "at_step": 3}, "PodChaos", "pod-failure"),
+    "node_loss": ({"node": 1, "at_step": 3}, "PodChaos", "pod-kill"),
+    "throttle": ({"link": ["node0", "node1"], "rate": "50mbit", "from_step": 5}, "NetworkChaos", "bandwidth"),
+    "partition": ({"link": ["node0", "node1"], "from_step": 10, "duration": 8}, "NetworkChaos", "partition"),
+    "delay": ({"link": [0, 1], "ms": 10, "from_step": 2}, "NetworkChaos", "delay"),
+    "straggler": ({"rank": 1, "factor": 3.0, "from_step": 6, "to_step": 14}, "StressChaos", None),
+    "slow_storage": ({"delay_ms": 400, "from_step": 4}, "IOChaos", "latency"),
+    "corrupt": ({"at_step": 12, "how": "flip"}, "IOChaos", "mistake"),
+    "disk_full": ({"from_time": 5, "duration": 20}, "IOChaos", "fault"),
+    "jitter": ({"ranks": [0], "from_step": 8}, "", None),
+}
+MAPPABLE = sorted(k for k in EXAMPLES if k != "jitter")
+
+
+def build(kind: str, **fields: Any) -> list[dict[str, Any]]:
+    return manifests(kind, FAULTS[kind][0](**fields), 7, TARGET, "run-1")
+
+
+def problems(obj: dict[str, Any]) -> str:
+    with pytest.raises(ManifestInvalid) as info:
+        validate(obj)
+    return str(info.value)
+
+
+def breakages(obj: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Copies of ``obj``, each broken in one way the cluster refuses, with the JSON path the error must name."""
+    out = []
+    for mutate, path in ((lambda s: s.__setitem__("mode", "sometimes"), "$.spec.mode"),
+                         (lambda s: s.__setitem__("selector", "gpt"), "$.spec.selector"),
+                         (lambda s: s.__setitem__("sigal", "SIGKILL"), "$.spec"),
+                         (lambda s: s.__setitem__("duration", "5 minutes"), "$.spec.duration")):
+        broken = copy.deepcopy(obj)
+        mutate(broken["spec"])
+        out.append((broken, path))
+    return out
+
+
+def test_examples_cover_the_registry() -> None:
+    # A new fault kind must be given a mapping (or a reason it has none) here.
+    assert set(EXAMPLES) == set(FAULTS)
+
+
+@needs_schema
+@pytest.mark.parametrize("kind", MAPPABLE)
+def test_every_mappable_kind_validates_against_the_real_crds(kind: str) -> None:
+    fields, chaos_kind, action = EXAMPLES[kind]
+    objs = build(kind, **fields)
+    assert len(objs) == 1
+    obj = objs[0]
+    validate(obj)
+    assert obj["apiVersion"] == "chaos-mesh.org/v1alpha1" and obj["kind"] == chaos_kind
+    assert obj["spec"].get("action") == action
+    assert obj["metadata"]["namespace"] == "train"
+    assert obj["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "baft-harness", "baft.dev/run": "run-1",
+                                         "baft.dev/fault": "7", "baft.dev/fault-kind": kind}
+    assert obj["metadata"]["name"] == f"baft-run-1-7-{kind.replace('_', '-')}"
+    for broken, path in breakages(obj):
+        assert path in problems(broken)
+
+
+def test_the_mapping_table() -> None:
+    kill, = build("kill", rank=5, at_step=1)
+    assert kill["spec"] == {"action": "pod-kill", "mode": "all", "gracePeriod": 0,
+                            "selector": {"namespaces": ["train"], "labelSelectors": {**JOB, IDX: "5"}}}
+    term, = build("kill", rank=0, at_step=1, signal="SIGTERM")
+    assert term["spec"]["gracePeriod"] == 30
+    crash, = build("crash", rank=1, at_step=1, how="abort")
+    assert crash["spec"]["containerNames"] == ["pytorch"]
+    hang, = build("hang", rank=1, at_step=1)
+    assert hang["spec"]["duration"] == "10m"
+    lost, = build("node_loss", node=2, at_step=1)
+    assert lost["spec"]["mode"] == "all" and lost["spec"]["selector"]["labelSelectors"][IDX] == "2"
+    cut, = build("partition", link=["node0", "node2"], side="node0", from_step=1)
+    assert cut["spec"]["direction"] == "both"
+    assert cut["spec"]["selector"]["labelSelectors"][IDX] == "0"
+    assert cut["spec"]["target"]["selector"]["labelSelectors"][IDX] == "2"
+    slow, = build("delay", link=[0, 1], ms=2.5, from_step=1)
+    assert slow["spec"]["delay"]["latency"] == "2500us" and slow["spec"]["direction"] == "both"
+    thr, = build("throttle", link=[0, 1], rate="100mbit", from_step=1)
+    bw = thr["spec"]["bandwidth"]
+    assert bw["rate"] == "12500000bps" and bw["buffer"] == 125000 and bw["limit"] == 125000 + 625000
+    assert thr["spec"]["target"]["selector"]["labelSelectors"][IDX] == "1"
+    hog, = build("straggler", rank=1, factor=3.0, from_step=1)
+    assert hog["spec"]["stressors"] == {"cpu": {"workers": 2, "load": 100}}
+    full, = build("disk_full", from_step=1)
+    assert full["spec"]["errno"] == 28 and "read" not in full["spec"]["methods"]
+    assert full["spec"]["volumePath"] == "/checkpoints" and full["spec"]["selector"]["labelSelectors"] == JOB
+    bad, = build("corrupt", at_step=1)
+    assert bad["spec"]["mistake"] == {"filling": "random", "maxOccurrences": 1, "maxLength": 1}
+    assert bad["spec"]["selector"]["labelSelectors"][IDX] == "0"
+    late, = build("slow_storage", delay_ms=400, from_step=1)
+    assert late["spec"]["delay"] == "400ms"
+
+
+def test_ranks_share_a_pod_and_nodes_use_their_label() -> None:
+    target = ClusterTarget(namespace="t", selector={"jobset.sigs.k8s.io/jobset-name": "gpt"},
+                           rank_label="jobset.sigs.k8s.io/job-index", node_label="baft.dev/node", ranks_per_pod=4)
+    kill, = manifests("kill", FAULTS["kill"][0](rank=5, at_step=1), 0, target, "r")
+    assert kill["spec"]["selector"]["labelSelectors"]["jobset.sigs.k8s.io/job-index"] == "1"
+    lost, = manifests("node_loss", FAULTS["node_loss"][0](node=3, at_step=1), 0, target, "r")
+    assert lost["spec"]["selector"]["labelSelectors"] == {"jobset.sigs.k8s.io/jobset-name": "gpt", "baft.dev/node": "3"}
+    assert ClusterTarget(namespace="t", selector=JOB).node_label == IDX
+
+
+def test_window_duration_only_when_the_window_has_seconds() -> None:
+    steps, = build("partition", link=[0, 1], from_step=2, to_step=9)
+    assert "duration" not in steps["spec"]
+    open_ended, = build("partition", link=[0, 1], from_time=3.0)
+    assert "duration" not in open_ended["spec"]
+    timed, = build("partition", link=[0, 1], from_time=3.0, duration=1.25)
+    assert timed["spec"]["duration"] == "1250ms"
+    step_then_time, = build("straggler", rank=0, from_step=2, duration=60)
+    assert step_then_time["spec"]["duration"] == "60s"
+
+
+@pytest.mark.parametrize("kind, fields, says", [
+    ("jitter", {"from_step": 1}, "data loader"),
+    ("kill", {"rank": 0, "at_step": 1, "signal": "SIGINT"}, "SIGINT"),
+    ("node_loss", {"node": 1, "at_step": 1, "replacement": False}, "replacement"),
+    ("corrupt", {"at_step": 1, "how": "truncate"}, "truncate"),
+])
+def test_unmappable_faults_say_why(kind: str, fields: dict[str, Any], says: str) -> None:
+    with pytest.raises(Unmappable) as info:
+        build(kind, **fields)
+    assert info.value.kind == kind and says in str(info.value)
+
+
+def test_a_config_of_the_wrong_kind_is_refused() -> None:
+    with pytest.raises(FaultConfigError):
+        manifests("kill", FAULTS["crash"][0](rank=0, at_step=1), 0, TARGET, "r")
+    with pytest.raises(FaultConfigError):
+        manifests("reboot", FAULTS["kill"][0](rank=0, at_step=1), 0, TARGET, "r")
+
+
+# --- hypothesis: any valid config gives objects the cluster accepts -------------------------------------
+
+label_text = st.from_regex(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", fullmatch=True)
+rates = st.builds(lambda n, u: f"{n}{u}", st.integers(1, 10**6), st.sampled_from(
+    ["bit", "kbit", "mbit", "gbit", "kibit", "mibit", "bps", "kbps", "mbps", "kibps"]))
+ranks, nodes = st.integers(0, 63), st.integers(0, 15)
+seconds = st.floats(0.001, 86400, allow_nan=False)
+windows = st.one_of(
+    st.builds(lambda a, b: {"from_step": a, "to_step": a + b}, st.integers(0, 1000), st.integers(1, 100)),
+    st.builds(lambda a: {"from_step": a}, st.integers(0, 1000)),
+    st.builds(lambda t, d: {"from_time": t, "duration": d}, st.floats(0, 1e4), seconds),
+    st.builds(lambda t: {"from_time": t}, st.floats(0, 1e4)))
+points = st.one_of(
+    st.builds(lambda s, e, n: {"at_step": s, "every": e, "times": n}, st.integers(0, 1000), st.integers(1, 50),
+              st.integers(1, 10)),
+    st.builds(lambda t: {"at_time": t}, st.floats(0, 1e4)),
+    st.builds(lambda m, s: {"mtbf": m, "seed": s, "times": 3}, st.floats(0.1, 1e4), st.integers(0, 2**31)))
+
+
+@st.composite
+def links(draw: st.DrawFn) -> dict[str, Any]:
+    a, b = draw(st.lists(nodes, min_size=2, max_size=2, unique=True))
+    return {"link": [draw(st.sampled_from([a, f"node{a}"])), draw(st.sampled_from([b, f"node{b}"]))]}
+
+
+FIELDS: dict[str, Any] = {
+    "kill": st.builds(lambda r, s, p: {"rank": r, "signal": s, **p}, ranks, st.sampled_from(["SIGKILL", "SIGTERM"]),
+                      points),
+    "crash": st.builds(lambda r, h, p: {"rank": r, "how": h, **p}, ranks,
+                       st.sampled_from(["segfault", "abort", "exit", "exception"]), points),
+    "hang": st.builds(lambda r, p: {"rank": r, **p}, ranks, points),
+    "node_loss": st.builds(lambda n, p: {"node": n, **p}, nodes, points),
+    "throttle": st.builds(lambda lk, r, b, w: {**lk, "rate": r, "burst": b, **w}, links(), rates,
+                          st.one_of(st.none(), st.integers(1600, 10**9).map(str)), windows),
+    "partition": st.builds(lambda lk, i, w: {**lk, "side": lk["link"][i], **w}, links(), st.integers(0, 1), windows),
+    "delay": st.builds(lambda lk, ms, w: {**lk, "ms": ms, **w}, links(), st.floats(0.001, 1e5), windows),
+    "straggler": st.builds(lambda r, f, w: {"rank": r, "factor": f, **w}, ranks, st.floats(1.001, 64), windows),
+    "slow_storage": st.builds(lambda d, w: {"delay_ms": d, **w}, st.floats(0.001, 1e6), windows),
+    "corrupt": st.builds(lambda f, p: {"file": f, **p}, st.integers(0, 10), points),
+    "disk_full": st.builds(lambda m, w: {"size_mb": m, **w}, st.integers(1, 10**5), windows),
+}
+targets = st.builds(
+    lambda ns, job, rpp, cpus, prefix: ClusterTarget(namespace=ns, selector={"app": job}, ranks_per_pod=rpp,
+                                                     cpus_per_pod=cpus, name_prefix=prefix),
+    st.from_regex(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True), label_text, st.integers(1, 8),
+    st.integers(1, 256), st.from_regex(r"[a-z]([-a-z0-9]{0,18}[a-z0-9])?", fullmatch=True))
+
+
+@needs_schema
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(sorted(FIELDS)), target=targets, run_id=label_text,
+       fault_id=st.integers(0, 10**6), occurrence=st.one_of(st.none(), st.integers(0, 10**4)))
+def test_generated_configs_always_give_valid_objects(data: st.DataObject, kind: str, target: ClusterTarget,
+                                                     run_id: str, fault_id: int, occurrence: int | None) -> None:
+    config = FAULTS[kind][0](**data.draw(FIELDS[kind]))
+    for obj in manifests(kind, config, fault_id, target, run_id, occurrence):
+        validate(obj)  # must not raise
+        name = obj["metadata"]["name"]
+        assert is_dns_label(name) and len(name) <= 63
+        assert obj["metadata"]["labels"]["baft.dev/run"] == run_id
+        for broken, path in breakages(obj):  # a validator that accepted everything fails here
+            assert path in problems(broken)
+
+
+# --- units -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tc, chaos", [
+    ("50mbit", "6250000bps"),    # 50e6 bit/s = 6.25e6 B/s, not a multiple of 1024
+    ("8mibit", "1mbps"),         # 8 * 2^20 bit/s = 2^20 B/s: Chaos Mesh's mbps is MiB/s
+    ("1mbps", "1000000bps"),     # tc's mbps is 10^6 B/s; Chaos Mesh's 1mbps would be 1048576 B/s
+    ("1gibit", "128mbps"),
+    ("800", "100bps"),           # a bare tc number is bit/s
+])
+def test_rate_conversion_examples(tc: str, chaos: str) -> None:
+    assert chaos_rate(tc) == chaos
+    assert parse_rate(tc_rate(chaos)) == parse_rate(tc)
+
+
+@given(n=st.integers(1, 10**9), unit=st.sampled_from(["bit", "kbit", "mbit", "gbit", "kibit", "mibit", "gibit",
+                                                       "bps", "kbps", "mbps", "kibps", "mibps"]))
+def test_rate_round_trip_from_tc(n: int, unit: str) -> None:
+    bits = parse_rate(f"{n}{unit}")
+    back = parse_rate(tc_rate(chaos_rate(f"{n}{unit}")))
+    assert back == bits or bits % 8  # exact for a whole number of bytes/s
+    assert abs(back - bits) <= 4 or (bits < 4 and back == 8)  # else the nearest byte/s, at least 1
+
+
+@given(n=st.integers(0, 10**6), unit=st.sampled_from(["bps", "kbps", "mbps", "gbps", "tbps"]),
+       spelled=st.sampled_from([str.lower, str.upper, lambda s: f" {s} "]))
+def test_rate_round_trip_from_chaos_mesh(n: int, unit: str, spelled: Any) -> None:
+    text = spelled(f"{n}{unit}")
+    exact = n * 1024 ** ["bps", "kbps", "mbps", "gbps", "tbps"].index(unit)
+    assert chaos_rate_bytes(text) == exact
+    if exact:
+        assert chaos_rate_bytes(chaos_rate(tc_rate(text))) == exact
+
+
+@pytest.mark.parametrize("rate", ["50mbit", "1.5mbps", "-1bps", "+1bps", "", "mbps", "1e3bps", "99999999999999tbps"])
+def test_chaos_mesh_rate_parser_refuses(rate: str) -> None:
+    with pytest.raises(ValueError):
+        chaos_rate_bytes(rate)
+
+
+@pytest.mark.parametrize("text, seconds", [("300ms", 0.3), ("-1.5h", -5400), ("2h45m", 9900), ("1.s", 1),
+                                           (".5s", 0.5), ("0", 0), ("+0", 0), ("1\u00b5s", 1e-6),
+                                           ("1\u03bcs", 1e-6), ("1h1m1s1ms1us1ns", 3661.001001001)])
+def test_go_durations(text: str, seconds: float) -> None:
+    assert parse_go_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "1", "s", ".s", "1d", "1 s", "--1s", "1.5.5s", "5 minutes", "1h-1m",
+                                  "3000000h"])
+def test_bad_go_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_go_duration(text)
+
+
+@given(s=st.floats(1e-3, 1e7), ms=st.floats(1e-3, 1e7))
+def test_durations_we_write_parse_back(s: float, ms: float) -> None:
+    assert parse_go_duration(go_duration(s)) == pytest.approx(s, abs=5e-4)
+    assert parse_go_duration(go_millis(ms, "ms")) == pytest.approx(ms / 1e3, abs=5e-7)
+
+
+def test_straggler_workers_approximate_the_factor() -> None:
+    assert straggler_workers(2.0, 4) == 4 and straggler_workers(1.5, 8) == 4
+    assert straggler_workers(1.01, 1) == 1  # at least one worker (the webhook's rule)
+    assert straggler_workers(10**6, 64) == 8192  # stress-ng's maximum
+    with pytest.raises(FaultConfigError):
+        straggler_workers(1.0, 4)
+
+
+# --- the validator refuses what the cluster refuses --------------------------------------------------------
+
+@needs_schema
+def test_schema_errors_name_the_json_path() -> None:
+    kill, = build("kill", rank=0, at_step=1)
+    kill["spec"]["gracePeriod"] = "0"
+    kill["spec"]["selector"]["labelSelectors"]["x"] = 3
+    text = problems(kill)
+    assert "$.spec.gracePeriod: '0' is not of type 'integer' (schema)" in text
+    assert "$.spec.selector.labelSelectors.x" in text
+
+
+@needs_schema
+def test_every_problem_is_reported_at_once() -> None:
+    kill, = build("kill", rank=0, at_step=1)
+    kill["spec"].update(mode="sometimes", gracePeriod=-1, duration="soon")
+    kill["metadata"]["name"] = "Not_A_Name"
+    with pytest.raises(ManifestInvalid) as info:
+        validate(kill)
+    assert len(info.value.errors) == 4 and info.value.kind == "PodChaos"
+
+
+@needs_schema
+def test_unknown_fields_are_refused_not_pruned() -> None:
+    kill, = build("kill", rank=0, at_step=1)
+    kill["spec"]["signal"] = "SIGKILL"  # PodChaos has no signal: the API server would silently drop it
+    assert "'signal' was unexpected" in problems(kill)
+
+
+@needs_schema
+def test_container_kill_needs_container_names() -> None:
+    crash, = build("crash", rank=0, at_step=1)
+    del crash["spec"]["containerNames"]
+    assert "$.spec.containerNames: container-kill needs containerNames (webhook)" in problems(crash)
+
+
+@needs_schema
+def test_direction_both_needs_a_target_unless_partition() -> None:
+    slow, = build("delay", link=[0, 1], from_step=1)
+    del slow["spec"]["target"]
+    assert "$.spec.direction: 'both' needs a target" in problems(slow)
+    cut, = build("partition", link=[0, 1], from_step=1)
+    del cut["spec"]["target"]
+    validate(cut)  # the webhook lets a partition go without one
+
+
+@needs_schema
+def test_bandwidth_rules() -> None:
+    thr, = build("throttle", link=[0, 1], rate="50mbit", from_step=1)
+    for field, value, says in (("rate", "50mbit", "invalid unit"), ("limit", 0, "$.spec.bandwidth.limit"),
+                               ("buffer", 2**31, "$.spec.bandwidth.buffer"), ("rate", "0bps", "0 bytes/s")):
+        broken = copy.deepcopy(thr)
+        broken["spec"]["bandwidth"][field] = value
+        assert says in problems(broken)
+
+
+@pytest.mark.parametrize("kind, fields, at, value", [
+    ("hang", {"rank": 0, "at_step": 1}, ("duration",), "10 minutes"),
+    ("delay", {"link": [0, 1], "from_step": 1}, ("delay", "latency"), "1h-"),
+    ("slow_storage", {"from_step": 1}, ("delay",), "500"),
+])
+@needs_schema
+def test_bad_go_durations_are_refused(kind: str, fields: dict[str, Any], at: tuple[str, ...], value: str) -> None:
+    obj, = build(kind, **fields)
+    node = obj["spec"]
+    for key in at[:-1]:
+        node = node[key]
+    node[at[-1]] = value
+    assert "$.spec." + ".".join(at) in problems(obj)
+
+
+@needs_schema
+def test_kind_specific_webhook_rules() -> None:
+    hog, = build("straggler", rank=0, from_step=1)
+    hog["spec"]["stressors"]["cpu"]["workers"] = 0
+    assert "workers should always be positive" in problems(hog)
+    del hog["spec"]["stressors"]
+    assert "missing stressors" in problems(hog)
+    full, = build("disk_full", from_step=1)
+    full["spec"]["errno"] = 0
+    assert "errno 0 is not supported" in problems(full)
+    full["spec"].update(errno=28, percent=101, methods=["write", "scribble"])
+    text = problems(full)
+    assert "percent field should be in 0-100" in text and "'scribble'" in text
+    hang, = build("hang", rank=0, at_step=1)
+    del hang["spec"]["duration"]
+    assert "pod-failure needs a duration" in problems(hang)
+    hang["spec"].update(duration="1m", mode="fixed-percent", value="150")
+    assert "$.spec.value" in problems(hang)
+
+
+@needs_schema
+def test_strict_schema_translates_openapi_booleans() -> None:
+    sched = schedule_manifest("kill", FAULTS["kill"][0](rank=0, at_time=0, every_seconds=60, times=2), 0, TARGET, "r")
+    sched["spec"]["startingDeadlineSeconds"] = 1  # exclusiveMinimum: true, minimum: 0 -> must be > 0
+    validate(sched)
+    sched["spec"]["startingDeadlineSeconds"] = 0
+    assert "$.spec.startingDeadlineSeconds" in problems(sched)
+    sched["spec"]["startingDeadlineSeconds"] = None  # nullable: true
+    validate(sched)
+
+
+@needs_schema
+def test_objects_that_are_not_chaos_mesh_are_refused() -> None:
+    kill, = build("kill", rank=0, at_step=1)
+    assert "$.apiVersion" in problems({**kill, "apiVersion": "v1"})
+    assert "$.kind" in problems({**kill, "kind": "Pod"})
+
+
+# --- Schedule ----------------------------------------------------------------------------------------------
+
+def periodic(kind: str, every: float, **fields: Any) -> Any:
+    return FAULTS[kind][0](at_time=30, every_seconds=every, times=5, **fields)
+
+
+@needs_schema
+def test_schedule_of_a_periodic_kill() -> None:
+    sched = schedule_manifest("kill", periodic("kill", 7, rank=1), 2, TARGET, "run-1")
+    validate(sched)
+    assert sched["kind"] == "Schedule" and sched["spec"]["schedule"] == "@every 7s"
+    assert sched["spec"]["type"] == "PodChaos" and sched["spec"]["podChaos"]["action"] == "pod-kill"
+    assert sched["spec"]["concurrencyPolicy"] == "Forbid" and sched["spec"]["historyLimit"] == 5
+    for broken_cron in ("every 7s", "@every 7", "*/7 * * *", "61 * * * *"):
+        broken = copy.deepcopy(sched)
+        broken["spec"]["schedule"] = broken_cron
+        assert "$.spec.schedule" in problems(broken)
+    del sched["spec"]["podChaos"]
+    assert "needs its podChaos spec" in problems(sched)
+
+
+@needs_schema
+def test_schedule_checks_the_embedded_spec_with_the_webhook_rules() -> None:
+    sched = schedule_manifest("crash", periodic("crash", 60, rank=1), 2, TARGET, "run-1")
+    validate(sched)
+    del sched["spec"]["podChaos"]["containerNames"]
+    assert "$.spec.podChaos.containerNames" in problems(sched)
+
+
+@needs_schema
+def test_schedule_limits() -> None:
+    with pytest.raises(FaultConfigError):
+        schedule_manifest("kill", periodic("kill", 7.5, rank=1), 0, TARGET, "r")  # robfig counts whole seconds
+    with pytest.raises(FaultConfigError):
+        schedule_manifest("kill", FAULTS["kill"][0](rank=1, at_step=3, every=2, times=3), 0, TARGET, "r")
+    with pytest.raises(FaultConfigError):  # a 10 min hang cannot repeat every 5 min
+        schedule_manifest("hang", periodic("hang", 300, rank=1), 0, TARGET, "r")
+    validate(schedule_manifest("hang", periodic("hang", 3600, rank=1), 0, TARGET, "r"))
+    with pytest.raises(Unmappable):
+        schedule_manifest("corrupt", FAULTS["corrupt"][0](at_time=1, every_seconds=60, times=2), 0, TARGET, "r")
+
+
+@pytest.mark.parametrize("spec", ["@every 7s", "@every 1h30m", "@hourly", "*/5 * * * *", "0 9-17/2 * jan-jun mon-fri",
+                                  "TZ=UTC 0 0 1 * *", "? * * * *"])
+def test_cron_accepted(spec: str) -> None:
+    check_cron(spec)
+
+
+# --- names, targets, YAML, CRD files ---------------------------------------------------------------------------
+
+@given(run_id=label_text, fault_id=st.integers(0, 10**9), occurrence=st.one_of(st.none(), st.integers(0, 10**9)))
+def test_names_are_dns_labels_for_any_run_id(run_id: str, fault_id: int, occurrence: int | None) -> None:
+    name = object_name(TARGET, run_id, fault_id, "slow_storage", occurrence)
+    assert is_dns_label(name) and len(name) <= 63
+    assert name.startswith("baft-") and name.endswith(f"-{fault_id}-slow-storage"
+                                                      + (f"-{occurrence}" if occurrence is not None else ""))
+
+
+def test_long_run_ids_are_cut_but_stay_distinct() -> None:
+    a, b = "x" * 62 + "a", "x" * 62 + "b"
+    na, nb = object_name(TARGET, a, 12, "node_loss"), object_name(TARGET, b, 12, "node_loss")
+    assert len(na) == len(nb) == 63 and na != nb and na.endswith("-12-node-loss")
+    assert object_name(TARGET, "Run_1", 0, "kill") == "baft-run-1-0-kill"
+
+
+@pytest.mark.parametrize("run_id", ["", "-run", "run!", "x" * 64, "a b"])
+def test_run_ids_that_cannot_label_are_refused(run_id: str) -> None:
+    with pytest.raises(FaultConfigError) as info:
+        object_name(TARGET, run_id, 0, "kill")
+    assert info.value.field == "run_id"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("namespace", "Train"), ("namespace", "a_b"), ("namespace", "n" * 64), ("selector", {}),
+    ("selector", {"app": "bad value"}), ("rank_label", "app"), ("rank_label", "bad key/"), ("node_label", "-x"),
+    ("container", "PyTorch"), ("name_prefix", "p" * 21), ("checkpoint_path", "checkpoints"),
+    ("checkpoint_path", "/ckpt/*"), ("ranks_per_pod", 0), ("cpus_per_pod", True), ("hang_duration", "10 minutes"),
+    ("hang_duration", "0s"), ("term_grace_seconds", -1),
+])
+def test_cluster_target_validation(field: str, value: Any) -> None:
+    fields: dict[str, Any] = {"namespace": "train", "selector": {"app": "gpt"}, field: value}
+    with pytest.raises(FaultConfigError) as info:
+        ClusterTarget(**fields)
+    assert info.value.field == field and info.value.found == value
+
+
+@needs_schema
+def test_to_yaml_round_trips_and_is_multi_document() -> None:
+    objs = [o for kind in MAPPABLE for o in build(kind, **EXAMPLES[kind][0])]
+    text = to_yaml(objs)
+    assert text.startswith("---\n") and text.count("\n---\n") == len(objs) - 1
+    back = list(yaml.safe_load_all(text))
+    assert back == objs
+    for obj in back:
+        validate(obj)
+
+
+@needs_schema
+def test_every_ci_scenario_fault_maps_or_says_why() -> None:
+    seen = 0
+    for path in sorted((ROOT / "scenarios" / "ci").glob("*.yaml")):
+        for i, entry in enumerate(yaml.safe_load(path.read_text()).get("faults") or []):
+            (kind, fields), = entry.items()
+            config = FAULTS[kind][0](**fields)
+            try:
+                objs = manifests(kind, config, i, TARGET, path.stem[:40])
+            except Unmappable as e:
+                assert kind == "jitter" or (kind == "node_loss" and not fields.get("replacement", True)), e
+                continue
+            for obj in objs:
+                validate(obj)
+                seen += 1
+    assert seen >= 20
+
+
+@needs_crds
+def test_crd_schema_is_the_file_and_a_copy() -> None:
+    schema = crd_schema("NetworkChaos")
+    assert schema["properties"]["spec"]["properties"]["bandwidth"]["required"] == ["buffer", "limit", "rate"]
+    schema["properties"].clear()
+    assert crd_schema("NetworkChaos")["properties"]
+    with pytest.raises(ValueError):
+        crd_schema("ChaosMonkey")
+
+
+@needs_crds
+def test_crds_dir_can_be_moved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BAFT_CHAOS_CRDS", str(tmp_path))
+    with pytest.raises(HostUnsupported, match=re.escape(str(tmp_path))):
+        crd_schema("PodChaos")
+    src = ROOT.parent / "shared" / "chaos-mesh-crds" / "chaos-mesh.org_podchaos.yaml"
+    (tmp_path / src.name).write_text(src.read_text())
+    assert crd_schema("PodChaos")["properties"]["spec"]["required"] == ["action", "mode", "selector"]
+
+
+def test_missing_jsonschema_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    kill, = build("kill", rank=0, at_step=1)
+    chaosschema._validator.cache_clear()
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # makes `import jsonschema` fail
+    try:
+        with pytest.raises(HostUnsupported, match=re.escape("pip install 'baft-harness[k8s]'")):
+            validate(kill)
+    finally:
+        chaosschema._validator.cache_clear()
+
+
+@needs_schema
+def test_garbage_is_refused_not_crashed_on() -> None:
+    kill, = build("kill", rank=0, at_step=1)
+    for spec in ({"action": ["pod-kill"], "mode": "all", "selector": {}},
+                 {"action": "partition", "target": [], "direction": {}, "mode": 1},
+                 {"action": "fault", "methods": [{}], "percent": "all", "stressors": [], "bandwidth": {"rate": 5}},
+                 {"schedule": 7, "type": ["PodChaos"]}):
+        for kind in ("PodChaos", "NetworkChaos", "IOChaos", "StressChaos", "Schedule"):
+            garbage = {**kill, "kind": kind, "spec": spec, "metadata": {"name": "x", "labels": ["a"]}}
+            with pytest.raises(ManifestInvalid):
+                validate(garbage)
+    with pytest.raises(ManifestInvalid):
+        validate([kill])  # type: ignore[arg-type]
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                      max_size=3), max_leaves=8)
+spec_keys = st.sampled_from(["action", "mode", "value", "selector", "duration", "direction", "target", "delay",
+                             "bandwidth", "stressors", "stressngStressors", "errno", "percent", "methods", "mistake",
+                             "containerNames", "schedule", "type", "podChaos", "externalTargets", "loss"])
+
+
+@needs_schema
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(["PodChaos", "NetworkChaos", "StressChaos", "IOChaos", "Schedule"]),
+       spec=st.dictionaries(spec_keys, json_values, max_size=8), meta=st.dictionaries(
+           st.sampled_from(["name", "namespace", "labels"]), json_values, max_size=3))
+def test_validate_only_ever_raises_manifest_invalid(kind: str, spec: dict[str, Any], meta: dict[str, Any]) -> None:
+    try:
+        validate({"apiVersion": "chaos-mesh.org/v1alpha1", "kind": kind, "metadata": meta, "spec": spec})
+    except ManifestInvalid as e:
+        assert e.errors and all(line.startswith("$") for line in e.errors)
