@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .errors import HarnessError, ScenarioError
 
@@ -21,6 +22,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="output directory (default runs/NAME-TIMESTAMP)")
     run.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
     run.add_argument("--no-report", dest="report", action="store_false", help="skip report.html / report.md and the plots")
+    run.add_argument("--target", choices=("local", "k8s"), default="local",
+                     help="local (default): torchrun here; k8s: the faults as Chaos Mesh objects on a cluster")
+    run.add_argument("--namespace", help="k8s: the training job's namespace")
+    run.add_argument("--selector", help="k8s: label selector of the job's pods, k=v[,k=v...]")
+    run.add_argument("--rank-label", dest="rank_label", help="k8s: the pod label holding the pod index")
+    run.add_argument("--dry-run", dest="dry_run", action="store_true",
+                     help="k8s: print every object it would create as YAML documents (kubectl apply -f -); touch no cluster")
     run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
     run.add_argument("--wandb-online", dest="wandb_online", action="store_true", help="publish online (needs WANDB_API_KEY)")
     suite = sub.add_parser("suite", help="run every scenario of a directory; write suite.json, junit.xml and a report")
@@ -212,6 +220,39 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1
 
 
+def _k8s_dry_run(scenario: Any, args: argparse.Namespace) -> int:
+    """``--target k8s --dry-run``: every Chaos Mesh object of the scenario's faults, validated, as YAML."""
+    from injectors.chaosmesh import ClusterTarget, Unmappable, manifests, to_yaml, validate
+    from injectors.chaosschema import ManifestInvalid
+    from injectors.errors import InjectorError
+
+    if not args.dry_run:
+        print("baft: error: --target k8s: only --dry-run is built so far (applying to a live cluster is not)",
+              file=sys.stderr)
+        return 2
+    if not args.namespace or not args.selector:
+        print("baft: error: --target k8s needs --namespace and --selector k=v[,k=v]", file=sys.stderr)
+        return 2
+    try:
+        selector = dict(kv.split("=", 1) for kv in args.selector.split(",") if kv)
+        extra = {"rank_label": args.rank_label} if args.rank_label else {}
+        target = ClusterTarget(namespace=args.namespace, selector=selector, **extra)
+        run_id = time.strftime("%m%d%H%M%S")
+        objects = []
+        for i, f in enumerate(scenario.faults):
+            for obj in manifests(f.kind, f.config, i, target, run_id):
+                validate(obj)
+                objects.append(obj)
+    except ValueError as e:
+        print(f"baft: error: --selector: expected k=v[,k=v], found {args.selector!r} ({e})", file=sys.stderr)
+        return 2
+    except (Unmappable, ManifestInvalid, InjectorError) as e:
+        print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(to_yaml(objects))
+    return 0
+
+
 def _suite(args: argparse.Namespace) -> int:
     from .suite import run_suite, table
 
@@ -253,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as e:
         print(f"baft: error: {e}", file=sys.stderr)
         return 2
+    if args.target == "k8s":
+        return _k8s_dry_run(scenario, args)
     from .runner import run_scenario, summary
 
     out = args.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"

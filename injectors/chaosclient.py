@@ -1,0 +1,238 @@
+"""Apply Chaos Mesh objects to a live cluster, confirm they were injected, and always delete them.
+
+:mod:`injectors.chaosmesh` builds the objects and :mod:`injectors.chaosschema` checks them;
+this module is the only one that talks to a Kubernetes API server. It uses
+``kubernetes.client.CustomObjectsApi`` (group ``chaos-mesh.org``, version ``v1alpha1``),
+imported when a :class:`ChaosClient` is made, so a run that never targets a cluster
+never imports ``kubernetes``; a missing package says how to install it.
+
+A fault on a cluster is only real once Chaos Mesh reports it, so :meth:`ChaosClient.wait_injected`
+waits for both signals Chaos Mesh gives: the condition ``AllInjected`` is ``"True"`` and every
+``status.experiment.containerRecords[].phase`` is ``"Injected"`` (and, when the caller knows
+how many pods the selector must match, at least that many records). A fault that never
+injects raises :class:`NotInjected` naming what did not.
+
+:meth:`ChaosClient.injected` is the rollback of ARCHITECTURE.md rule 4: whatever happens
+while the fault is active (an exception, a timeout, Ctrl-C) every object it created is
+deleted in a ``finally``, and each step is written to the journal.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .chaosschema import GROUP, PLURALS, VERSION, validate
+from .errors import HostUnsupported, InjectorError
+
+__all__ = ["ChaosApiError", "ChaosClient", "Journal", "NotInjected", "injection_problems"]
+
+INSTALL_HINT = "pip install 'baft-harness[k8s]' (or: pip install kubernetes)"
+#: Journal callback: (event, payload), e.g. ``("chaos_created", {"name": ..., "kind": ..., "namespace": ...})``.
+Journal = Callable[[str, dict[str, Any]], None]
+
+
+class ChaosApiError(InjectorError):
+    """The API server refused a request about a Chaos Mesh object; ``status`` is the HTTP status (0: no answer)."""
+
+    def __init__(self, action: str, obj: dict[str, Any], status: int, reason: str) -> None:
+        self.action, self.status, self.reason = action, status, reason
+        kind, name, namespace = _ident(obj)
+        super().__init__(f"{action} {kind} {name!r} in namespace {namespace!r} failed: HTTP {status}: {reason}")
+
+
+class NotInjected(InjectorError):
+    """Chaos Mesh did not report a fault injected in time; ``problems`` lists what was missing."""
+
+    def __init__(self, obj: dict[str, Any], timeout: float, problems: list[str], status: dict[str, Any]) -> None:
+        self.problems, self.status = problems, status
+        self.kind, self.name, self.namespace = _ident(obj)
+        super().__init__(f"{self.kind} {self.name!r} in namespace {self.namespace!r} was not injected within "
+                         f"{timeout:g} s:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _ident(obj: dict[str, Any]) -> tuple[str, str, str]:
+    meta = obj.get("metadata") or {}
+    return str(obj.get("kind", "?")), str(meta.get("name", "?")), str(meta.get("namespace", "?"))
+
+
+def injection_problems(status: dict[str, Any] | None, expected_pods: int | None = None) -> list[str]:
+    """Why a Chaos Mesh object's ``status`` does not (yet) show the fault injected; empty when it does.
+
+    Injected means: condition ``AllInjected`` is ``"True"``, there is at least one container
+    record (at least ``expected_pods`` when given), and every record's phase is ``"Injected"``.
+    Each problem names the conditions or the record (``id``: ``phase``) at fault.
+    """
+    status = status or {}
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    records = [r for r in ((status.get("experiment") or {}).get("containerRecords") or []) if isinstance(r, dict)]
+    problems = []
+    if not any(c.get("type") == "AllInjected" and c.get("status") == "True" for c in conditions):
+        shown = ", ".join(f"{c.get('type')}={c.get('status')}" + (f" ({c['reason']})" if c.get("reason") else "")
+                          for c in conditions) or "none"
+        problems.append(f"condition AllInjected is not True (conditions: {shown})")
+    want = max(1, expected_pods or 0)
+    if len(records) < want:
+        problems.append(f"{len(records)} container record{'s' * (len(records) != 1)}, expected at least {want}")
+    problems += [f"record {r.get('id', '?')}: phase {r.get('phase')!r}, expected 'Injected'"
+                 for r in records if r.get("phase") != "Injected"]
+    return problems
+
+
+def _kubernetes() -> Any:
+    try:
+        import kubernetes
+    except ImportError:
+        raise HostUnsupported(f"talking to a Kubernetes cluster needs the kubernetes package: {INSTALL_HINT}") \
+            from None
+    return kubernetes
+
+
+class ChaosClient:
+    """Create, watch and delete Chaos Mesh objects through one Kubernetes API client.
+
+    Give ``api_client`` (a ``kubernetes.client.ApiClient``, e.g. one pointed at a test server)
+    or a ``kubeconfig`` path (``None``: ``$KUBECONFIG`` or ``~/.kube/config``) and optionally
+    its ``context``. ``check`` validates every object against the CRDs before sending it
+    (needs jsonschema and the CRDs; see :mod:`injectors.chaosschema`), so a mistake fails
+    before it reaches the cluster. ``request_timeout`` bounds each HTTP request in seconds.
+    """
+
+    def __init__(self, kubeconfig: str | None = None, *, context: str | None = None, api_client: Any = None,
+                 check: bool = True, request_timeout: float = 30.0) -> None:
+        k8s = _kubernetes()
+        import urllib3  # the kubernetes client's transport: a refused or dropped connection is its error
+
+        self._rest = k8s.client.exceptions.ApiException
+        self._transport = (urllib3.exceptions.HTTPError, OSError)
+        if api_client is None:
+            try:
+                api_client = k8s.config.new_client_from_config(config_file=kubeconfig, context=context,
+                                                              persist_config=False)
+            except k8s.config.ConfigException as e:
+                raise HostUnsupported(f"no usable kubeconfig ({kubeconfig or '$KUBECONFIG or ~/.kube/config'}): {e}") \
+                    from None
+        self.api = k8s.client.CustomObjectsApi(api_client)
+        self.check = check
+        self.request_timeout = request_timeout
+
+    # --- one request each ----------------------------------------------------------------------
+
+    def _call(self, action: str, obj: dict[str, Any], method: Callable[..., Any], *args: Any) -> Any:
+        kind, name, namespace = _ident(obj)
+        if kind not in PLURALS:
+            raise ChaosApiError(action, obj, 0, f"unknown Chaos Mesh kind; expected one of {', '.join(PLURALS)}")
+        try:
+            return method(GROUP, VERSION, namespace, PLURALS[kind], *args, _request_timeout=self.request_timeout)
+        except self._rest as e:
+            raise ChaosApiError(action, obj, int(e.status or 0), _reason(e)) from None
+        except self._transport as e:
+            raise ChaosApiError(action, obj, 0, f"no answer from the API server: {e}") from None
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create ``obj`` in its namespace and return the object as the server stored it."""
+        if self.check:
+            validate(obj)
+        return self._call("create", obj, self.api.create_namespaced_custom_object, obj)
+
+    def get(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The object named like ``obj`` as it is now on the server (with ``status``)."""
+        return self._call("get", obj, self.api.get_namespaced_custom_object, _ident(obj)[1])
+
+    def delete(self, obj: dict[str, Any]) -> bool:
+        """Delete the object named like ``obj``; ``False`` when it was already gone (404)."""
+        try:
+            self._call("delete", obj, self.api.delete_namespaced_custom_object, _ident(obj)[1])
+        except ChaosApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def wait_injected(self, obj: dict[str, Any], timeout: float, poll: float = 0.5,
+                      expected_pods: int | None = None) -> dict[str, Any]:
+        """Poll the object until Chaos Mesh reports it injected (see :func:`injection_problems`); return it.
+
+        Raises :class:`NotInjected` after ``timeout`` seconds, listing the conditions and every
+        container record that is not injected.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self.get(obj)
+            problems = injection_problems(current.get("status"), expected_pods)
+            if not problems:
+                return current
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NotInjected(obj, timeout, problems, current.get("status") or {})
+            time.sleep(min(poll, left))
+
+    # --- a fault's lifetime ----------------------------------------------------------------------
+
+    @contextmanager
+    def injected(self, objs: dict[str, Any] | Sequence[dict[str, Any]], timeout: float,
+                 journal: Journal | None = None, *, poll: float = 0.5,
+                 expected_pods: int | None = None) -> Iterator[list[dict[str, Any]]]:
+        """Apply ``objs`` (one object or a list), wait until each is injected, yield them as stored, then delete.
+
+        Deletion runs in a ``finally`` for every object that was created, whether the body
+        returned, raised, timed out waiting, or was interrupted (``KeyboardInterrupt``).
+        ``journal`` receives ``chaos_created``, ``chaos_injected`` and ``chaos_deleted`` (or
+        ``chaos_delete_failed``) for each object, each with its ``name``, ``kind`` and ``namespace``.
+        A failed deletion is raised unless another exception is already on its way out; then it is
+        only journaled, so the original error (or Ctrl-C) is not hidden.
+        """
+        todo = [objs] if isinstance(objs, dict) else list(objs)
+        note: Journal = journal or (lambda event, payload: None)
+        if self.check:
+            for obj in todo:  # every object is checked before the first is created
+                validate(obj)
+        created: list[dict[str, Any]] = []
+        failing = False
+        try:
+            stored = []
+            for obj in todo:
+                out = self.apply(obj)
+                created.append(obj)
+                stored.append(out)
+                note("chaos_created", {**_payload(obj), "uid": (out.get("metadata") or {}).get("uid")})
+            for i, obj in enumerate(created):
+                start = time.monotonic()
+                stored[i] = self.wait_injected(obj, timeout, poll, expected_pods)
+                records = ((stored[i].get("status") or {}).get("experiment") or {}).get("containerRecords") or []
+                note("chaos_injected", {**_payload(obj), "records": [r.get("id") for r in records],
+                                        "waited_s": round(time.monotonic() - start, 3)})
+            yield stored
+        except BaseException:
+            failing = True
+            raise
+        finally:
+            errors = []
+            for obj in reversed(created):
+                try:
+                    existed = self.delete(obj)
+                except Exception as e:
+                    errors.append(e)
+                    note("chaos_delete_failed", {**_payload(obj), "error": str(e)})
+                else:
+                    note("chaos_deleted", {**_payload(obj), "existed": existed})
+            if errors and not failing:
+                raise errors[0]
+
+
+def _payload(obj: dict[str, Any]) -> dict[str, Any]:
+    kind, name, namespace = _ident(obj)
+    return {"name": name, "kind": kind, "namespace": namespace}
+
+
+def _reason(e: Any) -> str:
+    """The ``message`` of the Status the server sent back, else the HTTP reason."""
+    try:
+        body = json.loads(e.body or "")
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])
+    except (TypeError, ValueError):
+        pass
+    return str(e.reason or "no reason given")
