@@ -25,16 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .benchstats import bootstrap_ci
-from .errors import AnalysisError
+from .errors import ConfigFieldError
 from .journal import Journal
-
-
-class LossExpectError(AnalysisError, ValueError):
-    """A loss expectation is out of range; ``field`` names it for the scenario loader."""
-
-    def __init__(self, field: str, expected: str, found: object) -> None:
-        self.field, self.expected, self.found = field, expected, found
-        super().__init__(f"{field}: expected {expected}, found {found!r}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,15 +49,15 @@ class LossExpect:
     def __post_init__(self) -> None:
         if self.rtol < 0 or self.atol < 0:
             field = "rtol" if self.rtol < 0 else "atol"
-            raise LossExpectError(field, "a number >= 0", getattr(self, field))
+            raise ConfigFieldError(field, "a number >= 0", getattr(self, field))
         if self.window < 1:
-            raise LossExpectError("window", "an integer >= 1", self.window)
+            raise ConfigFieldError("window", "an integer >= 1", self.window)
         if self.margin is not None and self.margin <= 0:
-            raise LossExpectError("margin", "a number > 0 (or null)", self.margin)
+            raise ConfigFieldError("margin", "a number > 0 (or null)", self.margin)
         if not 0 < self.alpha < 0.5:
-            raise LossExpectError("alpha", "a number in (0, 0.5)", self.alpha)
+            raise ConfigFieldError("alpha", "a number in (0, 0.5)", self.alpha)
         if self.from_step is not None and self.from_step < 0:
-            raise LossExpectError("from_step", "an integer >= 0 (or null)", self.from_step)
+            raise ConfigFieldError("from_step", "an integer >= 0 (or null)", self.from_step)
 
 
 def loss_curve(journal: Journal) -> dict[int, float]:

@@ -1,6 +1,7 @@
 """Recovery metrics read from a faulted run's journal: lost steps and recovery time."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,8 +210,7 @@ def _wall(journal: Journal) -> float | None:
 
 
 def _median(xs: list[float]) -> float | None:
-    s = sorted(xs)
-    return (s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2) if s else None
+    return statistics.median(xs) if xs else None
 
 
 def efficiency(reference: Journal, run: Journal, steps: int) -> dict[str, Any]:

@@ -5,18 +5,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .compare import compare
-from .errors import AnalysisError
+from .errors import ConfigFieldError
 from .journal import Journal
 from .losscurve import LossExpect, compare_curves, loss_curve
 from .metrics import efficiency, final_step, recoveries, windows
-
-
-class ExpectValueError(AnalysisError, ValueError):
-    """An expectation is out of range; ``field`` names it for the scenario loader."""
-
-    def __init__(self, field: str, expected: str, found: object) -> None:
-        self.field, self.expected, self.found = field, expected, found
-        super().__init__(f"{field}: expected {expected}, found {found!r}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,7 +24,7 @@ class CaughtExpect:
 
     def __post_init__(self) -> None:
         if self.component is None and self.failure is None:
-            raise ExpectValueError("component", "a component or a failure text (how the bug shows)", None)
+            raise ConfigFieldError("component", "a component or a failure text (how the bug shows)", None)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,9 +46,9 @@ class ExpectConfig:
 
     def __post_init__(self) -> None:
         if self.max_lost_steps is not None and self.max_lost_steps < 0:
-            raise ExpectValueError("max_lost_steps", "an integer >= 0", self.max_lost_steps)
+            raise ConfigFieldError("max_lost_steps", "an integer >= 0", self.max_lost_steps)
         if self.max_recovery_seconds is not None and self.max_recovery_seconds <= 0:
-            raise ExpectValueError("max_recovery_seconds", "a number > 0", self.max_recovery_seconds)
+            raise ConfigFieldError("max_recovery_seconds", "a number > 0", self.max_recovery_seconds)
 
 
 def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int, faults_declared: int,

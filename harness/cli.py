@@ -6,6 +6,7 @@ finish), 2 bad input (the message names file, key path, expected and found).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -131,11 +132,15 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _hours(text: str) -> tuple[float, ...] | None:
+    """``--mtbf`` as hours; None (after saying why) when it is not a list of numbers > 0."""
     try:
         hours = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        return None
-    return hours if hours and all(h > 0 for h in hours) else None
+        hours = ()
+    if hours and all(h > 0 for h in hours):
+        return hours
+    print(f"baft: error: --mtbf: expected hours > 0, comma-separated, found {text!r}", file=sys.stderr)
+    return None
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -144,7 +149,6 @@ def _report(args: argparse.Namespace) -> int:
 
     hours = _hours(args.mtbf)
     if hours is None:
-        print(f"baft: error: --mtbf: expected hours > 0, comma-separated, found {args.mtbf!r}", file=sys.stderr)
         return 2
     try:
         r = report(args.path, hours)
@@ -163,7 +167,6 @@ def _advise(args: argparse.Namespace) -> int:
 
     hours = _hours(args.mtbf)
     if hours is None:
-        print(f"baft: error: --mtbf: expected hours > 0, comma-separated, found {args.mtbf!r}", file=sys.stderr)
         return 2
     try:
         v = load_verdict(args.path)
@@ -173,7 +176,7 @@ def _advise(args: argparse.Namespace) -> int:
         print(f"baft: error: {e}", file=sys.stderr)
         return 2
     steps = [e["seconds"] for e in run.events("step") if e.get("seconds") is not None]
-    iteration = sorted(steps)[len(steps) // 2] if steps else None
+    iteration = statistics.median(steps) if steps else None
     if cost is None or not iteration:
         print(f"baft: error: {args.path}: no measured checkpoint cost ({how})", file=sys.stderr)
         return 2

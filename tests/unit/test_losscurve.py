@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from analysis.benchstats import bootstrap_ci
 from analysis.journal import Journal, JournalWriter, float_bits, rank_journal
-from analysis.losscurve import LossExpect, LossExpectError, compare_curves, loss_curve
+from analysis.errors import ConfigFieldError
+from analysis.losscurve import LossExpect, compare_curves, loss_curve
 from analysis.verdict import ExpectConfig, judge
 
 
@@ -71,7 +72,7 @@ def test_missing_steps_fail() -> None:
 
 @pytest.mark.parametrize("field, value", [("rtol", -1.0), ("window", 0), ("margin", 0.0), ("alpha", 0.5), ("from_step", -2)])
 def test_bad_expectations_name_their_field(field: str, value: float) -> None:
-    with pytest.raises(LossExpectError) as e:
+    with pytest.raises(ConfigFieldError) as e:
         LossExpect(**{field: value})
     assert e.value.field == field
 
