@@ -28,6 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--namespace", help="k8s: the training job's namespace")
     run.add_argument("--selector", help="k8s: label selector of the job's pods, k=v[,k=v...]")
     run.add_argument("--rank-label", dest="rank_label", help="k8s: the pod label holding the pod index")
+    run.add_argument("--kubeconfig", help="k8s: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the pod's "
+                                          "service account in-cluster)")
+    run.add_argument("--context", help="k8s: kubeconfig context (default: its current one)")
+    run.add_argument("--job-dir", dest="job_dir", type=Path,
+                     help="k8s: the job's run directory on a shared volume (the ranks' journals; steps are read there)")
+    run.add_argument("--reference", type=Path,
+                     help="k8s: run directory of an uninterrupted run of the same job, for the bitwise verdict")
+    run.add_argument("--inject-timeout", dest="inject_timeout", type=float, default=60.0,
+                     help="k8s: seconds Chaos Mesh has to report a fault injected (default 60)")
+    run.add_argument("--recover-timeout", dest="recover_timeout", type=float, default=120.0,
+                     help="k8s: seconds Chaos Mesh has to undo a deleted fault (default 120)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="k8s: print every object it would create as YAML documents (kubectl apply -f -); touch no cluster")
     run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
@@ -223,37 +234,58 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1
 
 
-def _k8s_dry_run(scenario: Any, args: argparse.Namespace) -> int:
-    """``--target k8s --dry-run``: every Chaos Mesh object of the scenario's faults, validated, as YAML."""
-    from injectors.chaosmesh import ClusterTarget, Unmappable, manifests, to_yaml, validate
+def _k8s(scenario: Any, args: argparse.Namespace) -> int:
+    """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
+    against the job on the cluster (:mod:`harness.cluster`)."""
+    from injectors.chaosmesh import ClusterTarget, Unmappable, to_yaml
     from injectors.chaosschema import ManifestInvalid
     from injectors.errors import InjectorError
 
-    if not args.dry_run:
-        print("baft: error: --target k8s: only --dry-run is built so far (applying to a live cluster is not)",
-              file=sys.stderr)
-        return 2
+    from .cluster import ClusterConfig, ClusterRunError, cluster_summary, plan, run_on_cluster
+
     if not args.namespace or not args.selector:
         print("baft: error: --target k8s needs --namespace and --selector k=v[,k=v]", file=sys.stderr)
         return 2
+    if not args.dry_run and args.job_dir is None:
+        print("baft: error: --target k8s needs --job-dir: the job's run directory on a volume shared with this "
+              "process (the ranks' journal/rank-*/events.jsonl, from which the harness reads the steps); or "
+              "--dry-run to print the objects", file=sys.stderr)
+        return 2
     try:
         selector = dict(kv.split("=", 1) for kv in args.selector.split(",") if kv)
-        extra = {"rank_label": args.rank_label} if args.rank_label else {}
-        target = ClusterTarget(namespace=args.namespace, selector=selector, **extra)
-        run_id = time.strftime("%m%d%H%M%S")
-        objects = []
-        for i, f in enumerate(scenario.faults):
-            for obj in manifests(f.kind, f.config, i, target, run_id):
-                validate(obj)
-                objects.append(obj)
     except ValueError as e:
         print(f"baft: error: --selector: expected k=v[,k=v], found {args.selector!r} ({e})", file=sys.stderr)
         return 2
+    run_id = time.strftime("%m%d%H%M%S")
+    try:
+        extra = {"rank_label": args.rank_label} if args.rank_label else {}
+        target = ClusterTarget(namespace=args.namespace, selector=selector, **extra)
+        firings = plan(scenario, target, run_id)
     except (Unmappable, ManifestInvalid, InjectorError) as e:
         print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
         return 2
-    sys.stdout.write(to_yaml(objects))
-    return 0
+    if args.dry_run:
+        sys.stdout.write(to_yaml(obj for f in firings for obj in f.objects))
+        return 0
+    if args.reference is not None and not (args.reference / "journal").is_dir():
+        print(f"baft: error: --reference {args.reference}: expected a run directory with a journal/ (an "
+              "uninterrupted run of the same job), found none", file=sys.stderr)
+        return 2
+    from injectors.chaosclient import ChaosClient
+
+    out = args.out or Path("runs") / f"{scenario.name}-k8s-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        config = ClusterConfig(job_dir=args.job_dir, inject_timeout=args.inject_timeout,
+                               recover_timeout=args.recover_timeout, timeout=scenario.run.timeout)
+        client = ChaosClient(args.kubeconfig, context=args.context)
+        print(f"baft: following the job in {args.job_dir} ({len(firings)} firings on namespace {args.namespace}) "
+              f"-> {out}", flush=True)
+        verdict = run_on_cluster(scenario, client, target, config, out, run_id, args.reference, report=args.report)
+    except (ClusterRunError, InjectorError, ValueError) as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    print(cluster_summary(verdict, out))
+    return 0 if verdict["passed"] else 1
 
 
 def _suite(args: argparse.Namespace) -> int:
@@ -293,12 +325,13 @@ def main(argv: list[str] | None = None) -> int:
                 s = load(f)
                 print(f"{f}: ok ({s.name}: {s.workload.world_size} ranks, {len(s.faults)} faults)")
             return 0
-        scenario = load(args.scenario)
+        # On a cluster Chaos Mesh injects the faults: this host need not be able to (root, tc, netem).
+        scenario = load(args.scenario, host=args.target == "local")
     except ScenarioError as e:
         print(f"baft: error: {e}", file=sys.stderr)
         return 2
     if args.target == "k8s":
-        return _k8s_dry_run(scenario, args)
+        return _k8s(scenario, args)
     from .runner import run_scenario, summary
 
     out = args.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -23,7 +23,10 @@ from injectors.worker import describe
 
 
 class Progress:
-    """The furthest step any rank has started, read incrementally from the rank journals."""
+    """The furthest step any rank has started, read incrementally from the rank journals.
+
+    Also tells when the job is done: every rank of its latest world size journaled ``finish``.
+    """
 
     def __init__(self, run_dir: Path) -> None:
         self.root = run_dir / "journal"
@@ -31,6 +34,12 @@ class Progress:
         self.step = 0
         self.steps_seen = 0
         """``step`` events read so far (a restarted job's steps count even below ``step``)."""
+        self.world = 0
+        """World size of the newest ``start`` event read (0: no worker started yet)."""
+        self.finished: set[int] = set()
+        """Ranks that journaled ``finish`` (since the newest ``start`` at a new world size)."""
+        self.started_at: float | None = None
+        """``time.time()`` of the first ``start`` event read: when the job's first worker began."""
 
     def poll(self) -> int:
         for f in self.root.glob("rank-*/events.jsonl"):
@@ -43,7 +52,21 @@ class Progress:
                 if b'"event":"step"' in line:
                     self.step = max(self.step, json.loads(line)["step"] + 1)
                     self.steps_seen += 1
+                elif b'"event":"finish"' in line:
+                    self.finished.add(int(json.loads(line)["rank"]))
+                elif b'"event":"start"' in line:
+                    event = json.loads(line)
+                    self.started_at = min(self.started_at or event["t"], event["t"])
+                    world = int(event.get("world_size") or 0)
+                    if world and world != self.world:
+                        self.world = world
+                        self.finished = {r for r in self.finished if r < world}
         return self.step
+
+    @property
+    def done(self) -> bool:
+        """Whether every rank of the job (at its latest world size) has finished."""
+        return self.world > 0 and set(range(self.world)) <= self.finished
 
 
 class FaultController:

@@ -217,7 +217,11 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
         lines.append(f"  {w['fault']} {w['target']}: active from step {w['from_step']}"
                      + (f" to step {w['to_step']}" if w["to_step"] is not None else " to the end") + f" ({w['effect']})")
     w = verdict["wall_seconds"]
-    lines.append(f"  wall time        reference {w['reference']:.1f} s{' (cached)' if w['reference_cached'] else ''}, faulted {w['faulted']:.1f} s")
+    if w.get("reference") is None:  # a run on a cluster: the reference is a journal the user gave
+        lines.append(f"  wall time        {w['faulted']:.1f} s following the job on the cluster")
+    else:
+        lines.append(f"  wall time        reference {w['reference']:.1f} s{' (cached)' if w['reference_cached'] else ''}, "
+                     f"faulted {w['faulted']:.1f} s")
     for kind, label in (("checkpoints_rejected", "rejected"), ("checkpoints_failed", "write failed")):
         for c in verdict.get(kind, []):
             lines.append(f"  checkpoint {label}: step {c['step']} ({c['tier']}): {c['reason']}")

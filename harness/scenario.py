@@ -99,8 +99,11 @@ class Scenario:
 _SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks"}
 
 
-def parse(data: Any, file: str) -> Scenario:
-    """Build a :class:`Scenario` from parsed YAML, raising :class:`ScenarioError` on any problem."""
+def parse(data: Any, file: str, host: bool = True) -> Scenario:
+    """Build a :class:`Scenario` from parsed YAML, raising :class:`ScenarioError` on any problem.
+
+    ``host``: also check that this machine can inject the faults (root, ``tc``, netem); a run on a
+    cluster (``--target k8s``) passes False, Chaos Mesh injects them there."""
     if not isinstance(data, dict):
         raise ScenarioError(file, "", "a mapping with name, workload, checkpoint, faults, expect", found_repr(data))
     for key in data:
@@ -128,17 +131,17 @@ def parse(data: Any, file: str) -> Scenario:
     expect = build(ExpectConfig, data.get("expect"), file, "expect")
     run = build(RunConfig, data.get("run"), file, "run")
     shape = RunShape(world_size=workload.world_size, steps=workload.steps, nodes=workload.nodes)
-    faults = parse_faults(data.get("faults") or [], file, shape)
+    faults = parse_faults(data.get("faults") or [], file, shape, host)
     check_phases(faults, checkpoint, file, workload.nodes)
     check_restarts(faults, run, file, workload.steps)
     check_elastic(faults, workload, checkpoint, expect, file)
     if expect.caught is not None and workload.mutant is None:
         raise ScenarioError(file, "workload.mutant", "a planted bug (expect.caught says how it must be caught)", None)
-    if any(f.config.site == "harness" for f in faults) or run.network == "netns":
+    if any(f.config.site == "harness" for f in faults) and workload.nodes < 2 and run.network != "netns":
+        raise ScenarioError(file, "workload.nodes", "at least 2 nodes for link faults", workload.nodes)
+    if host and (any(f.config.site == "harness" for f in faults) or run.network == "netns"):
         from injectors.network import require_network_privileges
 
-        if workload.nodes < 2 and run.network != "netns":
-            raise ScenarioError(file, "workload.nodes", "at least 2 nodes for link faults", workload.nodes)
         try:
             require_network_privileges()
         except HostUnsupported as e:
@@ -147,7 +150,7 @@ def parse(data: Any, file: str) -> Scenario:
                     faults=faults, expect=expect, run=run, marks=marks, source=file)
 
 
-def parse_faults(items: Any, file: str, shape: RunShape) -> list[FaultSpec]:
+def parse_faults(items: Any, file: str, shape: RunShape, host: bool = True) -> list[FaultSpec]:
     if not isinstance(items, list):
         raise ScenarioError(file, "faults", "a list of faults", found_repr(items))
     kinds = ", ".join(sorted(FAULTS))
@@ -166,7 +169,8 @@ def parse_faults(items: Any, file: str, shape: RunShape) -> list[FaultSpec]:
         except ValueError as e:
             raise ScenarioError(file, f"{path}.{kind}.{e.field}", e.expected, e.found) from None  # type: ignore[attr-defined]
         try:
-            config.preflight()
+            if host:
+                config.preflight()
         except HostUnsupported as e:
             raise ScenarioError(file, f"{path}.{kind}", "a host that can inject this fault", f"<{e}>") from None
         out.append(FaultSpec(kind=kind, config=config))
@@ -239,8 +243,8 @@ def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint:
                             "world sizes once a node is lost for good)", None)
 
 
-def load(path: str | Path) -> Scenario:
-    """Read and validate a scenario file."""
+def load(path: str | Path, host: bool = True) -> Scenario:
+    """Read and validate a scenario file (``host``: see :func:`parse`)."""
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -253,4 +257,4 @@ def load(path: str | Path) -> Scenario:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ScenarioError(file, "", "valid YAML", f"<{problem}{where}>") from None
-    return parse(data, file)
+    return parse(data, file, host)

@@ -19,6 +19,7 @@ deleted in a ``finally``, and each step is written to the journal.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from typing import Any
 from .chaosschema import GROUP, PLURALS, VERSION, validate
 from .errors import HostUnsupported, InjectorError
 
-__all__ = ["ChaosApiError", "ChaosClient", "Journal", "NotInjected", "injection_problems"]
+__all__ = ["ChaosApiError", "ChaosClient", "Journal", "NotInjected", "NotRecovered", "injection_problems"]
 
 INSTALL_HINT = "pip install 'baft-harness[k8s]' (or: pip install kubernetes)"
 #: Journal callback: (event, payload), e.g. ``("chaos_created", {"name": ..., "kind": ..., "namespace": ...})``.
@@ -51,6 +52,20 @@ class NotInjected(InjectorError):
         self.kind, self.name, self.namespace = _ident(obj)
         super().__init__(f"{self.kind} {self.name!r} in namespace {self.namespace!r} was not injected within "
                          f"{timeout:g} s:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class NotRecovered(InjectorError):
+    """A deleted Chaos Mesh object was still there after the timeout: Chaos Mesh keeps it (its finalizer)
+    until every record is recovered, so the fault may still be in place."""
+
+    def __init__(self, obj: dict[str, Any], timeout: float, current: dict[str, Any]) -> None:
+        self.kind, self.name, self.namespace = _ident(obj)
+        records = ((current.get("status") or {}).get("experiment") or {}).get("containerRecords") or []
+        shown = ", ".join(f"{r.get('id', '?')}: {r.get('phase')!r}" for r in records) or "no container records"
+        super().__init__(f"{self.kind} {self.name!r} in namespace {self.namespace!r} was deleted but is still there "
+                         f"after {timeout:g} s (Chaos Mesh has not finished recovering: {shown}); check the "
+                         "chaos-controller-manager's log, and remove the finalizer by hand only once the fault is "
+                         "undone")
 
 
 def _ident(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -90,6 +105,25 @@ def _kubernetes() -> Any:
     return kubernetes
 
 
+def _api_client(k8s: Any, kubeconfig: str | None, context: str | None) -> Any:
+    """A client from ``kubeconfig`` (``None``: ``$KUBECONFIG`` or ``~/.kube/config``), or, inside a pod
+    with neither, from the pod's service account (the in-cluster harness Job)."""
+    default = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if kubeconfig is None and not os.path.exists(default.split(os.pathsep)[0]) \
+            and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = k8s.client.Configuration()
+        try:
+            k8s.config.load_incluster_config(client_configuration=configuration)
+        except k8s.config.ConfigException as e:
+            raise HostUnsupported(f"in a pod, but its service account is not usable: {e}") from None
+        return k8s.client.ApiClient(configuration)
+    try:
+        return k8s.config.new_client_from_config(config_file=kubeconfig, context=context, persist_config=False)
+    except k8s.config.ConfigException as e:
+        raise HostUnsupported(f"no usable kubeconfig ({kubeconfig or '$KUBECONFIG or ~/.kube/config'}): {e}") \
+            from None
+
+
 class ChaosClient:
     """Create, watch and delete Chaos Mesh objects through one Kubernetes API client.
 
@@ -108,13 +142,9 @@ class ChaosClient:
         self._rest = k8s.client.exceptions.ApiException
         self._transport = (urllib3.exceptions.HTTPError, OSError)
         if api_client is None:
-            try:
-                api_client = k8s.config.new_client_from_config(config_file=kubeconfig, context=context,
-                                                              persist_config=False)
-            except k8s.config.ConfigException as e:
-                raise HostUnsupported(f"no usable kubeconfig ({kubeconfig or '$KUBECONFIG or ~/.kube/config'}): {e}") \
-                    from None
+            api_client = _api_client(k8s, kubeconfig, context)
         self.api = k8s.client.CustomObjectsApi(api_client)
+        self.core = k8s.client.CoreV1Api(api_client)
         self.check = check
         self.request_timeout = request_timeout
 
@@ -169,12 +199,47 @@ class ChaosClient:
                 raise NotInjected(obj, timeout, problems, current.get("status") or {})
             time.sleep(min(poll, left))
 
+    def wait_gone(self, obj: dict[str, Any], timeout: float, poll: float = 0.5) -> float:
+        """Poll a deleted object until the server no longer has it; return the seconds waited.
+
+        Chaos Mesh puts a finalizer on every object and removes it only once each record is
+        recovered (the fault undone), so "gone" is the signal that the cluster is back to
+        normal. Raises :class:`NotRecovered` after ``timeout`` seconds.
+        """
+        start = time.monotonic()
+        while True:
+            try:
+                current = self.get(obj)
+            except ChaosApiError as e:
+                if e.status == 404:
+                    return time.monotonic() - start
+                raise
+            left = start + timeout - time.monotonic()
+            if left <= 0:
+                raise NotRecovered(obj, timeout, current)
+            time.sleep(min(poll, left))
+
+    def matching_pods(self, namespace: str, labels: dict[str, str]) -> list[str]:
+        """Names of the pods in ``namespace`` carrying every label in ``labels`` (what a selector will hit)."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        try:
+            pods = self.core.list_namespaced_pod(namespace, label_selector=selector,
+                                                 _request_timeout=self.request_timeout)
+        except self._rest as e:
+            raise ChaosApiError("list pods", {"kind": "Pod", "metadata": {"name": selector, "namespace": namespace}},
+                                int(e.status or 0), _reason(e)) from None
+        except self._transport as e:
+            raise ChaosApiError("list pods", {"kind": "Pod", "metadata": {"name": selector, "namespace": namespace}},
+                                0, f"no answer from the API server: {e}") from None
+        return sorted(p.metadata.name for p in pods.items)
+
     # --- a fault's lifetime ----------------------------------------------------------------------
 
     @contextmanager
     def injected(self, objs: dict[str, Any] | Sequence[dict[str, Any]], timeout: float,
                  journal: Journal | None = None, *, poll: float = 0.5,
-                 expected_pods: int | None = None) -> Iterator[list[dict[str, Any]]]:
+                 expected_pods: int | None = None,
+                 recover_timeout: float | None = None) -> Iterator[list[dict[str, Any]]]:
         """Apply ``objs`` (one object or a list), wait until each is injected, yield them as stored, then delete.
 
         Deletion runs in a ``finally`` for every object that was created, whether the body
@@ -183,6 +248,11 @@ class ChaosClient:
         ``chaos_delete_failed``) for each object, each with its ``name``, ``kind`` and ``namespace``.
         A failed deletion is raised unless another exception is already on its way out; then it is
         only journaled, so the original error (or Ctrl-C) is not hidden.
+
+        With ``recover_timeout`` the rollback also waits until each deleted object is gone
+        (:meth:`wait_gone`: Chaos Mesh has undone the fault) and journals ``chaos_recovered`` with
+        the seconds it took (``chaos_not_recovered`` if it does not go; raised unless another error
+        is on its way out). After Ctrl-C it does not wait: the deletes were sent.
         """
         todo = [objs] if isinstance(objs, dict) else list(objs)
         note: Journal = journal or (lambda event, payload: None)
@@ -190,7 +260,7 @@ class ChaosClient:
             for obj in todo:  # every object is checked before the first is created
                 validate(obj)
         created: list[dict[str, Any]] = []
-        failing = False
+        failing: BaseException | None = None
         try:
             stored = []
             for obj in todo:
@@ -205,8 +275,8 @@ class ChaosClient:
                 note("chaos_injected", {**_payload(obj), "records": [r.get("id") for r in records],
                                         "waited_s": round(time.monotonic() - start, 3)})
             yield stored
-        except BaseException:
-            failing = True
+        except BaseException as e:
+            failing = e
             raise
         finally:
             errors = []
@@ -218,7 +288,18 @@ class ChaosClient:
                     note("chaos_delete_failed", {**_payload(obj), "error": str(e)})
                 else:
                     note("chaos_deleted", {**_payload(obj), "existed": existed})
-            if errors and not failing:
+            # After an error the cluster must still be seen clean before the run goes on; after
+            # Ctrl-C (not an Exception) the deletes were asked for and the user wants out.
+            if recover_timeout is not None and not errors and (failing is None or isinstance(failing, Exception)):
+                for obj in reversed(created):
+                    try:
+                        waited = self.wait_gone(obj, recover_timeout, poll)
+                    except Exception as e:
+                        errors.append(e)
+                        note("chaos_not_recovered", {**_payload(obj), "error": str(e)})
+                    else:
+                        note("chaos_recovered", {**_payload(obj), "waited_s": round(waited, 3)})
+            if errors and failing is None:
                 raise errors[0]
 
 

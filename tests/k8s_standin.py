@@ -13,13 +13,20 @@ version ``v1alpha1``:
   injected status: conditions ``Selected`` and ``AllInjected`` ``"True"`` and ``pods`` container
   records ``{ns}/pod-{i}/pytorch`` with phase ``Injected``.
 * ``GET    .../{plural}``: a list of the namespace's objects of that plural.
-* ``DELETE .../{plural}/{name}``: remove it, 200 with a Success Status (404 if absent).
+* ``DELETE .../{plural}/{name}``: remove it, 200 with a Success Status (404 if absent). With
+  ``recover_after_gets`` set, deletion waits on Chaos Mesh's finalizer as on a real cluster: the
+  object stays, with ``metadata.deletionTimestamp`` and its records recovering, for that many
+  more GETs, then is gone (404).
+* ``GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v,...``: the pods of ``pod_list``
+  (``{"name": ..., "labels": {...}}``) in that namespace whose labels match every ``k=v``.
 
 Knobs (attributes; change them between requests): ``inject_after_gets``, ``pods``,
 ``never_inject`` (the status stays ``AllInjected=False`` with every record ``Not Injected``),
 ``fail_record`` (the last record stays ``Not Injected`` while ``AllInjected`` claims ``True``:
-inconsistent on purpose, to show the client checks the records itself). Every request is
-recorded in ``requests`` as ``(method, path)`` and every POSTed body in ``created``.
+inconsistent on purpose, to show the client checks the records itself), ``recover_after_gets``
+(``None``: a delete removes at once), ``pod_list``. Every request is recorded in ``requests`` as
+``(method, path)`` and every POSTed body in ``created``; ``deleted`` lists ``(namespace, plural,
+name)`` in the order deletes were asked for.
 """
 from __future__ import annotations
 
@@ -30,9 +37,10 @@ import uuid
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 PREFIX = "/apis/chaos-mesh.org/v1alpha1/namespaces/"
+CORE = "/api/v1/namespaces/"
 KINDS = {"podchaos": "PodChaos", "networkchaos": "NetworkChaos", "stresschaos": "StressChaos",
          "iochaos": "IOChaos", "timechaos": "TimeChaos", "schedules": "Schedule", "workflows": "Workflow"}
 
@@ -41,9 +49,14 @@ class StandIn:
     """The server; use as a context manager (``with StandIn() as s: ... s.host``)."""
 
     def __init__(self, *, inject_after_gets: int = 0, pods: int = 1, never_inject: bool = False,
-                 fail_record: bool = False) -> None:
+                 fail_record: bool = False, recover_after_gets: int | None = None,
+                 pod_list: list[dict[str, Any]] | None = None) -> None:
         self.inject_after_gets, self.pods = inject_after_gets, pods
         self.never_inject, self.fail_record = never_inject, fail_record
+        self.recover_after_gets = recover_after_gets
+        self.pod_list: list[dict[str, Any]] = pod_list or []
+        self.deleted: list[tuple[str, str, str]] = []
+        self.deleting: dict[tuple[str, str, str], int] = {}  # GETs left before a finalized object is gone
         self.requests: list[tuple[str, str]] = []
         self.created: list[dict[str, Any]] = []
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -82,9 +95,11 @@ class StandIn:
                                {"type": "Paused", "status": "False"}],
                 "experiment": {"desiredPhase": "Run", "containerRecords": records}}
 
-    def handle(self, method: str, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def handle(self, method: str, path: str, body: Any, query: str = "") -> tuple[int, dict[str, Any]]:
         with self.lock:
             self.requests.append((method, path))
+            if path.startswith(CORE) and path.endswith("/pods") and method == "GET":
+                return self._pods(path[len(CORE):-len("/pods")], query)
             if not path.startswith(PREFIX):
                 return _status(404, "NotFound", f"the server could not find the requested resource ({path})")
             parts = path[len(PREFIX):].split("/")
@@ -103,15 +118,50 @@ class StandIn:
             if key not in self.objects:
                 return _status(404, "NotFound", f'{plural}.chaos-mesh.org "{parts[2]}" not found', parts[2], plural)
             if method == "GET":
+                if key in self.deleting:
+                    return self._recovering(key)
                 self.gets[key] = self.gets.get(key, 0) + 1
                 obj = self.objects[key]
                 if self.gets[key] > self.inject_after_gets or self.never_inject:
                     obj["status"] = self.status(namespace)
                 return 200, obj
             if method == "DELETE":
-                del self.objects[key]
-                return _status(200, "", "", parts[2], plural, "Success")
+                self.deleted.append(key)
+                if self.recover_after_gets is None:
+                    del self.objects[key]
+                    return _status(200, "", "", parts[2], plural, "Success")
+                obj = self.objects[key]  # Chaos Mesh's finalizer holds it until every record is recovered
+                if key not in self.deleting:
+                    self.deleting[key] = self.recover_after_gets
+                    obj["metadata"]["deletionTimestamp"] = _now()
+                return 200, obj
             return _status(405, "MethodNotAllowed", f"{method} is not supported on an object here")
+
+    def _recovering(self, key: tuple[str, str, str]) -> tuple[int, dict[str, Any]]:
+        if self.deleting[key] <= 0:
+            del self.deleting[key], self.objects[key]
+            return _status(404, "NotFound", f'{key[1]}.chaos-mesh.org "{key[2]}" not found', key[2], key[1])
+        self.deleting[key] -= 1
+        obj = self.objects[key]
+        status = obj.setdefault("status", self.status(key[0]))
+        for c in status.get("conditions", []):
+            if c["type"] == "AllInjected":
+                c["status"] = "False"
+        for r in status.get("experiment", {}).get("containerRecords", []):
+            r["phase"] = "Not Injected"
+        status.setdefault("experiment", {})["desiredPhase"] = "Stop"
+        return 200, obj
+
+    def _pods(self, namespace: str, query: str) -> tuple[int, dict[str, Any]]:
+        wanted = dict(kv.split("=", 1) for q in parse_qs(query).get("labelSelector", [])
+                      for kv in q.split(",") if kv)
+        items = [{"apiVersion": "v1", "kind": "Pod",
+                  "metadata": {"name": p["name"], "namespace": namespace, "labels": p["labels"]},
+                  "status": {"phase": p.get("phase", "Running")}}
+                 for p in self.pod_list if p.get("namespace", namespace) == namespace
+                 and all(p["labels"].get(k) == v for k, v in wanted.items())]
+        return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": str(self._version)},
+                     "items": items}
 
     def _create(self, namespace: str, plural: str, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
@@ -129,9 +179,13 @@ class StandIn:
         self._version += 1
         stored = copy.deepcopy(body)
         stored["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()), resourceVersion=str(self._version),
-                                  creationTimestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                                  creationTimestamp=_now())
         self.objects[key] = stored
         return 201, stored
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _status(code: int, reason: str, message: str, name: str = "", plural: str = "",
@@ -154,7 +208,8 @@ def _handler(standin: StandIn) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 code, out = _status(400, "BadRequest", "the body is not JSON")
             else:
-                code, out = standin.handle(self.command, urlsplit(self.path).path, body)
+                url = urlsplit(self.path)
+                code, out = standin.handle(self.command, url.path, body, url.query)
             data = json.dumps(out).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")

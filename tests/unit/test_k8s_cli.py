@@ -39,8 +39,3 @@ def test_a_fault_chaos_mesh_cannot_express_is_refused(capsys: pytest.CaptureFixt
                    "--namespace", "train", "--selector", "app=gpt"])
     assert rc == 2 and "cannot run on a cluster" in capsys.readouterr().err
 
-
-def test_applying_to_a_live_cluster_is_not_claimed(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli_main(["run", str(ROOT / "scenarios" / "smoke" / "kill-rank.yaml"), "--target", "k8s",
-                   "--namespace", "train", "--selector", "app=gpt"])
-    assert rc == 2 and "only --dry-run" in capsys.readouterr().err

@@ -1,0 +1,371 @@
+"""Run a scenario's faults against a training job on a live cluster (``baft run --target k8s``).
+
+Locally the harness launches the job and its injectors fire inside the workers. On a
+cluster the job is already running (a PyTorchJob, a JobSet, the StatefulSet of
+``baft deploy``) and Chaos Mesh injects the faults; this module is the nemesis in
+between. It follows the job's progress from the journal the ranks write to a shared
+volume (``--job-dir``: the same ``journal/rank-*/events.jsonl`` as a local run), and when
+a fault's trigger comes due it creates the fault's Chaos Mesh objects, waits until Chaos
+Mesh reports every target injected, and deletes them when the fault is over — a window
+at its end step or after its duration, a point fault (a pod kill) as soon as it is
+injected, a hang after its pod-failure duration — then waits until Chaos Mesh has
+recovered them (the object is gone once its finalizer ran). Whatever happens, also on
+Ctrl-C, every object still in place is deleted on the way out.
+
+What it journals, in ``OUT/faulted/journal/launcher.jsonl`` (the file the local launcher
+writes, so analysis reads both the same way): ``cluster_start``, a ``fault`` event per
+firing with the step it was due at and the step the job had reached once the fault was
+confirmed (the difference is the injection latency, in steps), the ``chaos_*`` events of
+:class:`~injectors.chaosclient.ChaosClient`, and ``fault_rollback``. At the end the job's
+journal is copied next to it, so ``OUT/faulted`` is a run directory like a local one, and
+with ``--reference`` (the journal of an uninterrupted run of the same job) the usual
+verdict and report are written.
+
+Limits, said plainly: triggers fire at step boundaries read from the journal, so a fault
+lands a poll interval plus Chaos Mesh's injection time after its step (both journaled);
+phases inside an iteration cannot be targeted; time triggers count from the job's first
+``start`` event. Nothing here has run against a real API server: the client path is tested
+against a local stand-in (see README).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analysis.journal import Journal, JournalWriter, launcher_journal
+from analysis.verdict import judge
+from injectors.chaosmesh import ClusterTarget, Unmappable, manifests, validate
+from injectors.chaosschema import parse_go_duration
+from injectors.trigger import PointFault, WindowFault
+from injectors.worker import describe
+
+from .controller import Progress
+from .errors import HarnessError
+from .scenario import Scenario
+
+
+class ClusterRunError(HarnessError):
+    """The run on the cluster could not go on (the job never started, a selector matches no pod, a timeout)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    """How the harness follows a job on a cluster and how long it waits for Chaos Mesh."""
+
+    job_dir: Path
+    """The training job's run directory as this process sees it (a shared volume): the ranks write
+    ``journal/rank-*/events.jsonl`` there, the harness reads steps from it."""
+    inject_timeout: float = 60.0
+    """Seconds Chaos Mesh has to report a fault injected on every target."""
+    recover_timeout: float = 120.0
+    """Seconds Chaos Mesh has, after a delete, to undo a fault (the object is gone)."""
+    start_timeout: float = 600.0
+    """Seconds to wait for the job's first ``start`` event in the journal."""
+    timeout: float = 3600.0
+    """Seconds the whole run may take once the job has started."""
+    poll: float = 0.5
+    """Seconds between two reads of the journal (and of an object's status)."""
+
+    def __post_init__(self) -> None:
+        for name in ("inject_timeout", "recover_timeout", "start_timeout", "timeout", "poll"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: expected seconds > 0, found {getattr(self, name)!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class Firing:
+    """One occurrence of one fault: its objects and when it starts and ends."""
+
+    fault_id: int
+    kind: str
+    config: Any
+    occurrence: int
+    objects: list[dict[str, Any]]
+    at_step: int | None = None
+    """Due once the job has done this many steps."""
+    at_time: float | None = None
+    """Due this many seconds after the job's first worker started."""
+    hold: float = 0.0
+    """Point faults: seconds to keep the objects before deleting (a pod-failure's duration)."""
+    began: float | None = field(default=None)
+    """Elapsed seconds when it was injected (set when it fires)."""
+
+    def due(self, step: int, elapsed: float) -> bool:
+        if isinstance(self.config, WindowFault):
+            return self.config.starts(step, elapsed)
+        return (self.at_step is not None and step >= self.at_step) or \
+            (self.at_time is not None and elapsed >= self.at_time)
+
+    def over(self, step: int, elapsed: float) -> bool:
+        if self.began is None:
+            return False
+        if isinstance(self.config, WindowFault):
+            return self.config.ended(step, elapsed, self.began)
+        return elapsed >= self.began + self.hold
+
+    def label(self) -> str:
+        return f"faults[{self.fault_id}] ({self.kind}" + (f", occurrence {self.occurrence})" if self.occurrence else ")")
+
+
+def plan(scenario: Scenario, target: ClusterTarget, run_id: str) -> list[Firing]:
+    """Every firing of the scenario's faults, its objects built and validated; raises before anything runs.
+
+    :class:`~injectors.chaosmesh.Unmappable` for a fault Chaos Mesh cannot express or a trigger
+    the cluster cannot honour (a phase inside an iteration), ``ManifestInvalid`` for an object
+    the CRDs would refuse.
+    """
+    out: list[Firing] = []
+    for i, f in enumerate(scenario.faults):
+        c = f.config
+        if isinstance(c, PointFault):
+            if c.phase != "iteration":
+                raise Unmappable(f.kind, f"phase {c.phase!r}: on a cluster faults fire at step boundaries read from "
+                                         "the journal (plus Chaos Mesh's injection time), never inside an iteration; "
+                                         "use phase: iteration")
+            steps = c.step_occurrences(scenario.workload.steps)
+            times = c.time_occurrences()
+            whens: list[tuple[int | None, float | None]] = [(s, None) for s in steps] + [(None, t) for t in times]
+            for k, (at_step, at_time) in enumerate(whens):
+                objects = manifests(f.kind, c, i, target, run_id, k if len(whens) > 1 else None)
+                hold = max((parse_go_duration(o["spec"]["duration"]) for o in objects if "duration" in o["spec"]),
+                           default=0.0)
+                out.append(Firing(fault_id=i, kind=f.kind, config=c, occurrence=k, objects=objects,
+                                  at_step=at_step, at_time=at_time, hold=hold))
+        else:
+            out.append(Firing(fault_id=i, kind=f.kind, config=c, occurrence=0,
+                              objects=manifests(f.kind, c, i, target, run_id)))
+    for firing in out:
+        for obj in firing.objects:
+            validate(obj)
+    return out
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return dict((obj["spec"].get("selector") or {}).get("labelSelectors") or {})
+
+
+class ClusterRun:
+    """One scenario against one job: follow the journal, fire, confirm, delete, journal."""
+
+    def __init__(self, scenario: Scenario, client: Any, target: ClusterTarget, config: ClusterConfig, out: Path,
+                 run_id: str) -> None:
+        self.scenario, self.client, self.target, self.config = scenario, client, target, config
+        self.out, self.run_id = out, run_id
+        self.firings = plan(scenario, target, run_id)
+        self.progress = Progress(config.job_dir)
+        self.errors: list[str] = []
+        self.journal: JournalWriter | None = None
+        self._active: list[tuple[Firing, contextlib.ExitStack]] = []
+
+    # --- journal ---------------------------------------------------------------------------------
+
+    def _record(self, event: str, **fields: Any) -> None:
+        assert self.journal is not None
+        self.journal.write(event, sync=True, **fields)
+
+    def _note(self, event: str, payload: dict[str, Any]) -> None:
+        self._record(event, **payload)
+
+    def _elapsed(self) -> float:
+        return time.time() - (self.progress.started_at or time.time())
+
+    # --- the run -----------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Follow the job to its end, firing every fault; return the facts for the summary."""
+        faulted = self.out / "faulted"
+        faulted.mkdir(parents=True, exist_ok=True)
+        self.journal = JournalWriter(launcher_journal(faulted))
+        c = self.config
+        self._record("cluster_start", run_id=self.run_id, namespace=self.target.namespace,
+                     selector=self.target.selector, job_dir=str(c.job_dir), firings=len(self.firings))
+        try:
+            self._wait_for_job()
+            pods = self._check_selectors()
+            deadline = time.monotonic() + c.timeout
+            pending = list(self.firings)
+            while True:
+                step, elapsed = self.progress.poll(), self._elapsed()
+                for firing, stack in list(self._active):
+                    if firing.over(step, elapsed):
+                        self._close(firing, stack, step, "window ended" if isinstance(firing.config, WindowFault)
+                                    else "fault done")
+                for firing in list(pending):
+                    if firing.due(step, elapsed):
+                        pending.remove(firing)
+                        self._open(firing, step, pods)
+                if self.progress.done:
+                    break
+                if time.monotonic() > deadline:
+                    self.errors.append(f"the job did not finish within {c.timeout:g} s (step {step})")
+                    break
+                time.sleep(c.poll)
+            for firing in pending:
+                self._record("fault_skipped", id=firing.fault_id, fault=firing.kind, occurrence=firing.occurrence,
+                             step=self.progress.step, reason="the job ended before its trigger")
+        finally:
+            for firing, stack in list(self._active):
+                self._close(firing, stack, self.progress.poll(), "run ended")
+            self._record("cluster_end", step=self.progress.step, finished=sorted(self.progress.finished),
+                         world=self.progress.world, errors=self.errors)
+            self.journal.close()
+        return {"step": self.progress.step, "done": self.progress.done, "errors": self.errors}
+
+    def _wait_for_job(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout
+        while True:
+            self.progress.poll()
+            if self.progress.started_at is not None:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterRunError(f"no worker of the job journaled a start within {self.config.start_timeout:g} s "
+                                      f"under {self.config.job_dir / 'journal'} (is --job-dir the job's run directory "
+                                      "on the shared volume?)")
+            time.sleep(self.config.poll)
+
+    def _check_selectors(self) -> dict[str, int]:
+        """How many pods each object's selector matches; a selector matching none is an error now,
+        not a fault that silently hits nothing later."""
+        counts: dict[str, int] = {}
+        for firing in self.firings:
+            for obj in firing.objects:
+                labels = _labels(obj)
+                key = json.dumps(labels, sort_keys=True)
+                if key not in counts:
+                    counts[key] = len(self.client.matching_pods(self.target.namespace, labels))
+                if counts[key] == 0:
+                    raise ClusterRunError(f"{firing.label()}: no pod in namespace {self.target.namespace!r} has the "
+                                          f"labels {labels} (check --selector and --rank-label)")
+        return counts
+
+    def _open(self, firing: Firing, step: int, pods: dict[str, int]) -> None:
+        stack = contextlib.ExitStack()
+        expected = min(pods[json.dumps(_labels(o), sort_keys=True)] for o in firing.objects)
+        started = time.monotonic()
+        try:
+            stack.enter_context(self.client.injected(firing.objects, self.config.inject_timeout, self._note,
+                                                     poll=self.config.poll, expected_pods=expected,
+                                                     recover_timeout=self.config.recover_timeout))
+        except Exception as e:  # the client deleted what it created; the fault did not fire
+            self.errors.append(f"{firing.label()}: {e}")
+            self._record("fault_not_injected", id=firing.fault_id, fault=firing.kind, occurrence=firing.occurrence,
+                         step=step, error=str(e))
+            return
+        firing.began = self._elapsed()
+        self._active.append((firing, stack))
+        self._record("fault", **{**describe(firing.config), "phase": "iteration"}, fault=firing.kind,
+                     id=firing.fault_id, occurrence=firing.occurrence, fatal=firing.config.fatal, step=step,
+                     injected_step=self.progress.poll(), elapsed=round(firing.began, 4),
+                     inject_seconds=round(time.monotonic() - started, 3),
+                     objects=[o["metadata"]["name"] for o in firing.objects])
+
+    def _close(self, firing: Firing, stack: contextlib.ExitStack, step: int, reason: str) -> None:
+        self._active = [(f, s) for f, s in self._active if f is not firing]
+        try:
+            stack.close()  # deletes the objects and waits until Chaos Mesh recovered them
+        except Exception as e:
+            self.errors.append(f"{firing.label()}: {e}")
+        finally:
+            self._record("fault_rollback", fault=firing.kind, id=firing.fault_id, occurrence=firing.occurrence,
+                         step=step, reason=reason)
+
+
+def firings(run: Journal) -> list[dict[str, Any]]:
+    """What the harness did on the cluster, one entry per firing: the step it was due at, the step the
+    job had reached once Chaos Mesh confirmed it, how long injecting and recovering took."""
+    out = []
+    for e in [e for e in run.launcher if e["event"] in ("fault", "fault_not_injected")]:
+        key = (e.get("id"), e.get("occurrence"))
+        names = set(e.get("objects") or [])
+        rollback = next((r for r in run.launcher if r["event"] == "fault_rollback"
+                         and (r.get("id"), r.get("occurrence")) == key), None)
+        recovered = [r.get("waited_s") for r in run.launcher if r["event"] == "chaos_recovered" and r.get("name") in names]
+        out.append({"id": e.get("id"), "fault": e.get("fault"), "occurrence": e.get("occurrence"),
+                    "injected": e["event"] == "fault", "due_step": e.get("step"),
+                    "injected_step": e.get("injected_step"), "inject_seconds": e.get("inject_seconds"),
+                    "deleted_step": rollback.get("step") if rollback else None,
+                    "recover_seconds": max(recovered) if recovered else None, "objects": sorted(names),
+                    "error": e.get("error")})
+    return out
+
+
+def cluster_summary(verdict: dict[str, Any], out: Path) -> str:
+    """The terminal lines of a run on a cluster: each firing, then the verdict (with a reference)."""
+    from .runner import summary
+
+    lines = []
+    for f in verdict["cluster"]["firings"]:
+        what = f"faults[{f['id']}] {f['fault']}" + (f" #{f['occurrence']}" if f["occurrence"] else "")
+        if not f["injected"]:
+            lines.append(f"  {what}: NOT injected at step {f['due_step']}: {f['error']}")
+            continue
+        rec = f", recovered {f['recover_seconds']:.1f} s after delete" if f["recover_seconds"] is not None else ""
+        lines.append(f"  {what}: due step {f['due_step']}, injected by step {f['injected_step']} "
+                     f"({f['inject_seconds']:.1f} s), deleted at step {f['deleted_step']}{rec}")
+    if verdict.get("reference", True) is None:
+        head = [f"{verdict['scenario']}: {'PASSED' if verdict['passed'] else 'FAILED'} (on the cluster; "
+                f"{verdict['note']})"]
+        tail = [f"  FAIL: {f}" for f in verdict["failures"]] + [f"  verdict          {out / 'verdict.json'}"]
+        return "\n".join(head + lines + tail)
+    return summary(verdict, out) + "\n  on the cluster:\n" + "\n".join("  " + line for line in lines)
+
+
+def collect(job_dir: Path, faulted: Path) -> None:
+    """Copy the job's journal next to the harness's, so ``faulted`` reads like a local run directory."""
+    src = job_dir / "journal"
+    for item in sorted(src.iterdir()) if src.is_dir() else []:
+        dest = faulted / "journal" / item.name
+        if item.name == launcher_journal(faulted).name:
+            continue  # the harness's own file; a job's launcher journal (if any) stays on the volume
+        if item.is_dir():
+            shutil.copytree(item, dest, dirs_exist_ok=True)
+        else:
+            shutil.copy2(item, dest)
+
+
+def run_on_cluster(scenario: Scenario, client: Any, target: ClusterTarget, config: ClusterConfig, out: Path,
+                   run_id: str, reference: Path | None = None, report: bool = True) -> dict[str, Any]:
+    """Drive the scenario's faults against the job, then judge it (with ``reference``) or summarise it.
+
+    Returns the verdict (with ``reference``: the same dict a local run writes to ``verdict.json``)
+    or, without one, ``{"passed": ..., "failures": [...], "cluster": {...}}`` — passed when every
+    fault was injected and recovered and the job finished.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    if scenario.source and Path(scenario.source).is_file():
+        shutil.copyfile(scenario.source, out / "scenario.yaml")
+    t0 = time.monotonic()
+    facts = ClusterRun(scenario, client, target, config, out, run_id).run()
+    faulted = out / "faulted"
+    collect(config.job_dir, faulted)
+    failures = list(facts["errors"])
+    if not facts["done"] and not failures:
+        failures.append("the job did not finish")
+    if reference is None:
+        run = Journal.load(faulted)
+        fired = {e.get("id") for e in run.events("fault")}
+        failures += [f"faults[{i}] never fired" for i in range(len(scenario.faults)) if i not in fired]
+        verdict = {"scenario": scenario.name, "passed": not failures, "failures": failures,
+                   "reference": None, "note": "no --reference: no bitwise or loss comparison was made"}
+    else:
+        shutil.rmtree(out / "reference", ignore_errors=True)
+        shutil.copytree(reference / "journal", out / "reference" / "journal")
+        verdict = {"scenario": scenario.name,
+                   **judge(Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
+                           steps=scenario.workload.steps, faults_declared=len(scenario.faults),
+                           launch_failures=failures)}
+    verdict["target"] = "k8s"
+    verdict["wall_seconds"] = {"reference": None, "reference_cached": False, "faulted": time.monotonic() - t0}
+    verdict["cluster"] = {"namespace": target.namespace, "run_id": run_id, "job_dir": str(config.job_dir),
+                          "firings": firings(Journal.load(faulted))}
+    (out / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
+    if report and reference is not None:
+        from analysis.report import run_report
+
+        run_report(out)
+    return verdict

@@ -1,0 +1,259 @@
+"""A scenario driven against a job on a cluster: the real kubernetes client, the local stand-in API server,
+and a job whose ranks append to their journals from a thread (the e2e test uses a real torchrun job)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from analysis.journal import Journal, JournalWriter, launcher_journal, rank_journal
+from harness.cli import main as cli_main
+from harness.cluster import ClusterConfig, ClusterRunError, plan, run_on_cluster
+from harness.scenario import parse
+from injectors.chaosclient import ChaosClient
+from injectors.chaosmesh import ClusterTarget, Unmappable, validate
+from tests.k8s_standin import StandIn
+from tests.unit.test_chaosmesh import needs_schema
+
+kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
+pytestmark = [pytest.mark.k8s, needs_schema, pytest.mark.timeout(60)]
+
+SELECTOR = {"app": "gpt"}
+TARGET = ClusterTarget(namespace="train", selector=SELECTOR, rank_label="apps.kubernetes.io/pod-index")
+PODS = [{"name": f"gpt-{i}", "labels": {"app": "gpt", "apps.kubernetes.io/pod-index": str(i)}} for i in range(2)]
+WORKLOAD = {"model": "gpt-tiny", "stages": 2, "data_parallel": 1, "microbatches": 2, "schedule": "1f1b",
+            "steps": 14, "seed": 0, "nodes": 2}
+
+
+def scenario(faults: list[dict[str, Any]], steps: int = 14) -> Any:
+    return parse({"name": "on-cluster", "workload": {**WORKLOAD, "steps": steps},
+                  "checkpoint": {"strategy": "sync", "every": 2}, "faults": faults, "run": {"max_restarts": 8},
+                  "expect": {"bitwise": True, "max_lost_steps": 2}}, "<test>", host=False)
+
+
+class FakeJob:
+    """Two ranks journaling ``start``, one ``step`` per ``period`` seconds, then ``finish``: the progress
+    a job on the cluster writes to the shared volume (only the events the harness follows)."""
+
+    def __init__(self, run_dir: Path, steps: int, period: float = 0.06, delay: float = 0.0) -> None:
+        self.run_dir, self.steps, self.period, self.delay = run_dir, steps, period, delay
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        time.sleep(self.delay)
+        writers = [JournalWriter(rank_journal(self.run_dir, r), rank=r, attempt=0) for r in range(2)]
+        for w in writers:
+            w.write("start", world_size=2)
+        for step in range(self.steps):
+            time.sleep(self.period)
+            for w in writers:
+                w.write("step", step=step)
+        for w in writers:
+            w.write("finish", step=self.steps)
+            w.close()
+
+    def __enter__(self) -> FakeJob:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(10)
+
+
+@pytest.fixture
+def standin() -> Iterator[StandIn]:
+    with StandIn(inject_after_gets=1, recover_after_gets=2, pod_list=PODS) as server:
+        yield server
+
+
+@pytest.fixture
+def client(standin: StandIn) -> Iterator[ChaosClient]:
+    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=standin.host))
+    try:
+        yield ChaosClient(api_client=api, request_timeout=5)
+    finally:
+        api.close()
+        for body in standin.created:
+            validate(body)
+
+
+def config(job_dir: Path, **kw: Any) -> ClusterConfig:
+    return ClusterConfig(**{"job_dir": job_dir, "poll": 0.02, "inject_timeout": 5, "recover_timeout": 5,
+                            "start_timeout": 5, "timeout": 30, **kw})
+
+
+def events(out: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for e in Journal.load(out / "faulted").launcher if e["event"] == kind]
+
+
+# --- plan -------------------------------------------------------------------------------------------
+
+def test_plan_gives_every_occurrence_its_own_object_and_holds_a_hang_for_its_duration() -> None:
+    s = scenario([{"kill": {"rank": 1, "at_step": 3, "every": 4, "times": 3}}, {"hang": {"rank": 0, "at_step": 5}},
+                  {"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 2, "to_step": 6}}])
+    firings = plan(s, TARGET, "r1")
+    assert [(f.fault_id, f.occurrence, f.at_step) for f in firings] == [(0, 0, 3), (0, 1, 7), (0, 2, 11), (1, 0, 5),
+                                                                         (2, 0, None)]
+    assert len({f.objects[0]["metadata"]["name"] for f in firings}) == 5
+    assert firings[0].hold == 0 and firings[3].hold == 600  # pod-failure lasts the target's hang_duration (10m)
+
+
+def test_a_phase_inside_an_iteration_cannot_be_targeted_on_a_cluster() -> None:
+    s = scenario([{"kill": {"rank": 1, "at_step": 4, "phase": "backward"}}])
+    with pytest.raises(Unmappable, match="phase 'backward'"):
+        plan(s, TARGET, "r1")
+
+
+def test_a_window_is_due_from_its_start_and_over_at_its_end() -> None:
+    [f] = plan(scenario([{"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 2, "to_step": 6}}]),
+               TARGET, "r1")
+    assert not f.due(1, 0.0) and f.due(2, 0.0)
+    f.began = 1.0
+    assert not f.over(5, 9.0) and f.over(6, 1.5)
+
+
+# --- runs against the stand-in -----------------------------------------------------------------------
+
+def test_faults_fire_at_their_steps_are_confirmed_deleted_and_recovered(standin: StandIn, client: ChaosClient,
+                                                                        tmp_path: Path) -> None:
+    s = scenario([{"kill": {"rank": 1, "at_step": 4}},
+                  {"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 3, "to_step": 8}}])
+    job = tmp_path / "job"
+    with FakeJob(job, 14):
+        verdict = run_on_cluster(s, client, TARGET, config(job), tmp_path / "out", "r1", report=False)
+    assert verdict["passed"], verdict
+    fired = {e["id"]: e for e in events(tmp_path / "out", "fault")}
+    assert fired[0]["step"] >= 4 and fired[0]["injected_step"] >= fired[0]["step"]
+    assert fired[1]["step"] >= 3 and fired[0]["objects"] and fired[0]["fatal"]
+    rollbacks = {e["id"]: e for e in events(tmp_path / "out", "fault_rollback")}
+    assert rollbacks[1]["step"] >= 8 and rollbacks[1]["reason"] == "window ended"
+    assert rollbacks[0]["reason"] == "fault done"
+    assert standin.objects == {} and len(standin.deleted) == 2  # both deleted, both gone
+    assert {e["name"] for e in events(tmp_path / "out", "chaos_recovered")} == \
+        {n for f in fired.values() for n in f["objects"]}
+    # The rank pod of rank 1 is pod index 1; the link's two ends are pods 0 and 1.
+    kinds = {b["kind"]: b for b in standin.created}
+    assert kinds["PodChaos"]["spec"]["selector"]["labelSelectors"]["apps.kubernetes.io/pod-index"] == "1"
+    # The job's journal was collected: the faulted run directory reads like a local one.
+    assert sorted(Journal.load(tmp_path / "out" / "faulted").ranks) == [0, 1]
+    assert [f["injected"] for f in verdict["cluster"]["firings"]] == [True, True]
+
+
+def test_a_selector_matching_no_pod_fails_before_anything_is_created(standin: StandIn, client: ChaosClient,
+                                                                      tmp_path: Path) -> None:
+    standin.pod_list = PODS[:1]  # no pod with index 1
+    with FakeJob(tmp_path / "job", 6), pytest.raises(ClusterRunError, match="no pod in namespace 'train'"):
+        run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 2}}]), client, TARGET, config(tmp_path / "job"),
+                       tmp_path / "out", "r1", report=False)
+    assert standin.created == []
+
+
+def test_a_fault_that_never_injects_is_deleted_and_fails_the_run(standin: StandIn, client: ChaosClient,
+                                                                  tmp_path: Path) -> None:
+    standin.never_inject = True
+    with FakeJob(tmp_path / "job", 30):
+        verdict = run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 2}}], steps=30), client, TARGET,
+                                 config(tmp_path / "job", inject_timeout=0.3), tmp_path / "out", "r1", report=False)
+    assert not verdict["passed"]
+    assert any("was not injected" in f for f in verdict["failures"])
+    assert any("never fired" in f for f in verdict["failures"])
+    assert standin.objects == {} and len(standin.deleted) == 1
+    assert events(tmp_path / "out", "fault") == [] and len(events(tmp_path / "out", "fault_not_injected")) == 1
+
+
+def test_a_fault_whose_step_never_comes_is_reported(standin: StandIn, client: ChaosClient, tmp_path: Path) -> None:
+    with FakeJob(tmp_path / "job", 5):  # the job stops at step 5; the scenario says 14 steps
+        verdict = run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 9}}]), client, TARGET,
+                                 config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
+    assert not verdict["passed"] and "faults[0] never fired" in verdict["failures"]
+    assert standin.created == [] and len(events(tmp_path / "out", "fault_skipped")) == 1
+
+
+def test_a_fault_chaos_mesh_never_recovers_is_an_error(standin: StandIn, client: ChaosClient, tmp_path: Path) -> None:
+    standin.recover_after_gets = 10**6
+    with FakeJob(tmp_path / "job", 8):
+        verdict = run_on_cluster(scenario([{"kill": {"rank": 0, "at_step": 2}}], steps=8), client, TARGET,
+                                 config(tmp_path / "job", recover_timeout=0.3), tmp_path / "out", "r1", report=False)
+    assert not verdict["passed"] and any("still there" in f for f in verdict["failures"])
+    assert len(events(tmp_path / "out", "chaos_not_recovered")) == 1
+
+
+@pytest.mark.parametrize("where", ["run", "wait_injected"])
+def test_ctrl_c_deletes_every_object_in_place(where: str, standin: StandIn, client: ChaosClient, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the window is open (in the harness's loop) or while Chaos Mesh is still injecting."""
+    import sys
+
+    import harness.cluster as cluster
+
+    real_sleep = time.sleep
+    standin.inject_after_gets = 3
+
+    def sleep(seconds: float) -> None:
+        if standin.objects and sys._getframe(1).f_code.co_name == where:
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(cluster.time, "sleep", sleep)
+    s = scenario([{"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 2}}])
+    with FakeJob(tmp_path / "job", 14), pytest.raises(KeyboardInterrupt):
+        run_on_cluster(s, client, TARGET, config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
+    monkeypatch.undo()
+    assert len(standin.deleted) == 1
+    journal = _launcher(tmp_path / "out")
+    # In the loop the harness closes the window as at the end of a run: delete, then wait until recovered.
+    last = [e["event"] for e in journal if e["event"].startswith("chaos_")][-1]
+    assert last == ("chaos_recovered" if where == "run" else "chaos_deleted")
+    rollbacks = [e for e in journal if e["event"] == "fault_rollback"]
+    assert [e["reason"] for e in rollbacks] == (["run ended"] if where == "run" else [])
+
+
+def _launcher(out: Path) -> list[dict[str, Any]]:
+    from analysis.journal import read_events
+
+    return list(read_events(launcher_journal(out / "faulted")))
+
+
+def test_the_job_never_starting_is_a_clear_error(client: ChaosClient, tmp_path: Path) -> None:
+    with pytest.raises(ClusterRunError, match="no worker of the job journaled a start"):
+        run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 2}}]), client, TARGET,
+                       ClusterConfig(job_dir=tmp_path / "nothing", start_timeout=0.2, poll=0.05),
+                       tmp_path / "out", "r1", report=False)
+
+
+# --- the CLI ------------------------------------------------------------------------------------------
+
+def test_cli_runs_against_a_kubeconfig_and_prints_each_firing(standin: StandIn, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "standin",
+        "clusters": [{"name": "standin", "cluster": {"server": standin.host}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "u", "namespace": "train"}}]}))
+    file = tmp_path / "s.yaml"
+    file.write_text(yaml.safe_dump({"name": "cli", "workload": {**WORKLOAD, "steps": 10},
+                                    "checkpoint": {"strategy": "sync", "every": 2},
+                                    "faults": [{"kill": {"rank": 1, "at_step": 3}}],
+                                    "expect": {"bitwise": True, "max_lost_steps": 2}}))
+    with FakeJob(tmp_path / "job", 10, period=0.15):
+        rc = cli_main(["run", str(file), "--target", "k8s", "--kubeconfig", str(kubeconfig), "--namespace", "train",
+                       "--selector", "app=gpt", "--rank-label", "apps.kubernetes.io/pod-index",
+                       "--job-dir", str(tmp_path / "job"), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "cli: PASSED (on the cluster; no --reference" in out
+    assert "faults[0] kill: due step 3, injected by step" in out
+    assert standin.objects == {} and [m for m, _ in standin.requests].count("POST") == 1
+
+
+def test_cli_without_job_dir_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    rc = cli_main(["run", str(root / "scenarios" / "smoke" / "kill-rank.yaml"), "--target", "k8s",
+                   "--namespace", "train", "--selector", "app=gpt"])
+    assert rc == 2 and "needs --job-dir" in capsys.readouterr().err
