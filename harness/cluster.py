@@ -29,9 +29,9 @@ against a local stand-in (see README).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,8 +92,17 @@ class Firing:
     """Due this many seconds after the job's first worker started."""
     hold: float = 0.0
     """Point faults: seconds to keep the objects before deleting (a pod-failure's duration)."""
-    began: float | None = field(default=None)
-    """Elapsed seconds when it was injected (set when it fires)."""
+    began: float | None = None
+    """Elapsed seconds when Chaos Mesh confirmed it (set by its thread)."""
+    end: threading.Event = field(default_factory=threading.Event)
+    """Set by the run when the fault is over (or the run stops): its thread deletes the objects."""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    """Set when the run stops: a thread still waiting for injection gives up (and deletes)."""
+    reason: str = ""
+    """Why it ended: ``window ended``, ``fault done``, ``run ended``."""
+    end_step: int = 0
+    """The job's step when it was ended."""
+    thread: threading.Thread | None = None
 
     def due(self, step: int, elapsed: float) -> bool:
         if isinstance(self.config, WindowFault):
@@ -160,7 +169,6 @@ class ClusterRun:
         self.progress = Progress(config.job_dir)
         self.errors: list[str] = []
         self.journal: JournalWriter | None = None
-        self._active: list[tuple[Firing, contextlib.ExitStack]] = []
 
     # --- journal ---------------------------------------------------------------------------------
 
@@ -177,13 +185,19 @@ class ClusterRun:
     # --- the run -----------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Follow the job to its end, firing every fault; return the facts for the summary."""
+        """Follow the job to its end, firing every fault; return the facts for the summary.
+
+        Each firing lives in its own thread (create, wait for injection, hold until told, delete,
+        wait for recovery), so a slow injection never delays another fault's trigger; this thread
+        only follows the journal and tells firings when they are due and when they are over.
+        """
         faulted = self.out / "faulted"
         faulted.mkdir(parents=True, exist_ok=True)
         self.journal = JournalWriter(launcher_journal(faulted))
         c = self.config
         self._record("cluster_start", run_id=self.run_id, namespace=self.target.namespace,
                      selector=self.target.selector, job_dir=str(c.job_dir), firings=len(self.firings))
+        started: list[Firing] = []
         try:
             self._wait_for_job()
             pods = self._check_selectors()
@@ -191,14 +205,17 @@ class ClusterRun:
             pending = list(self.firings)
             while True:
                 step, elapsed = self.progress.poll(), self._elapsed()
-                for firing, stack in list(self._active):
-                    if firing.over(step, elapsed):
-                        self._close(firing, stack, step, "window ended" if isinstance(firing.config, WindowFault)
-                                    else "fault done")
+                for firing in started:
+                    if not firing.end.is_set() and firing.over(step, elapsed):
+                        self._end(firing, step, "window ended" if isinstance(firing.config, WindowFault)
+                                  else "fault done")
                 for firing in list(pending):
                     if firing.due(step, elapsed):
                         pending.remove(firing)
-                        self._open(firing, step, pods)
+                        started.append(firing)
+                        firing.thread = threading.Thread(target=self._fire, args=(firing, step, pods),
+                                                         name=f"fault-{firing.fault_id}-{firing.occurrence}", daemon=True)
+                        firing.thread.start()
                 if self.progress.done:
                     break
                 if time.monotonic() > deadline:
@@ -209,12 +226,22 @@ class ClusterRun:
                 self._record("fault_skipped", id=firing.fault_id, fault=firing.kind, occurrence=firing.occurrence,
                              step=self.progress.step, reason="the job ended before its trigger")
         finally:
-            for firing, stack in list(self._active):
-                self._close(firing, stack, self.progress.poll(), "run ended")
+            step = self.progress.poll()
+            for firing in started:  # also on Ctrl-C: every thread deletes what it created
+                firing.cancel.set()
+                if not firing.end.is_set():
+                    self._end(firing, step, "run ended")
+            for firing in started:
+                assert firing.thread is not None
+                firing.thread.join(c.inject_timeout + c.recover_timeout + 30)
             self._record("cluster_end", step=self.progress.step, finished=sorted(self.progress.finished),
                          world=self.progress.world, errors=self.errors)
             self.journal.close()
         return {"step": self.progress.step, "done": self.progress.done, "errors": self.errors}
+
+    def _end(self, firing: Firing, step: int, reason: str) -> None:
+        firing.reason, firing.end_step = reason, step
+        firing.end.set()
 
     def _wait_for_job(self) -> None:
         deadline = time.monotonic() + self.config.start_timeout
@@ -243,36 +270,31 @@ class ClusterRun:
                                           f"labels {labels} (check --selector and --rank-label)")
         return counts
 
-    def _open(self, firing: Firing, step: int, pods: dict[str, int]) -> None:
-        stack = contextlib.ExitStack()
+    def _fire(self, firing: Firing, step: int, pods: dict[str, int]) -> None:
+        """One firing's life, in its own thread: inject, hold until ended, delete and wait for recovery."""
+        c = self.config
         expected = min(pods[json.dumps(_labels(o), sort_keys=True)] for o in firing.objects)
         started = time.monotonic()
         try:
-            stack.enter_context(self.client.injected(firing.objects, self.config.inject_timeout, self._note,
-                                                     poll=self.config.poll, expected_pods=expected,
-                                                     recover_timeout=self.config.recover_timeout))
-        except Exception as e:  # the client deleted what it created; the fault did not fire
+            with self.client.injected(firing.objects, c.inject_timeout, self._note, poll=c.poll,
+                                      expected_pods=expected, recover_timeout=c.recover_timeout,
+                                      cancel=firing.cancel):
+                firing.began = self._elapsed()
+                self._record("fault", **{**describe(firing.config), "phase": "iteration"}, fault=firing.kind,
+                             id=firing.fault_id, occurrence=firing.occurrence, fatal=firing.config.fatal, step=step,
+                             injected_step=self.progress.step, elapsed=round(firing.began, 4),
+                             inject_seconds=round(time.monotonic() - started, 3),
+                             objects=[o["metadata"]["name"] for o in firing.objects])
+                firing.end.wait()
+        except Exception as e:  # the client deleted what it created
             self.errors.append(f"{firing.label()}: {e}")
-            self._record("fault_not_injected", id=firing.fault_id, fault=firing.kind, occurrence=firing.occurrence,
-                         step=step, error=str(e))
-            return
-        firing.began = self._elapsed()
-        self._active.append((firing, stack))
-        self._record("fault", **{**describe(firing.config), "phase": "iteration"}, fault=firing.kind,
-                     id=firing.fault_id, occurrence=firing.occurrence, fatal=firing.config.fatal, step=step,
-                     injected_step=self.progress.poll(), elapsed=round(firing.began, 4),
-                     inject_seconds=round(time.monotonic() - started, 3),
-                     objects=[o["metadata"]["name"] for o in firing.objects])
-
-    def _close(self, firing: Firing, stack: contextlib.ExitStack, step: int, reason: str) -> None:
-        self._active = [(f, s) for f, s in self._active if f is not firing]
-        try:
-            stack.close()  # deletes the objects and waits until Chaos Mesh recovered them
-        except Exception as e:
-            self.errors.append(f"{firing.label()}: {e}")
+            if firing.began is None:
+                self._record("fault_not_injected", id=firing.fault_id, fault=firing.kind,
+                             occurrence=firing.occurrence, step=step, error=str(e))
         finally:
-            self._record("fault_rollback", fault=firing.kind, id=firing.fault_id, occurrence=firing.occurrence,
-                         step=step, reason=reason)
+            if firing.began is not None:
+                self._record("fault_rollback", fault=firing.kind, id=firing.fault_id, occurrence=firing.occurrence,
+                             step=firing.end_step, reason=firing.reason)
 
 
 def firings(run: Journal) -> list[dict[str, Any]]:

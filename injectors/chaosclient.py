@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,7 +29,8 @@ from typing import Any
 from .chaosschema import GROUP, PLURALS, VERSION, validate
 from .errors import HostUnsupported, InjectorError
 
-__all__ = ["ChaosApiError", "ChaosClient", "Journal", "NotInjected", "NotRecovered", "injection_problems"]
+__all__ = ["Cancelled", "ChaosApiError", "ChaosClient", "Journal", "NotInjected", "NotRecovered",
+           "injection_problems"]
 
 INSTALL_HINT = "pip install 'baft-harness[k8s]' (or: pip install kubernetes)"
 #: Journal callback: (event, payload), e.g. ``("chaos_created", {"name": ..., "kind": ..., "namespace": ...})``.
@@ -52,6 +54,10 @@ class NotInjected(InjectorError):
         self.kind, self.name, self.namespace = _ident(obj)
         super().__init__(f"{self.kind} {self.name!r} in namespace {self.namespace!r} was not injected within "
                          f"{timeout:g} s:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class Cancelled(InjectorError):
+    """Waiting for a fault to be injected was called off (the run is stopping); its objects are deleted."""
 
 
 class NotRecovered(InjectorError):
@@ -182,14 +188,16 @@ class ChaosClient:
         return True
 
     def wait_injected(self, obj: dict[str, Any], timeout: float, poll: float = 0.5,
-                      expected_pods: int | None = None) -> dict[str, Any]:
+                      expected_pods: int | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
         """Poll the object until Chaos Mesh reports it injected (see :func:`injection_problems`); return it.
 
         Raises :class:`NotInjected` after ``timeout`` seconds, listing the conditions and every
-        container record that is not injected.
+        container record that is not injected, and :class:`Cancelled` once ``cancel`` is set.
         """
         deadline = time.monotonic() + timeout
         while True:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"stopped waiting for {_ident(obj)[0]} {_ident(obj)[1]!r} to be injected")
             current = self.get(obj)
             problems = injection_problems(current.get("status"), expected_pods)
             if not problems:
@@ -238,8 +246,8 @@ class ChaosClient:
     @contextmanager
     def injected(self, objs: dict[str, Any] | Sequence[dict[str, Any]], timeout: float,
                  journal: Journal | None = None, *, poll: float = 0.5,
-                 expected_pods: int | None = None,
-                 recover_timeout: float | None = None) -> Iterator[list[dict[str, Any]]]:
+                 expected_pods: int | None = None, recover_timeout: float | None = None,
+                 cancel: threading.Event | None = None) -> Iterator[list[dict[str, Any]]]:
         """Apply ``objs`` (one object or a list), wait until each is injected, yield them as stored, then delete.
 
         Deletion runs in a ``finally`` for every object that was created, whether the body
@@ -252,7 +260,8 @@ class ChaosClient:
         With ``recover_timeout`` the rollback also waits until each deleted object is gone
         (:meth:`wait_gone`: Chaos Mesh has undone the fault) and journals ``chaos_recovered`` with
         the seconds it took (``chaos_not_recovered`` if it does not go; raised unless another error
-        is on its way out). After Ctrl-C it does not wait: the deletes were sent.
+        is on its way out). After Ctrl-C it does not wait: the deletes were sent. Setting ``cancel``
+        stops the wait for injection (:class:`Cancelled`), from another thread.
         """
         todo = [objs] if isinstance(objs, dict) else list(objs)
         note: Journal = journal or (lambda event, payload: None)
@@ -270,7 +279,7 @@ class ChaosClient:
                 note("chaos_created", {**_payload(obj), "uid": (out.get("metadata") or {}).get("uid")})
             for i, obj in enumerate(created):
                 start = time.monotonic()
-                stored[i] = self.wait_injected(obj, timeout, poll, expected_pods)
+                stored[i] = self.wait_injected(obj, timeout, poll, expected_pods, cancel)
                 records = ((stored[i].get("status") or {}).get("experiment") or {}).get("containerRecords") or []
                 note("chaos_injected", {**_payload(obj), "records": [r.get("id") for r in records],
                                         "waited_s": round(time.monotonic() - start, 3)})
