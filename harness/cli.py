@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="k8s: seconds Chaos Mesh has to report a fault injected (default 60)")
     run.add_argument("--recover-timeout", dest="recover_timeout", type=float, default=120.0,
                      help="k8s: seconds Chaos Mesh has to undo a deleted fault (default 120)")
+    run.add_argument("--workflow", action="store_true",
+                     help="k8s, with --dry-run: the time-triggered faults as one Chaos Mesh Workflow (the cluster's "
+                          "clock runs them; step triggers need the harness following the journal)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="k8s: print every object it would create as YAML documents (kubectl apply -f -); touch no cluster")
     run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
@@ -237,7 +240,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
     against the job on the cluster (:mod:`harness.cluster`)."""
-    from injectors.chaosmesh import ClusterTarget, Unmappable, to_yaml
+    from injectors.chaosmesh import ClusterTarget, Unmappable, to_yaml, validate
     from injectors.chaosschema import ManifestInvalid
     from injectors.errors import InjectorError
 
@@ -264,6 +267,21 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     except (Unmappable, ManifestInvalid, InjectorError) as e:
         print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
         return 2
+    if args.workflow:
+        from injectors.chaosworkflow import workflow_manifest
+
+        if not args.dry_run:
+            print("baft: error: --workflow prints one Chaos Mesh Workflow for the time-triggered faults; it needs "
+                  "--dry-run (apply it with kubectl when the job starts: its clock starts at creation)", file=sys.stderr)
+            return 2
+        try:
+            workflow = workflow_manifest([(i, f.kind, f.config) for i, f in enumerate(scenario.faults)], target, run_id)
+            validate(workflow)
+        except (Unmappable, ManifestInvalid, InjectorError) as e:
+            print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
+            return 2
+        sys.stdout.write(to_yaml([workflow]))
+        return 0
     if args.dry_run:
         sys.stdout.write(to_yaml(obj for f in firings for obj in f.objects))
         return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import FaultConfig, RunShape, WorkerContext
+from .clock import ClockSkewConfig, ClockSkewInjector
 from .compute import StragglerConfig, StragglerInjector
 from .data import JitterConfig, JitterInjector
 from .errors import FaultConfigError, HostUnsupported, InjectorError
@@ -28,6 +29,7 @@ FAULTS: dict[str, tuple[type[FaultConfig], type[Any]]] = {
     "throttle": (ThrottleConfig, LinkInjector),
     "partition": (PartitionConfig, LinkInjector),
     "delay": (DelayConfig, LinkInjector),
+    "clock_skew": (ClockSkewConfig, ClockSkewInjector),
 }
 
 __all__ = ["FAULTS", "FaultConfig", "FaultConfigError", "HostUnsupported", "InWorkerInjector", "InjectorError",

@@ -18,6 +18,7 @@ straggler      StressChaos CPU stressors in the rank's pod
 slow_storage   IOChaos ``latency`` on checkpoint writes, every pod
 corrupt        IOChaos ``mistake`` (one random byte per write) on rank 0's checkpoint writes
 disk_full      IOChaos ``fault`` errno 28 (ENOSPC) on checkpoint writes, every pod
+clock_skew     TimeChaos ``timeOffset`` on the rank's pod or the node's pods, training container
 jitter         none: :class:`Unmappable`
 =============  ===========================================================================
 
@@ -34,7 +35,8 @@ steps (``from_step``/``to_step``) or open-ended gets none, and the harness delet
 object at ``to_step`` or at the end of the run. A point fault with a step, ``at_time``
 or ``mtbf`` trigger is applied once per occurrence (``occurrence`` keeps the names
 apart); a periodic ``every_seconds`` trigger can instead become one
-:func:`schedule_manifest`.
+:func:`schedule_manifest`. The time-triggered faults of a run can instead become one Workflow
+that the cluster times itself (:mod:`injectors.chaosworkflow`).
 
 Validation against the real CRDs and the webhook's rules is in :mod:`injectors.chaosschema`
 (re-exported here). Nothing here talks to a cluster.
@@ -46,12 +48,13 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from .chaosschema import (API_VERSION, SCHEDULE_EMBEDS, ManifestInvalid, chaos_rate_bytes, crd_schema,
                           format_chaos_rate, is_dns_label, is_label_key, is_label_value, parse_go_duration, validate)
+from .clock import ClockSkewConfig
 from .compute import StragglerConfig
 from .data import JitterConfig
 from .errors import FaultConfigError, InjectorError
@@ -199,17 +202,19 @@ def go_millis(ms: float, field: str) -> str:
 
 # --- names --------------------------------------------------------------------------------------------
 
-def object_name(target: ClusterTarget, run_id: str, fault_id: int, kind: str, occurrence: int | None = None) -> str:
-    """``{name_prefix}-{run_id}-{fault_id}-{kind}[-{occurrence}]``, lowercased, as a DNS-1123 label.
+def object_name(target: ClusterTarget, run_id: str, fault_id: int | None, kind: str,
+                occurrence: int | None = None) -> str:
+    """``{name_prefix}-{run_id}-{fault_id}-{kind}[-{occurrence}]``, lowercased, as a DNS-1123 label
+    (no ``-{fault_id}`` when it is None: an object of the whole run, such as a Workflow).
 
     Characters a label cannot hold become '-'. When the name would pass 63 characters,
     the run id is cut and an 8-hex digest of the full name is put after it, so names of
     different runs stay distinct; the ``baft.dev/run`` label keeps the whole run id.
     """
     check_run_id(run_id)
-    if isinstance(fault_id, bool) or not isinstance(fault_id, int) or fault_id < 0:
+    if fault_id is not None and (isinstance(fault_id, bool) or not isinstance(fault_id, int) or fault_id < 0):
         raise FaultConfigError("fault_id", "an integer >= 0", fault_id)
-    tail = f"-{fault_id}-{kind}" + (f"-{occurrence}" if occurrence is not None else "")
+    tail = "".join(f"-{part}" for part in (fault_id, kind, occurrence) if part is not None)
     tail = re.sub(r"[^a-z0-9-]", "-", tail.lower())
     run = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
     name = f"{target.name_prefix}-{run}{tail}"
@@ -370,6 +375,14 @@ def _disk_full(c: DiskFullConfig, t: ClusterTarget) -> Spec:
     return "IOChaos", _window(c, _io(t, t.pods(), {"action": "fault", "errno": ENOSPC, "methods": WRITE_METHODS}))
 
 
+def _clock_skew(c: ClockSkewConfig, t: ClusterTarget) -> Spec:
+    # TimeChaos shifts what clock_gettime returns in the container's processes (PID 1 and its children).
+    c.check_fields()  # exactly one of rank and node, a nonzero offset, known clock ids
+    selector = t.rank_pod(c.rank) if c.rank is not None else t.node_pods(cast(int, c.node))
+    return "TimeChaos", _window(c, {"mode": "all", "selector": selector, "timeOffset": c.offset,
+                                    "clockIds": list(c.clock_ids), "containerNames": [t.container]})
+
+
 def _jitter(c: JitterConfig, t: ClusterTarget) -> Spec:
     raise Unmappable("jitter", "it delays the data loader inside the training process, per batch, from a seeded "
                                "distribution; Chaos Mesh acts on pods, networks and files, not on a loader (IOChaos "
@@ -382,6 +395,7 @@ _BUILDERS: dict[str, tuple[type, Callable[[Any, ClusterTarget], Spec]]] = {
     "partition": (PartitionConfig, _partition), "delay": (DelayConfig, _delay),
     "straggler": (StragglerConfig, _straggler), "slow_storage": (SlowStorageConfig, _slow_storage),
     "corrupt": (CorruptConfig, _corrupt), "disk_full": (DiskFullConfig, _disk_full), "jitter": (JitterConfig, _jitter),
+    "clock_skew": (ClockSkewConfig, _clock_skew),
 }
 
 

@@ -23,7 +23,13 @@ each with its JSON path and where the rule comes from:
 * ``(harness)`` — a few stricter checks of ours where Chaos Mesh would accept an
   object that then fails at injection: the action's own sub-spec is present, a rate
   is at least 1 byte/s, IO methods are ones Chaos Mesh defines, a Schedule's type
-  names a kind and carries that kind's spec.
+  names a kind and carries that kind's spec, TimeChaos clock ids are ones the chaos
+  daemon knows.
+
+A Workflow gets ``workflow_webhook.go``'s rules (entry and children name templates; unique
+DNS-1123 names; a Suspend has a deadline; a chaos template carries its ``templateType``'s
+spec, without ``duration``: the ``deadline`` is that), each embedded spec its kind's rules,
+and ours: deadlines parse (``time.ParseDuration``), chaos has one, children form no cycle.
 
 ``jsonschema`` is an optional dependency, imported only here, only when validating.
 """
@@ -64,6 +70,19 @@ IO_METHODS = frozenset({
     "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir", "readdir",
     "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr", "access",
     "create", "getlk", "setlk", "bmap"})
+
+#: Workflow ``templateType`` of a chaos -> the template field embedding its spec (Chaos Mesh's EmbedChaos;
+#: the CRD's template properties). Only the kinds of :data:`SCHEDULE_EMBEDS` get the webhook's spec rules here.
+WORKFLOW_EMBEDS: dict[str, str] = {
+    **SCHEDULE_EMBEDS, "AWSChaos": "awsChaos", "AzureChaos": "azureChaos", "BlockChaos": "blockChaos",
+    "DNSChaos": "dnsChaos", "GCPChaos": "gcpChaos", "HTTPChaos": "httpChaos", "JVMChaos": "jvmChaos",
+    "KernelChaos": "kernelChaos", "PhysicalMachineChaos": "physicalmachineChaos",
+}
+
+#: Clock ids TimeChaos accepts (its CRD description; the chaos daemon's ``EncodeClkIds`` refuses any other).
+CLOCK_IDS: tuple[str, ...] = (
+    "CLOCK_REALTIME", "CLOCK_MONOTONIC", "CLOCK_PROCESS_CPUTIME_ID", "CLOCK_THREAD_CPUTIME_ID", "CLOCK_MONOTONIC_RAW",
+    "CLOCK_REALTIME_COARSE", "CLOCK_MONOTONIC_COARSE", "CLOCK_BOOTTIME", "CLOCK_REALTIME_ALARM", "CLOCK_BOOTTIME_ALARM")
 
 INSTALL_HINT = "pip install 'baft-harness[k8s]' (or: pip install jsonschema)"
 
@@ -339,17 +358,22 @@ def _meta_rules(meta: Any) -> Iterator[str]:
             yield f"$.metadata.labels[{key!r}]: expected a valid label key and value, found {value!r} (api-server)"
 
 
-def _spec_rules(kind: str, spec: dict[str, Any], at: str) -> Iterator[str]:
-    """The webhook's (and our) rules for one spec; a Schedule's embedded spec is checked the same way."""
+def _spec_rules(kind: str, spec: dict[str, Any], at: str, in_workflow: bool = False) -> Iterator[str]:
+    """The webhook's (and our) rules for one spec; a Schedule's or a Workflow's embedded spec is checked the
+    same way (``in_workflow``: the template's ``deadline`` stands for the spec's ``duration``)."""
     yield from _duration_rule(spec.get("duration"), f"{at}.duration")
-    if kind != "Schedule":
+    if kind not in ("Schedule", "Workflow"):
         yield from _mode_rule(spec, at)
     if kind == "PodChaos":
         action = spec.get("action")
         if action == "container-kill" and not spec.get("containerNames"):
             yield f"{at}.containerNames: container-kill needs containerNames (webhook)"
-        if action == "pod-failure" and "duration" not in spec:
+        if action == "pod-failure" and "duration" not in spec and not in_workflow:
             yield f"{at}.duration: pod-failure needs a duration (CRD description)"
+    elif kind == "TimeChaos":
+        yield from _time_rules(spec, at)
+    elif kind == "Workflow":
+        yield from _workflow_rules(spec, at)
     elif kind == "NetworkChaos":
         yield from _network_rules(spec, at)
     elif kind == "StressChaos":
@@ -465,3 +489,119 @@ def _io_rules(spec: dict[str, Any], at: str) -> Iterator[str]:
     unknown = [m for m in methods if not isinstance(m, str) or m not in IO_METHODS]
     if unknown:
         yield f"{at}.methods: unknown IO methods {unknown} (harness; known: {', '.join(sorted(IO_METHODS))})"
+
+
+def _time_rules(spec: dict[str, Any], at: str) -> Iterator[str]:
+    if "timeOffset" in spec:
+        try:
+            parse_go_duration(spec["timeOffset"])
+        except ValueError as e:
+            yield f"{at}.timeOffset: parse timeOffset field error: {e} (webhook)"
+    ids = spec.get("clockIds")
+    unknown = [c for c in ids if not isinstance(c, str) or c not in CLOCK_IDS] if isinstance(ids, list) else []
+    if unknown:
+        yield (f"{at}.clockIds: unknown clock ids {unknown}: the chaos daemon refuses them at injection "
+               f"(harness; known: {', '.join(CLOCK_IDS)})")
+
+
+# --- Workflow (api/v1alpha1/workflow_webhook.go, and what the workflow controller needs) ---------
+
+_CHAOS_NOT_IN = ("task", "children", "conditionalBranches", "schedule")
+_NOT_IN = {  # template type -> fields the webhook forbids on it ("this template should not contain ...")
+    "Suspend": _CHAOS_NOT_IN, "StatusCheck": _CHAOS_NOT_IN, "Serial": ("task", "conditionalBranches", "schedule"),
+    "Parallel": ("task", "conditionalBranches", "schedule"), "Schedule": ("task", "children", "conditionalBranches"),
+    "Task": ("children", "schedule")}
+
+
+def _workflow_rules(spec: dict[str, Any], at: str) -> Iterator[str]:
+    templates = spec.get("templates")
+    if not isinstance(templates, list) or not templates:
+        yield f"{at}.templates: templates in workflow could not be empty (webhook)"
+        return
+    items = [(i, t) for i, t in enumerate(templates) if isinstance(t, dict)]
+    names = [t.get("name") for _, t in items]
+    known = {n for n in names if isinstance(n, str)}
+    entry = spec.get("entry")
+    if not entry:
+        yield f"{at}.entry: the entry of workflow is required (webhook)"
+    elif not isinstance(entry, str) or entry not in known:
+        yield f"{at}.entry: can not find a template with name {entry!r} (webhook)"
+    duplicated = sorted(n for n in known if names.count(n) > 1)
+    if duplicated:
+        yield f"{at}.templates: template name must be unique, duplicated names: {duplicated} (webhook)"
+    for i, t in items:
+        yield from _template_rules(t, f"{at}.templates[{i}]", known)
+    yield from _cycle_rule({t["name"]: t.get("children") for _, t in items if isinstance(t.get("name"), str)
+                            and t.get("templateType") in ("Serial", "Parallel")}, f"{at}.templates")
+
+
+def _template_rules(t: dict[str, Any], at: str, known: set[str]) -> Iterator[str]:
+    name, kind, deadline = t.get("name"), t.get("templateType"), t.get("deadline")
+    kind = kind if isinstance(kind, str) else repr(kind)  # reported, never hashed (it may be a list)
+    if not is_dns_subdomain(name):
+        yield f"{at}.name: field name must be DNS-1123 subdomain, found {name!r} (webhook)"
+    elif len(name) > 57:  # the controller labels child nodes with "{name}-{5 random}", a label value
+        yield f"{at}.name: at most 57 characters, found {len(name)} (harness)"
+    if deadline is not None:
+        try:
+            if parse_go_duration(deadline) < 0:
+                yield f"{at}.deadline: a negative deadline has passed before the template starts (harness)"
+        except ValueError as e:
+            yield f"{at}.deadline: the workflow controller parses it with time.ParseDuration: {e} (harness)"
+    embedded = [f for f in WORKFLOW_EMBEDS.values() if t.get(f) is not None]
+    if kind in WORKFLOW_EMBEDS:
+        field = WORKFLOW_EMBEDS[kind]
+        forbidden: tuple[str, ...] = _CHAOS_NOT_IN
+        if not isinstance(t.get(field), dict):
+            yield f"{at}.{field}: parse workflow field error: missing chaos spec {kind} (webhook)"
+        else:
+            if t[field].get("duration") is not None:
+                yield (f"{at}.{field}.duration: should not define duration in chaos when using Workflow, "
+                       "use Template#Deadline instead (webhook)")
+            if kind in SCHEDULE_EMBEDS:
+                yield from _spec_rules(kind, t[field], f"{at}.{field}", in_workflow=True)
+        others = [f for f in embedded if f != field]
+        if others:
+            yield f"{at}: a {kind} template uses only {field}, found also {others} (harness)"
+        if deadline is None:
+            yield (f"{at}.deadline: a chaos template needs a deadline: the Workflow deletes the chaos object "
+                   "when it passes, and nothing else ends it (harness)")
+    elif kind in _NOT_IN:
+        forbidden = _NOT_IN[kind]
+        if embedded:
+            yield f"{at}: this template should not contain any Chaos, found {embedded} (webhook)"
+        if kind == "Suspend" and not deadline:
+            yield f"{at}.deadline: deadline in template with type Suspend could not be empty (webhook)"
+        if kind == "Schedule" and isinstance(t.get("schedule"), dict):
+            yield from _spec_rules("Schedule", t["schedule"], f"{at}.schedule")
+    else:
+        yield f"{at}.templateType: unrecognized template type: {kind} (webhook)"
+        return
+    for f in forbidden:
+        if t.get(f):
+            yield f"{at}.{f}: this template should not contain {f} (webhook)"
+    children = t.get("children")
+    if kind in ("Serial", "Parallel") and isinstance(children, list):
+        for j, child in enumerate(children):
+            if not isinstance(child, str) or child not in known:
+                yield f"{at}.children[{j}]: can not find a template with name {child!r} (webhook)"
+
+
+def _cycle_rule(children: dict[str, Any], at: str) -> Iterator[str]:
+    """Serial/Parallel templates whose children lead back to themselves: a Workflow that never ends."""
+    done: set[str] = set()
+
+    def walk(node: str, path: list[str]) -> list[str] | None:
+        kids = children.get(node)
+        for kid in kids if isinstance(kids, list) else []:
+            if kid in path:
+                return path[path.index(kid):] + [kid]
+            if isinstance(kid, str) and kid in children and kid not in done and (found := walk(kid, path + [kid])):
+                return found
+        done.add(node)
+        return None
+
+    for start in children:
+        if start not in done and (cycle := walk(start, [start])):
+            yield f"{at}: children form a cycle {' -> '.join(cycle)}, so the Workflow never ends (harness)"
+            return

@@ -194,7 +194,7 @@ def test_every_fault_kind_goes_to_its_plural(standin: StandIn, client: ChaosClie
     with client.injected(obj, timeout=2, poll=POLL):
         pass
     plural = {"PodChaos": "podchaos", "NetworkChaos": "networkchaos", "StressChaos": "stresschaos",
-              "IOChaos": "iochaos"}[chaos_kind]
+              "IOChaos": "iochaos", "TimeChaos": "timechaos"}[chaos_kind]
     assert [m for m, _ in standin.requests] == ["POST", "GET", "DELETE"]
     assert standin.requests[0][1] == f"{PREFIX}train/{plural}"
 

@@ -13,12 +13,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from injectors import FAULTS, FaultConfigError, HostUnsupported
+from injectors import FAULTS, FaultConfigError, HostUnsupported, RunShape, WorkerContext
 from injectors import chaosschema
 from injectors.chaosmesh import (ClusterTarget, ManifestInvalid, Unmappable, chaos_rate, crd_schema, go_duration,
                                  go_millis, manifests, object_name, schedule_manifest, straggler_workers, tc_rate,
                                  to_yaml, validate)
-from injectors.chaosschema import chaos_rate_bytes, check_cron, crds_dir, is_dns_label, parse_go_duration
+from injectors.chaosschema import CLOCK_IDS, chaos_rate_bytes, check_cron, crds_dir, is_dns_label, parse_go_duration
+from injectors.clock import ClockSkewInjector
 from injectors.network import parse_rate
 
 # jsonschema is optional (the k8s extra) and the CRDs live outside the repository: without them the
@@ -47,6 +48,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str, str | None]] = {
     "corrupt": ({"at_step": 12, "how": "flip"}, "IOChaos", "mistake"),
     "disk_full": ({"from_time": 5, "duration": 20}, "IOChaos", "fault"),
     "jitter": ({"ranks": [0], "from_step": 8}, "", None),
+    "clock_skew": ({"rank": 1, "offset": "-10m", "from_time": 5, "duration": 30}, "TimeChaos", None),
 }
 MAPPABLE = sorted(k for k in EXAMPLES if k != "jitter")
 
@@ -189,6 +191,9 @@ points = st.one_of(
     st.builds(lambda t: {"at_time": t}, st.floats(0, 1e4)),
     st.builds(lambda m, s: {"mtbf": m, "seed": s, "times": 3}, st.floats(0.1, 1e4), st.integers(0, 2**31)))
 
+offsets = st.builds(lambda sign, terms: sign + "".join(terms), st.sampled_from(["", "-", "+"]), st.lists(st.builds(
+    "{}{}".format, st.integers(1, 10**6), st.sampled_from(["ns", "us", "ms", "s", "m", "h"])), min_size=1, max_size=2))
+
 
 @st.composite
 def links(draw: st.DrawFn) -> dict[str, Any]:
@@ -211,6 +216,9 @@ FIELDS: dict[str, Any] = {
     "slow_storage": st.builds(lambda d, w: {"delay_ms": d, **w}, st.floats(0.001, 1e6), windows),
     "corrupt": st.builds(lambda f, p: {"file": f, **p}, st.integers(0, 10), points),
     "disk_full": st.builds(lambda m, w: {"size_mb": m, **w}, st.integers(1, 10**5), windows),
+    "clock_skew": st.builds(lambda who, off, ids, w: {**who, "offset": off, "clock_ids": ids, **w},
+                            st.one_of(ranks.map(lambda r: {"rank": r}), nodes.map(lambda n: {"node": n})), offsets,
+                            st.lists(st.sampled_from(CLOCK_IDS), min_size=1, max_size=4, unique=True), windows),
 }
 targets = st.builds(
     lambda ns, job, rpp, cpus, prefix: ClusterTarget(namespace=ns, selector={"app": job}, ranks_per_pod=rpp,
@@ -459,6 +467,44 @@ def test_cron_accepted(spec: str) -> None:
     check_cron(spec)
 
 
+# --- clock skew (TimeChaos) ---------------------------------------------------------------------------------
+
+@needs_schema
+def test_clock_skew_maps_to_time_chaos_and_bad_values_are_refused() -> None:
+    skew, = build("clock_skew", node=2, offset="1h30m", clock_ids=["CLOCK_REALTIME", "CLOCK_MONOTONIC"], from_time=0,
+                  duration=90)
+    validate(skew)
+    assert skew["spec"] == {"mode": "all", "selector": {"namespaces": ["train"], "labelSelectors": {**JOB, IDX: "2"}},
+                            "timeOffset": "1h30m", "clockIds": ["CLOCK_REALTIME", "CLOCK_MONOTONIC"],
+                            "containerNames": ["pytorch"], "duration": "90s"}
+    for field, value, says in (("timeOffset", "10 minutes", "$.spec.timeOffset: parse timeOffset"),
+                               ("timeOffset", 600, "$.spec.timeOffset"), ("clockIds", ["CLOCK_TAI"], "$.spec.clockIds"),
+                               ("clockIds", "CLOCK_REALTIME", "$.spec.clockIds")):
+        assert says in problems({**skew, "spec": {**skew["spec"], field: value}})
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"rank": 0, "offset": "10 min"}, "offset"), ({"rank": 0, "offset": "0s"}, "offset"),
+    ({"rank": 0, "offset": "-0"}, "offset"), ({"rank": 0, "offset": "5s", "clock_ids": ["CLOCK_TAI"]}, "clock_ids"),
+    ({"rank": 0, "offset": "5s", "clock_ids": []}, "clock_ids"), ({"offset": "5s"}, "rank"),
+    ({"rank": 0, "node": 0, "offset": "5s"}, "rank"), ({"rank": 9, "offset": "5s"}, "rank"),
+])
+def test_clock_skew_config_is_checked(fields: dict[str, Any], field: str) -> None:
+    config = FAULTS["clock_skew"][0](from_time=1, **fields)
+    with pytest.raises(FaultConfigError) as info:
+        config.check(RunShape(world_size=4, steps=10, nodes=2))
+    assert info.value.field == field
+
+
+def test_clock_skew_refuses_to_run_locally(tmp_path: Path) -> None:
+    config = FAULTS["clock_skew"][0](rank=0, offset="-10m", from_step=1)
+    config.check(RunShape(world_size=2, steps=10, nodes=1))
+    for refuse in (config.preflight, ClockSkewInjector(config, 0, WorkerContext(
+            rank=0, fault_dir=tmp_path, record=lambda *a, **k: None)).begin):
+        with pytest.raises(HostUnsupported, match=re.escape("runs only on a cluster: baft run SCENARIO --target k8s")):
+            refuse()
+
+
 # --- names, targets, YAML, CRD files ---------------------------------------------------------------------------
 
 @given(run_id=label_text, fault_id=st.integers(0, 10**9), occurrence=st.one_of(st.none(), st.integers(0, 10**9)))
@@ -577,12 +623,13 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40
                                                                                       max_size=3), max_leaves=8)
 spec_keys = st.sampled_from(["action", "mode", "value", "selector", "duration", "direction", "target", "delay",
                              "bandwidth", "stressors", "stressngStressors", "errno", "percent", "methods", "mistake",
-                             "containerNames", "schedule", "type", "podChaos", "externalTargets", "loss"])
+                             "containerNames", "schedule", "type", "podChaos", "externalTargets", "loss",
+                             "timeOffset", "clockIds"])
 
 
 @needs_schema
 @settings(max_examples=200, deadline=None)
-@given(kind=st.sampled_from(["PodChaos", "NetworkChaos", "StressChaos", "IOChaos", "Schedule"]),
+@given(kind=st.sampled_from(["PodChaos", "NetworkChaos", "StressChaos", "IOChaos", "TimeChaos", "Schedule"]),
        spec=st.dictionaries(spec_keys, json_values, max_size=8), meta=st.dictionaries(
            st.sampled_from(["name", "namespace", "labels"]), json_values, max_size=3))
 def test_validate_only_ever_raises_manifest_invalid(kind: str, spec: dict[str, Any], meta: dict[str, Any]) -> None:

@@ -39,3 +39,39 @@ def test_a_fault_chaos_mesh_cannot_express_is_refused(capsys: pytest.CaptureFixt
                    "--namespace", "train", "--selector", "app=gpt"])
     assert rc == 2 and "cannot run on a cluster" in capsys.readouterr().err
 
+
+
+def test_workflow_prints_one_validated_workflow_for_time_triggers(capsys: pytest.CaptureFixture[str]) -> None:
+    from injectors.chaosmesh import validate
+
+    rc = cli_main(["run", str(ROOT / "examples" / "k8s" / "timed-sequence.yaml"), "--target", "k8s", "--dry-run",
+                   "--workflow", "--namespace", "train", "--selector", "app=gpt"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    [wf] = list(yaml.safe_load_all(out))
+    validate(wf)
+    kinds = {t["templateType"] for t in wf["spec"]["templates"]}
+    assert {"Parallel", "Serial", "Suspend", "TimeChaos", "NetworkChaos", "PodChaos"} <= kinds
+    # Three kills, 300 s apart from 300 s: three branches waiting 300, 600 and 900 s.
+    waits = sorted(t["deadline"] for t in wf["spec"]["templates"] if t["name"].startswith("f2-") and
+                   t["templateType"] == "Suspend")
+    assert waits == ["300s", "600s", "900s"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dry-run", "--workflow"], "cluster's clock"),  # kill-rank.yaml triggers at a step
+    (["--workflow", "--job-dir", "/tmp"], "needs --dry-run"),
+])
+def test_workflow_refusals_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli_main(["run", str(ROOT / "scenarios" / "smoke" / "kill-rank.yaml"), "--target", "k8s",
+                   "--namespace", "train", "--selector", "app=gpt", *argv])
+    assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_clock_skew_is_refused_locally_but_maps_on_a_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = str(ROOT / "examples" / "k8s" / "timed-sequence.yaml")
+    assert cli_main(["run", scenario]) == 2
+    assert "clock_skew runs only on a cluster" in capsys.readouterr().err
+    assert cli_main(["run", scenario, "--target", "k8s", "--dry-run", "--namespace", "train",
+                     "--selector", "app=gpt"]) == 0
+    assert "TimeChaos" in {d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)}

@@ -213,3 +213,29 @@ def test_a_missing_script_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError) as e:
         load(f)
     assert e.value.path == "workload.script" and "nope.py" in str(e.value.found)
+
+
+CLOCK_SKEW = "  - clock_skew: {rank: 1, offset: -10m, from_time: 5, duration: 30}"
+
+
+def test_a_local_clock_skew_is_refused_and_says_to_use_a_cluster(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    f = write(tmp_path, GOOD.replace("  - kill: {rank: 1, at_step: 17}", CLOCK_SKEW))
+    with pytest.raises(ScenarioError) as e:
+        load(f)
+    assert e.value.path == "faults[0].clock_skew" and "baft run SCENARIO --target k8s" in str(e.value.found)
+    assert cli_main(["run", str(f), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "clock_skew runs only on a cluster" in err and "TimeChaos" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # nothing started
+    with pytest.raises(ScenarioError) as e:  # the fault's own checks come first, with their key path
+        load(write(tmp_path, GOOD.replace("  - kill: {rank: 1, at_step: 17}", CLOCK_SKEW.replace("-10m", "10 min"))))
+    assert e.value.path == "faults[0].clock_skew.offset"
+
+
+@pytest.mark.k8s
+def test_a_clock_skew_scenario_can_go_to_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = write(tmp_path, GOOD.replace("  - kill: {rank: 1, at_step: 17}", CLOCK_SKEW))
+    assert load(f, host=False).faults[0].config.offset == "-10m"  # the cluster target skips the host's preflight
+    rc = cli_main(["run", str(f), "--target", "k8s", "--dry-run", "--namespace", "train", "--selector", "app=gpt"])
+    assert rc == 0 and "kind: TimeChaos" in capsys.readouterr().out
