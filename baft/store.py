@@ -527,11 +527,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=0.0, help="replication rate limit in bytes/s (0: none)")
     p.add_argument("--journal", type=Path, help="JSONL file for the store's events")
     p.add_argument("--no-yield", action="store_true", help="send replicas even while training traffic is in flight")
+    p.add_argument("--listen", help="address to bind (default: this node's host in --addresses; in a pod, 0.0.0.0, "
+                                    "since its DNS name may not resolve before the pod is ready)")
     a = p.parse_args(argv)
     addresses = a.addresses.split(",")
     store = Store(a.root, a.node, addresses, a.replicas, a.rate, a.journal, yield_to_training=not a.no_yield)
     host, port = addresses[a.node].rsplit(":", 1)
-    server = _Server((host, int(port)), _Handler)
+    server = _Server((a.listen or host, int(port)), _Handler)
     server.store = store  # type: ignore[attr-defined]
     (a.root / "store.pid").write_text(str(os.getpid()))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())

@@ -46,6 +46,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="k8s: print every object it would create as YAML documents (kubectl apply -f -); touch no cluster")
     run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
     run.add_argument("--wandb-online", dest="wandb_online", action="store_true", help="publish online (needs WANDB_API_KEY)")
+    dep = sub.add_parser("deploy", help="print Kubernetes manifests running the scenario's workload with baft in a "
+                                        "cluster (and, with --harness, the harness with its RBAC)")
+    dep.add_argument("scenario", type=Path, help="scenario YAML file (its workload, checkpoint policy, faults)")
+    dep.add_argument("--namespace", required=True, help="namespace of the job, the claim and the harness")
+    dep.add_argument("--image", required=True, help="container image with baft-harness[k8s] installed")
+    dep.add_argument("--claim", required=True, help="ReadWriteMany PersistentVolumeClaim shared by all pods")
+    dep.add_argument("--name", default="baft-train", help="job name prefix and pods' app label (default baft-train)")
+    dep.add_argument("--run", default="faulted", help="run name: /shared/RUN on the volume (default faulted)")
+    dep.add_argument("--harness", action="store_true",
+                     help="also the harness: ServiceAccount, Role, RoleBinding and a Job driving the faults")
+    dep.add_argument("--reference-run", dest="reference_run",
+                     help="with --harness: the run to judge against (deployed before, without --harness)")
+    dep.add_argument("--cpu", default="2", help="trainer CPU request/limit (default 2)")
+    dep.add_argument("--memory", default="4Gi", help="trainer memory request/limit (default 4Gi)")
+    dep.add_argument("--shm", default="2Gi", help="size of each pod's /dev/shm (default 2Gi)")
     suite = sub.add_parser("suite", help="run every scenario of a directory; write suite.json, junit.xml and a report")
     suite.add_argument("directory", type=Path, help="directory of scenario YAML files")
     suite.add_argument("--out", type=Path, help="output directory (default runs/suite-DIR-TIMESTAMP)")
@@ -262,7 +277,10 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     run_id = time.strftime("%m%d%H%M%S")
     try:
         extra = {"rank_label": args.rank_label} if args.rank_label else {}
-        target = ClusterTarget(namespace=args.namespace, selector=selector, **extra)
+        # One pod per scenario node (a torchrun agent each), so a pod holds world_size / nodes ranks.
+        w = scenario.workload
+        target = ClusterTarget(namespace=args.namespace, selector=selector, ranks_per_pod=w.world_size // w.nodes,
+                               **extra)
         firings = plan(scenario, target, run_id)
     except (Unmappable, ManifestInvalid, InjectorError) as e:
         print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
@@ -306,6 +324,29 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     return 0 if verdict["passed"] else 1
 
 
+def _deploy(args: argparse.Namespace) -> int:
+    from injectors.chaosmesh import to_yaml
+
+    from .deploy import DeployConfig, deployment
+    from .errors import ConfigValueError
+    from .scenario import load
+
+    try:
+        scenario = load(args.scenario, host=False)
+        cfg = DeployConfig(namespace=args.namespace, image=args.image, claim=args.claim, name=args.name, run=args.run,
+                           harness=args.harness, reference_run=args.reference_run, cpu=args.cpu, memory=args.memory,
+                           shm=args.shm)
+        objects = deployment(scenario, cfg)
+    except ScenarioError as e:
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    except ConfigValueError as e:
+        print(f"baft: error: --{e.field.replace('_', '-')}: expected {e.expected}, found {e.found!r}", file=sys.stderr)
+        return 2
+    sys.stdout.write(to_yaml(objects))
+    return 0
+
+
 def _suite(args: argparse.Namespace) -> int:
     from .suite import run_suite, table
 
@@ -333,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         return _publish(args.path, args.online, args.project, args.entity)
     if args.command == "suite":
         return _suite(args)
+    if args.command == "deploy":
+        return _deploy(args)
     if args.command == "fuzz":
         return _fuzz(args)
     from .scenario import load

@@ -455,7 +455,23 @@ def schedule_manifest(kind: str, config: PointFault, fault_id: int, target: Clus
     return _object("Schedule", chaos["metadata"]["name"], target, run_id, fault_id, kind, sched_spec)
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (a ConfigMap's files) as ``|`` blocks, readable in the printed YAML; no
+    anchors and aliases (``&id001``) where objects share a part: each document stands alone."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def to_yaml(objects: Iterable[dict[str, Any]]) -> str:
     """Objects as one multi-document YAML stream that ``kubectl apply -f -`` accepts (``--dry-run`` output)."""
-    return yaml.safe_dump_all(list(objects), sort_keys=False, explicit_start=True, default_flow_style=False)
+    return yaml.dump_all(list(objects), Dumper=_Dumper, sort_keys=False, explicit_start=True,
+                         default_flow_style=False)
 

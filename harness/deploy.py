@@ -1,0 +1,245 @@
+"""Kubernetes manifests that run a scenario's workload in a cluster with baft, and the harness next to it.
+
+``baft deploy SCENARIO --namespace N --image IMG --claim PVC [--run NAME] [--harness --reference-run REF]``
+prints them as YAML for ``kubectl apply -f -``. The layout, one pod per scenario node:
+
+* an **Indexed Job** ``{name}-{run}`` with ``nodes`` pods (completion index = node index,
+  label ``batch.kubernetes.io/job-completion-index``), each running one ``torchrun`` agent
+  (``--nproc-per-node`` = ranks per node, c10d rendezvous on pod 0 through a headless
+  Service) in container ``pytorch``. ``restartPolicy: OnFailure``: a crashed container is
+  restarted in place, a deleted pod is recreated by the Job controller.
+* with strategy ``baft``, the node's **store** as a native sidecar (an init container with
+  ``restartPolicy: Always``, Kubernetes >= 1.29): it outlives the trainer container, so a
+  trainer crash keeps the snapshot in the pod's memory (``/dev/shm``, an ``emptyDir`` of
+  medium Memory shared by both containers), and the pod completes when the trainer does.
+* a **shared volume** (the claim, ReadWriteMany) at ``/shared``: the run directory
+  ``/shared/{run}`` (journals) and the persistent checkpoints, also mounted at
+  ``/checkpoints`` (a mount point, which IOChaos needs for storage faults).
+* a **ConfigMap** with the worker spec (what the local launcher writes for every run) and the
+  scenario file.
+* with ``--harness``: the harness's **ServiceAccount**, a **Role** allowing exactly what
+  :mod:`harness.cluster` does (create, get and delete the Chaos Mesh kinds the faults map to;
+  list pods) and its **RoleBinding**, and a **Job** running
+  ``baft run /etc/baft/scenario.yaml --target k8s ...`` in the cluster, following
+  ``/shared/{run}`` and judging it against ``/shared/{reference_run}``.
+
+Unverified: no cluster has run these (see README). Tests check every object against the
+kubernetes client's models (an unknown or misspelt field fails), the spec against the
+harness's own schema, and the Role against the requests the harness makes.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from injectors.chaosschema import GROUP, PLURALS
+
+from .errors import ConfigValueError
+from .scenario import Scenario
+from .schema import to_plain
+
+#: Pod label of an Indexed Job's pod: its completion index, here the scenario node.
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+SPEC_DIR = "/etc/baft"
+SHARED = "/shared"
+CHECKPOINTS = "/checkpoints"
+SHM = "/dev/shm"
+#: What the harness does on the cluster (:mod:`harness.cluster`): the verbs per resource.
+CHAOS_VERBS = ["create", "get", "delete"]
+POD_VERBS = ["list"]
+#: The Chaos Mesh kinds a fault maps to (not Schedule or Workflow: those are printed, kubectl applies them).
+HARNESS_KINDS = ("PodChaos", "NetworkChaos", "StressChaos", "IOChaos", "TimeChaos")
+
+
+def _dns_label(value: str, field: str, limit: int = 63) -> None:
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value or "") or len(value) > limit:
+        raise ConfigValueError(field, f"a DNS-1123 label of at most {limit} characters", value)
+
+
+@dataclass(kw_only=True, slots=True)
+class DeployConfig:
+    """Where and how the workload runs in the cluster."""
+
+    namespace: str
+    """Namespace of the job, its volume claim and the harness."""
+    image: str
+    """Container image with baft-harness installed (``pip install 'baft-harness[k8s]'``); a script
+    workload's file must be in it at the same relative path, under the image's working directory."""
+    claim: str
+    """PersistentVolumeClaim (ReadWriteMany) shared by every pod and the harness: journals, checkpoints."""
+    name: str = "baft-train"
+    """First part of the job's name and its pods' ``app`` label."""
+    run: str = "faulted"
+    """The run: ``/shared/{run}`` on the volume, label ``baft.dev/run``. Deploy once with a reference run
+    (no harness) and once with the faulted run (``--harness``)."""
+    harness: bool = False
+    """Also the harness: its ServiceAccount, Role, RoleBinding and a Job that drives the faults."""
+    reference_run: str | None = None
+    """With ``harness``: the run the harness judges against (``/shared/{reference_run}``)."""
+    service_account: str = "baft-harness"
+    """Name of the harness's ServiceAccount (and Role, RoleBinding)."""
+    rendezvous_port: int = 29400
+    store_port: int = 29500
+    cpu: str = "2"
+    """CPU request and limit of the trainer container (size ``ClusterTarget.cpus_per_pod`` to match)."""
+    memory: str = "4Gi"
+    """Memory request and limit of the trainer container."""
+    shm: str = "2Gi"
+    """Size of the pod's ``/dev/shm`` (counts against the pod's memory): snapshots and replicas live there."""
+
+    def __post_init__(self) -> None:
+        _dns_label(self.namespace, "namespace")
+        _dns_label(self.claim, "claim", 253)
+        _dns_label(self.service_account, "service_account")
+        _dns_label(self.run, "run", 20)
+        _dns_label(self.name, "name", 20)
+        if self.reference_run is not None:
+            _dns_label(self.reference_run, "reference_run", 20)
+        if self.harness and self.reference_run == self.run:
+            raise ConfigValueError("reference_run", f"a run other than the faulted one ({self.run})",
+                                   self.reference_run)
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ConfigValueError("image", "a container image reference", self.image)
+        for field in ("rendezvous_port", "store_port"):
+            port = getattr(self, field)
+            if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+                raise ConfigValueError(field, "a port in 1024..65535", port)
+        if self.rendezvous_port == self.store_port:
+            raise ConfigValueError("store_port", "a port other than rendezvous_port", self.store_port)
+
+    @property
+    def job(self) -> str:
+        return f"{self.name}-{self.run}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"app": self.name, "baft.dev/run": self.run, "app.kubernetes.io/managed-by": "baft-harness"}
+
+    def meta(self, name: str, **extra: str) -> dict[str, Any]:
+        return {"name": name, "namespace": self.namespace, "labels": {**self.labels, **extra}}
+
+
+def worker_spec(scenario: Scenario, cfg: DeployConfig) -> dict[str, Any]:
+    """The worker spec every rank reads (``BAFT_SPEC``), as the local launcher writes it, for the pods.
+
+    No faults: on a cluster Chaos Mesh injects them from outside the job."""
+    checkpoint = to_plain(scenario.checkpoint)
+    if "://" not in scenario.checkpoint.dir:
+        checkpoint["dir"] = CHECKPOINTS
+    checkpoint["shm_dir"] = f"{SHM}/baft"
+    spec: dict[str, Any] = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": [],
+                            "run_dir": f"{SHARED}/{cfg.run}", "started_at": 0.0}
+    if scenario.checkpoint.strategy == "baft":
+        spec["stores"] = [f"{cfg.job}-{i}.{cfg.job}.{cfg.namespace}.svc:{cfg.store_port}"
+                          for i in range(scenario.workload.nodes)]
+        spec["node_memory"] = f"{SHM}/baft"
+    return spec
+
+
+def _env(**values: str) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
+    """ConfigMap, headless Service and Indexed Job running the scenario's workload with baft."""
+    w = scenario.workload
+    spec = worker_spec(scenario, cfg)
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": cfg.meta(cfg.job),
+                  "data": {"worker-spec.json": json.dumps(spec, indent=1) + "\n",
+                           "scenario.yaml": _scenario_text(scenario)}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": cfg.meta(cfg.job),
+               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                        "selector": {"app": cfg.name, "baft.dev/run": cfg.run},
+                        "ports": [{"name": "rendezvous", "port": cfg.rendezvous_port},
+                                  {"name": "store", "port": cfg.store_port}]}}
+    env = _env(BAFT_SPEC=f"{SPEC_DIR}/worker-spec.json", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", GLOO_SOCKET_IFNAME="eth0", PYTHONUNBUFFERED="1")
+    env.append({"name": "BAFT_NODE_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}})
+    target = ([w.script, *map(str, w.args)] if w.script else ["-m", "harness.workload", f"{SPEC_DIR}/worker-spec.json"])
+    torchrun = ["python", "-m", "torch.distributed.run", "--nnodes", str(w.nodes),
+                "--nproc-per-node", str(w.world_size // w.nodes), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{cfg.job}-0.{cfg.job}:{cfg.rendezvous_port}", "--rdzv-id", cfg.job,
+                "--max-restarts", str(scenario.run.max_restarts), "--monitor-interval", "0.2", *target]
+    mounts = [{"name": "shared", "mountPath": SHARED},
+              {"name": "shared", "mountPath": CHECKPOINTS, "subPath": f"{cfg.run}/checkpoints"},
+              {"name": "shm", "mountPath": SHM}, {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True}]
+    resources = {"requests": {"cpu": cfg.cpu, "memory": cfg.memory}, "limits": {"cpu": cfg.cpu, "memory": cfg.memory}}
+    pod: dict[str, Any] = {
+        "subdomain": cfg.job, "restartPolicy": "OnFailure",
+        "containers": [{"name": "pytorch", "image": cfg.image, "command": torchrun, "env": env,
+                        "volumeMounts": mounts, "resources": resources,
+                        "ports": [{"name": "rendezvous", "containerPort": cfg.rendezvous_port}]}],
+        "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": cfg.claim}},
+                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm}},
+                    {"name": "spec", "configMap": {"name": cfg.job}}]}
+    if scenario.checkpoint.strategy == "baft":
+        c = scenario.checkpoint
+        index = "$(BAFT_NODE_INDEX)"
+        store = ["python", "-m", "baft.store", "--root", f"{SHM}/baft/node{index}", "--node", index,
+                 "--addresses", ",".join(spec["stores"]), "--listen", "0.0.0.0", "--replicas", str(c.replicas),
+                 "--rate", str(c.replication_rate),
+                 "--journal", f"{SHARED}/{cfg.run}/journal/store-node{index}.jsonl"]
+        if not c.replication_yield:
+            store.append("--no-yield")
+        pod["initContainers"] = [{"name": "store", "image": cfg.image, "restartPolicy": "Always", "command": store,
+                                  "env": [e for e in env if e["name"] == "BAFT_NODE_INDEX"],
+                                  "volumeMounts": [m for m in mounts if m["mountPath"] in (SHARED, SHM)],
+                                  "ports": [{"name": "store", "containerPort": cfg.store_port}]}]
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": cfg.meta(cfg.job),
+           "spec": {"completionMode": "Indexed", "completions": w.nodes, "parallelism": w.nodes,
+                    # every pod kill counts; let the scenario's restarts through on every node
+                    "backoffLimit": max(6, (scenario.run.max_restarts + 1) * w.nodes),
+                    "template": {"metadata": {"labels": cfg.labels}, "spec": pod}}}
+    return [config_map, service, job]
+
+
+def _scenario_text(scenario: Scenario) -> str:
+    from pathlib import Path
+
+    if scenario.source and Path(scenario.source).is_file():
+        return Path(scenario.source).read_text(encoding="utf-8")
+    raise ConfigValueError("scenario", "a scenario file (the harness Job reads it)", scenario.source)
+
+
+def rbac(cfg: DeployConfig) -> list[dict[str, Any]]:
+    """The harness's ServiceAccount, a Role with exactly what it does, and the binding."""
+    meta = cfg.meta(cfg.service_account)
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+            "rules": [{"apiGroups": [GROUP], "resources": sorted(PLURALS[k] for k in HARNESS_KINDS),
+                       "verbs": CHAOS_VERBS},
+                      {"apiGroups": [""], "resources": ["pods"], "verbs": POD_VERBS}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": cfg.service_account},
+               "subjects": [{"kind": "ServiceAccount", "name": cfg.service_account, "namespace": cfg.namespace}]}
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}, role, binding]
+
+
+def harness_job(scenario: Scenario, cfg: DeployConfig) -> dict[str, Any]:
+    """A Job that runs ``baft run --target k8s`` in the cluster against the training job."""
+    if cfg.reference_run is None:
+        raise ConfigValueError("reference_run", "the run to judge against (deploy it first, without --harness)", None)
+    command = ["baft", "run", f"{SPEC_DIR}/scenario.yaml", "--target", "k8s", "--namespace", cfg.namespace,
+               "--selector", f"app={cfg.name},baft.dev/run={cfg.run}", "--rank-label", INDEX_LABEL,
+               "--job-dir", f"{SHARED}/{cfg.run}", "--reference", f"{SHARED}/{cfg.reference_run}",
+               "--out", f"{SHARED}/{cfg.run}-verdict"]
+    pod = {"serviceAccountName": cfg.service_account, "restartPolicy": "Never",
+           "containers": [{"name": "harness", "image": cfg.image, "command": command,
+                           "env": _env(PYTHONUNBUFFERED="1"),
+                           "volumeMounts": [{"name": "shared", "mountPath": SHARED},
+                                            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True}]}],
+           "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": cfg.claim}},
+                       {"name": "spec", "configMap": {"name": cfg.job}}]}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": cfg.meta(f"{cfg.service_account}-{cfg.run}", **{"app.kubernetes.io/component": "harness"}),
+            "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app.kubernetes.io/component": "harness"}},
+                                                     "spec": pod}}}
+
+
+def deployment(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
+    """Everything ``baft deploy`` prints, in the order kubectl should create it."""
+    objects = training(scenario, cfg)
+    if cfg.harness:
+        objects = rbac(cfg) + objects + [harness_job(scenario, cfg)]
+    return objects

@@ -1,0 +1,165 @@
+"""``baft deploy``: the in-cluster manifests, checked against the kubernetes client's models, the harness's own
+schema and argument parser, and the harness's Role against the requests it really makes (stand-in server)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from baft import CheckpointConfig
+from harness.cli import _parser
+from harness.cli import main as cli_main
+from harness.deploy import HARNESS_KINDS, INDEX_LABEL, DeployConfig, deployment, worker_spec
+from harness.errors import ConfigValueError
+from harness.scenario import load
+from harness.schema import build
+from harness.workload import WorkloadConfig
+from injectors import FAULTS
+from injectors.chaosclient import ChaosClient
+from injectors.chaosmesh import ClusterTarget, manifests
+from injectors.chaosschema import GROUP
+from tests.k8s_standin import CORE, PREFIX, StandIn
+from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE, needs_schema
+
+kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
+pytestmark = pytest.mark.k8s
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = sorted((ROOT / "scenarios" / "ci").glob("*.yaml")) + [ROOT / "examples" / "mlp-kill.yaml"]
+MODELS = {"ServiceAccount": "V1ServiceAccount", "Role": "V1Role", "RoleBinding": "V1RoleBinding",
+          "ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job"}
+
+
+def objects(path: Path, **kw: Any) -> list[dict[str, Any]]:
+    cfg = DeployConfig(**{"namespace": "ml", "image": "registry.example/baft:1", "claim": "shared", "harness": True,
+                          "reference_run": "reference", **kw})
+    return deployment(load(path, host=False), cfg)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_object_is_a_valid_kubernetes_object_with_no_unknown_field(path: Path) -> None:
+    api = kubernetes.client.ApiClient()
+    for obj in objects(path):
+        model = api._ApiClient__deserialize(obj, MODELS[obj["kind"]])  # required fields and types are checked
+        # A misspelt or unknown field is dropped by the model: the round trip must give back every field.
+        assert api.sanitize_for_serialization(model) == json.loads(json.dumps(obj)), obj["kind"]
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_pods_run_the_scenarios_workload_on_its_layout(path: Path) -> None:
+    scenario = load(path, host=False)
+    w = scenario.workload
+    docs = {o["kind"] + ("/harness" if "harness" in o["metadata"]["name"] else ""): o for o in objects(path)}
+    spec = json.loads(docs["ConfigMap"]["data"]["worker-spec.json"])
+    assert build(WorkloadConfig, spec["workload"], "spec", "workload") == w
+    build(CheckpointConfig, spec["checkpoint"], "spec", "checkpoint")
+    assert spec["faults"] == []  # Chaos Mesh injects them, from outside
+    job = docs["Job"]["spec"]
+    assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == w.nodes
+    pod = job["template"]["spec"]
+    [trainer] = pod["containers"]
+    cmd = trainer["command"]
+    assert cmd[cmd.index("--nnodes") + 1] == str(w.nodes)
+    assert int(cmd[cmd.index("--nproc-per-node") + 1]) * w.nodes == w.world_size
+    assert cmd[cmd.index("--max-restarts") + 1] == str(scenario.run.max_restarts)
+    if w.script:
+        assert w.script in cmd
+    if scenario.checkpoint.strategy == "baft":
+        [store] = pod["initContainers"]
+        assert store["restartPolicy"] == "Always"  # a native sidecar: it outlives a trainer crash
+        assert len(spec["stores"]) == w.nodes
+        shm = {m["name"] for m in trainer["volumeMounts"]} & {m["name"] for m in store["volumeMounts"]}
+        assert "shm" in shm and {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
+    else:
+        assert "initContainers" not in pod and "stores" not in spec
+    # The storage faults' IOChaos needs the checkpoint directory to be a mount point.
+    assert spec["checkpoint"]["dir"] in {m["mountPath"] for m in trainer["volumeMounts"]} \
+        or "://" in spec["checkpoint"]["dir"]
+
+
+def test_the_harness_job_runs_a_command_baft_accepts_against_the_training_pods() -> None:
+    docs = objects(ROOT / "scenarios" / "ci" / "baft-node-loss.yaml")
+    harness = next(o for o in docs if o["kind"] == "Job" and o["metadata"]["name"].startswith("baft-harness"))
+    pod = harness["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "baft-harness"
+    command = pod["containers"][0]["command"]
+    assert command[0] == "baft"
+    args = _parser().parse_args(command[1:])
+    assert (args.target, args.namespace, args.rank_label) == ("k8s", "ml", INDEX_LABEL)
+    assert str(args.job_dir) == "/shared/faulted" and str(args.reference) == "/shared/reference"
+    training = next(o for o in docs if o["kind"] == "Job" and o is not harness)
+    labels = training["spec"]["template"]["metadata"]["labels"]
+    assert dict(kv.split("=") for kv in args.selector.split(",")).items() <= labels.items()
+    assert "scenario.yaml" in next(o for o in docs if o["kind"] == "ConfigMap")["data"]
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"namespace": "Bad_NS"}, "namespace"), ({"run": "faulted", "reference_run": "faulted"}, "reference_run"),
+    ({"image": "has space"}, "image"), ({"store_port": 29400}, "store_port"), ({"run": "x" * 30}, "run"),
+])
+def test_bad_deploy_config_names_the_field(kw: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigValueError) as info:
+        objects(ROOT / "scenarios" / "smoke" / "kill-rank.yaml", **kw)
+    assert info.value.field == field
+
+
+def test_cli_prints_documents_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(ROOT / "scenarios" / "smoke" / "kill-rank.yaml")
+    assert cli_main(["deploy", path, "--namespace", "ml", "--image", "i:1", "--claim", "shared"]) == 0
+    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == ["ConfigMap", "Service", "Job"]
+    assert cli_main(["deploy", path, "--namespace", "ml", "--image", "i:1", "--claim", "shared", "--harness"]) == 2
+    assert "--reference-run: expected the run to judge against" in capsys.readouterr().err
+
+
+# --- RBAC: exactly what the harness does ------------------------------------------------------------
+
+@pytest.fixture
+def standin() -> Iterator[StandIn]:
+    pods = [{"name": "p0", "labels": {"app": "gpt", INDEX_LABEL: "0"}}]
+    with StandIn(pod_list=pods) as server:
+        yield server
+
+
+def _verb(method: str, path: str) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) of one request, as the API server's authorizer sees it."""
+    if path.startswith(CORE):
+        group, rest = "", path[len(CORE):].split("/")[1:]
+    else:
+        assert path.startswith(PREFIX), path
+        group, rest = GROUP, path[len(PREFIX):].split("/")[1:]
+    resource, named = rest[0], len(rest) > 1
+    verb = {"POST": "create", "DELETE": "delete", "GET": "get" if named else "list"}[method]
+    return group, resource, verb
+
+
+@needs_schema
+def test_the_role_allows_every_request_the_harness_makes_and_nothing_more(standin: StandIn) -> None:
+    role = next(o for o in objects(ROOT / "scenarios" / "smoke" / "kill-rank.yaml") if o["kind"] == "Role")
+    allowed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    target = ClusterTarget(namespace="ml", selector={"app": "gpt"}, rank_label=INDEX_LABEL)
+    kinds = set()
+    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=standin.host))
+    client = ChaosClient(api_client=api, request_timeout=5)
+    client.matching_pods("ml", {"app": "gpt", INDEX_LABEL: "0"})
+    for i, kind in enumerate(MAPPABLE):  # one object of every kind a fault maps to, through its whole life
+        fields = EXAMPLES[kind][0]
+        for obj in manifests(kind, FAULTS[kind][0](**fields), i, target, "rbac"):
+            kinds.add(obj["kind"])
+            with client.injected(obj, timeout=2, poll=0.01, recover_timeout=2):
+                pass
+    api.close()
+    used = {_verb(m, p) for m, p in standin.requests}
+    assert used <= allowed, used - allowed
+    assert allowed == used, f"granted but never used: {allowed - used}"  # least privilege
+    assert kinds == set(HARNESS_KINDS)
+
+
+def test_worker_spec_points_every_node_at_its_store_by_dns() -> None:
+    scenario = load(ROOT / "scenarios" / "ci" / "baft-node-loss.yaml", host=False)
+    spec = worker_spec(scenario, DeployConfig(namespace="ml", image="i", claim="c"))
+    assert spec["stores"] == [f"baft-train-faulted-{i}.baft-train-faulted.ml.svc:29500" for i in range(2)]
