@@ -182,6 +182,8 @@ class Store:
         self.rate = rate
         self.root.mkdir(parents=True, exist_ok=True)
         self.flags = TrafficFlags(self.root / TRAFFIC_FILE) if yield_to_training else None
+        if journal:  # on a fresh volume (a pod's first start) nothing has made the journal directory yet
+            journal.parent.mkdir(parents=True, exist_ok=True)
         self._journal = open(journal, "a", buffering=1) if journal else None
         self._jlock = threading.Lock()
         self._cond = threading.Condition()
