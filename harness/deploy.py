@@ -5,8 +5,8 @@ prints them as YAML for ``kubectl apply -f -``. The layout, one pod per scenario
 
 * an **Indexed Job** ``{name}-{run}`` with ``nodes`` pods (completion index = node index,
   label ``batch.kubernetes.io/job-completion-index``), each running one ``torchrun`` agent
-  (``--nproc-per-node`` = ranks per node, c10d rendezvous on pod 0 through a headless
-  Service) in container ``pytorch``. ``restartPolicy: OnFailure``: a crashed container is
+  (``--nproc-per-node`` = ranks per node, c10d rendezvous hosted by pod 0 through a headless
+  Service, see :mod:`harness.pod`) in container ``pytorch``. ``restartPolicy: OnFailure``: a crashed container is
   restarted in place, a deleted pod is recreated by the Job controller.
 * with strategy ``baft``, the node's **store** as a native sidecar (an init container with
   ``restartPolicy: Always``, Kubernetes >= 1.29): it outlives the trainer container, so a
@@ -158,7 +158,8 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
                TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", GLOO_SOCKET_IFNAME="eth0", PYTHONUNBUFFERED="1")
     env.append({"name": "BAFT_NODE_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}})
     target = ([w.script, *map(str, w.args)] if w.script else ["-m", "harness.workload", f"{SPEC_DIR}/worker-spec.json"])
-    torchrun = ["python", "-m", "torch.distributed.run", "--nnodes", str(w.nodes),
+    # harness.pod execs torchrun with --rdzv-conf is_host=1 on pod 0 only (see that module for why).
+    torchrun = ["python", "-m", "harness.pod", "--nnodes", str(w.nodes),
                 "--nproc-per-node", str(w.world_size // w.nodes), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{cfg.job}-0.{cfg.job}:{cfg.rendezvous_port}", "--rdzv-id", cfg.job,
                 "--max-restarts", str(scenario.run.max_restarts), "--monitor-interval", "0.2", *target]

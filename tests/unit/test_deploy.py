@@ -163,3 +163,16 @@ def test_worker_spec_points_every_node_at_its_store_by_dns() -> None:
     scenario = load(ROOT / "scenarios" / "ci" / "baft-node-loss.yaml", host=False)
     spec = worker_spec(scenario, DeployConfig(namespace="ml", image="i", claim="c"))
     assert spec["stores"] == [f"baft-train-faulted-{i}.baft-train-faulted.ml.svc:29500" for i in range(2)]
+
+
+def test_pod_zero_hosts_the_rendezvous_and_no_other_pod_does(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.pod import main, torchrun_command
+
+    args = ["--nnodes", "2", "-m", "harness.workload", "spec.json"]
+    assert torchrun_command(args, 0)[3:6] == ["--rdzv-conf", "is_host=1", "--nnodes"]
+    assert torchrun_command(args, 3)[3:5] == ["--rdzv-conf", "is_host=0"]
+    with pytest.raises(SystemExit, match="no --rdzv-conf"):
+        torchrun_command(["--rdzv-conf", "x=1", *args], 0)
+    monkeypatch.setenv("BAFT_NODE_INDEX", "$(BAFT_NODE_INDEX)")  # the downward API did not fill it in
+    assert main(args) == 2 and "BAFT_NODE_INDEX must be the pod's index" in capsys.readouterr().err
