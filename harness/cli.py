@@ -317,8 +317,14 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         print(f"baft: following the job in {args.job_dir} ({len(firings)} firings on namespace {args.namespace}) "
               f"-> {out}", flush=True)
         verdict = run_on_cluster(scenario, client, target, config, out, run_id, args.reference, report=args.report)
-    except (ClusterRunError, InjectorError, ValueError) as e:
+    except (ClusterRunError, InjectorError) as e:
         print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # ClusterConfig's fields are the --*-timeout flags
+        print(f"baft: error: --{str(e).replace('_', '-')}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"baft: error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(cluster_summary(verdict, out))
     return 0 if verdict["passed"] else 1

@@ -39,6 +39,7 @@ from typing import Any
 
 from analysis.journal import Journal, JournalWriter, launcher_journal
 from analysis.verdict import judge
+from injectors.chaosclient import Cancelled
 from injectors.chaosmesh import ClusterTarget, Unmappable, manifests, validate
 from injectors.chaosschema import parse_go_duration
 from injectors.trigger import PointFault, WindowFault
@@ -110,6 +111,15 @@ class Firing:
         return (self.at_step is not None and step >= self.at_step) or \
             (self.at_time is not None and elapsed >= self.at_time)
 
+    def passed(self, step: int, elapsed: float) -> bool:
+        """A window that opened and closed between two reads of the journal: too late to inject."""
+        return isinstance(self.config, WindowFault) and self.config.ended(step, elapsed, None)
+
+    @property
+    def due_step(self) -> int | None:
+        """The step the scenario asks for (None: a time trigger)."""
+        return self.config.from_step if isinstance(self.config, WindowFault) else self.at_step
+
     def over(self, step: int, elapsed: float) -> bool:
         if self.began is None:
             return False
@@ -158,6 +168,12 @@ def _labels(obj: dict[str, Any]) -> dict[str, str]:
     return dict((obj["spec"].get("selector") or {}).get("labelSelectors") or {})
 
 
+def _selectors(obj: dict[str, Any]) -> list[dict[str, str]]:
+    """The pod labels an object selects: its selector's, and its NetworkChaos target's."""
+    target = (obj["spec"].get("target") or {}).get("selector") or {}
+    return [_labels(obj)] + ([dict(target["labelSelectors"])] if target.get("labelSelectors") else [])
+
+
 class ClusterRun:
     """One scenario against one job: follow the journal, fire, confirm, delete, journal."""
 
@@ -169,6 +185,8 @@ class ClusterRun:
         self.progress = Progress(config.job_dir)
         self.errors: list[str] = []
         self.journal: JournalWriter | None = None
+        self.job_ended = False
+        """Set when the run stops because the job finished: a pending injection is then too late, not an error."""
 
     # --- journal ---------------------------------------------------------------------------------
 
@@ -189,7 +207,9 @@ class ClusterRun:
 
         Each firing lives in its own thread (create, wait for injection, hold until told, delete,
         wait for recovery), so a slow injection never delays another fault's trigger; this thread
-        only follows the journal and tells firings when they are due and when they are over.
+        only follows the journal and tells firings when they are due and when they are over. The
+        occurrences of one fault go one after the other: the next starts only once the previous is
+        deleted, and one whose step passed while the previous was still in place is skipped.
         """
         faulted = self.out / "faulted"
         faulted.mkdir(parents=True, exist_ok=True)
@@ -198,23 +218,36 @@ class ClusterRun:
         self._record("cluster_start", run_id=self.run_id, namespace=self.target.namespace,
                      selector=self.target.selector, job_dir=str(c.job_dir), firings=len(self.firings))
         started: list[Firing] = []
+        clean = False
         try:
+            # Reach the API server (and the Role) before waiting for the job, so a wrong kubeconfig or a
+            # missing permission fails now, not after the start timeout.
+            self.client.matching_pods(self.target.namespace, self.target.selector)
             self._wait_for_job()
-            pods = self._check_selectors()
+            self._check_selectors()
             deadline = time.monotonic() + c.timeout
             pending = list(self.firings)
             while True:
-                step, elapsed = self.progress.poll(), self._elapsed()
+                step, elapsed = self._poll(), self._elapsed()
                 for firing in started:
                     if not firing.end.is_set() and firing.over(step, elapsed):
                         self._end(firing, step, "window ended" if isinstance(firing.config, WindowFault)
                                   else "fault done")
                 for firing in list(pending):
-                    if firing.due(step, elapsed):
-                        pending.remove(firing)
+                    if not firing.due(step, elapsed) or self._busy(firing, started):
+                        continue
+                    pending.remove(firing)
+                    later = next((f for f in pending if f.fault_id == firing.fault_id), None)
+                    if later is not None and later.due(step, elapsed):
+                        self._skip(firing, step, "the next occurrence was due too when this one could start")
+                    elif firing.passed(step, elapsed):
+                        self._skip(firing, step, f"the window (from step {firing.due_step}) opened and closed between "
+                                                 f"two reads of the journal; the job is at step {step}")
+                    else:
                         started.append(firing)
-                        firing.thread = threading.Thread(target=self._fire, args=(firing, step, pods),
-                                                         name=f"fault-{firing.fault_id}-{firing.occurrence}", daemon=True)
+                        firing.thread = threading.Thread(target=self._fire, args=(firing, step),
+                                                         name=f"fault-{firing.fault_id}-{firing.occurrence}",
+                                                         daemon=True)
                         firing.thread.start()
                 if self.progress.done:
                     break
@@ -223,21 +256,69 @@ class ClusterRun:
                     break
                 time.sleep(c.poll)
             for firing in pending:
-                self._record("fault_skipped", id=firing.fault_id, fault=firing.kind, occurrence=firing.occurrence,
-                             step=self.progress.step, reason="the job ended before its trigger")
+                self._skip(firing, self.progress.step, "the job ended before its trigger")
+            clean = True
         finally:
+            self._stop(started, clean)
+        return {"step": self.progress.step, "done": self.progress.done, "errors": self.errors}
+
+    def _poll(self) -> int:
+        """The job's step; a journal that cannot be read now (a volume hiccup) is retried, a few times."""
+        for attempt in range(5):
+            try:
+                return self.progress.poll()
+            except OSError as e:
+                if attempt == 4:
+                    raise ClusterRunError(f"cannot read the job's journal under {self.config.job_dir}: {e}") from None
+                self._record("journal_unreadable", error=str(e))
+                time.sleep(self.config.poll)
+        raise AssertionError("unreachable")
+
+    def _busy(self, firing: Firing, started: list[Firing]) -> bool:
+        """Whether an earlier occurrence of the same fault is still in place (or being removed)."""
+        return any(f.fault_id == firing.fault_id and f.thread is not None and f.thread.is_alive() for f in started)
+
+    def _skip(self, firing: Firing, step: int, reason: str) -> None:
+        self._record("fault_skipped", id=firing.fault_id, fault=firing.kind, occurrence=firing.occurrence,
+                     due_step=firing.due_step, step=step, reason=reason)
+
+    def _stop(self, started: list[Firing], clean: bool) -> None:
+        """End every firing still in place and wait for its thread; always runs, also on Ctrl-C.
+
+        After a clean end (the job finished), windows close as usual (delete, then wait until Chaos
+        Mesh recovered them) and injections still pending are called off as too late. After an
+        error or Ctrl-C every thread is also cancelled, which skips the wait for recovery: the
+        deletes are sent, the user gets control back.
+        """
+        try:
             step = self.progress.poll()
-            for firing in started:  # also on Ctrl-C: every thread deletes what it created
+        except Exception:  # the journal is what failed: end with the last step read
+            step = self.progress.step
+        self.job_ended = clean
+        for firing in started:
+            if not clean or firing.began is None:
                 firing.cancel.set()
-                if not firing.end.is_set():
-                    self._end(firing, step, "run ended")
+            if not firing.end.is_set():
+                self._end(firing, step, "run ended")
+        c = self.config
+        bound = c.inject_timeout + c.recover_timeout + 3 * self.client.request_timeout + 10
+        try:
             for firing in started:
                 assert firing.thread is not None
-                firing.thread.join(c.inject_timeout + c.recover_timeout + 30)
+                firing.thread.join(bound)
+                if firing.thread.is_alive():
+                    names = ", ".join(o["metadata"]["name"] for o in firing.objects)
+                    self.errors.append(f"{firing.label()}: still being rolled back after {bound:g} s; check that "
+                                       f"{names} are gone from namespace {self.target.namespace!r}")
+        except KeyboardInterrupt:
+            self.errors.append("interrupted while rolling back: check that no object labelled baft.dev/run="
+                               f"{self.run_id} is left in namespace {self.target.namespace!r}")
+            raise
+        finally:
             self._record("cluster_end", step=self.progress.step, finished=sorted(self.progress.finished),
-                         world=self.progress.world, errors=self.errors)
+                         world=self.progress.world, errors=list(self.errors))
+            assert self.journal is not None
             self.journal.close()
-        return {"step": self.progress.step, "done": self.progress.done, "errors": self.errors}
 
     def _end(self, firing: Firing, step: int, reason: str) -> None:
         firing.reason, firing.end_step = reason, step
@@ -255,42 +336,50 @@ class ClusterRun:
                                       "on the shared volume?)")
             time.sleep(self.config.poll)
 
-    def _check_selectors(self) -> dict[str, int]:
-        """How many pods each object's selector matches; a selector matching none is an error now,
-        not a fault that silently hits nothing later."""
-        counts: dict[str, int] = {}
+    def _check_selectors(self) -> None:
+        """Every selector (and NetworkChaos target) matches a running pod now: a wrong one is an error
+        before anything is created, not a fault that silently hits nothing later."""
+        seen: set[str] = set()
         for firing in self.firings:
             for obj in firing.objects:
-                labels = _labels(obj)
-                key = json.dumps(labels, sort_keys=True)
-                if key not in counts:
-                    counts[key] = len(self.client.matching_pods(self.target.namespace, labels))
-                if counts[key] == 0:
-                    raise ClusterRunError(f"{firing.label()}: no pod in namespace {self.target.namespace!r} has the "
-                                          f"labels {labels} (check --selector and --rank-label)")
-        return counts
+                for labels in _selectors(obj):
+                    key = json.dumps(labels, sort_keys=True)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    if not self.client.matching_pods(self.target.namespace, labels):
+                        raise ClusterRunError(f"{firing.label()}: no running pod in namespace "
+                                              f"{self.target.namespace!r} has the labels {labels} (check --selector "
+                                              "and --rank-label)")
 
-    def _fire(self, firing: Firing, step: int, pods: dict[str, int]) -> None:
+    def _fire(self, firing: Firing, step: int) -> None:
         """One firing's life, in its own thread: inject, hold until ended, delete and wait for recovery."""
         c = self.config
-        expected = min(pods[json.dumps(_labels(o), sort_keys=True)] for o in firing.objects)
         started = time.monotonic()
         try:
+            # Counted now, not at the start: after a pod kill its replacement may still be on its way.
+            expected = min(len(self.client.matching_pods(self.target.namespace, _labels(o))) for o in firing.objects)
+            if expected == 0:
+                raise ClusterRunError(f"no running pod matches {_labels(firing.objects[0])} at step {step}")
             with self.client.injected(firing.objects, c.inject_timeout, self._note, poll=c.poll,
                                       expected_pods=expected, recover_timeout=c.recover_timeout,
                                       cancel=firing.cancel):
                 firing.began = self._elapsed()
                 self._record("fault", **{**describe(firing.config), "phase": "iteration"}, fault=firing.kind,
-                             id=firing.fault_id, occurrence=firing.occurrence, fatal=firing.config.fatal, step=step,
-                             injected_step=self.progress.step, elapsed=round(firing.began, 4),
-                             inject_seconds=round(time.monotonic() - started, 3),
+                             id=firing.fault_id, occurrence=firing.occurrence, fatal=firing.config.fatal,
+                             due_step=firing.due_step, step=step, injected_step=self.progress.step,
+                             elapsed=round(firing.began, 4), inject_seconds=round(time.monotonic() - started, 3),
                              objects=[o["metadata"]["name"] for o in firing.objects])
                 firing.end.wait()
         except Exception as e:  # the client deleted what it created
-            self.errors.append(f"{firing.label()}: {e}")
-            if firing.began is None:
+            if firing.began is None and self.job_ended and isinstance(e, Cancelled):
+                self._skip(firing, step, "the job finished before Chaos Mesh confirmed the fault")
+            elif firing.began is None:
+                self.errors.append(f"{firing.label()}: {e}")
                 self._record("fault_not_injected", id=firing.fault_id, fault=firing.kind,
-                             occurrence=firing.occurrence, step=step, error=str(e))
+                             occurrence=firing.occurrence, due_step=firing.due_step, step=step, error=str(e))
+            else:
+                self.errors.append(f"{firing.label()}: {e}")
         finally:
             if firing.began is not None:
                 self._record("fault_rollback", fault=firing.kind, id=firing.fault_id, occurrence=firing.occurrence,

@@ -49,19 +49,26 @@ class Progress:
             end = data.rfind(b"\n") + 1  # a line still being written is read next time
             self.offsets[f] = self.offsets.get(f, 0) + end
             for line in data[:end].splitlines():
-                if b'"event":"step"' in line:
-                    self.step = max(self.step, json.loads(line)["step"] + 1)
-                    self.steps_seen += 1
-                elif b'"event":"finish"' in line:
-                    self.finished.add(int(json.loads(line)["rank"]))
-                elif b'"event":"start"' in line:
-                    event = json.loads(line)
-                    self.started_at = min(self.started_at or event["t"], event["t"])
-                    world = int(event.get("world_size") or 0)
-                    if world and world != self.world:
-                        self.world = world
-                        self.finished = {r for r in self.finished if r < world}
+                try:
+                    self._read(line)
+                except (ValueError, KeyError, TypeError):
+                    continue  # a damaged line (as read_events skips); the next ones still count
         return self.step
+
+    def _read(self, line: bytes) -> None:
+        if b'"event":"step"' in line:
+            self.step = max(self.step, json.loads(line)["step"] + 1)
+            self.steps_seen += 1
+        elif b'"event":"finish"' in line:
+            self.finished.add(int(json.loads(line)["rank"]))
+        elif b'"event":"start"' in line:
+            event = json.loads(line)
+            self.started_at = min(self.started_at or event["t"], event["t"])
+            self.finished.discard(int(event["rank"]))  # a restarted rank is running again
+            world = int(event.get("world_size") or 0)
+            if world and world != self.world:
+                self.world = world
+                self.finished = {r for r in self.finished if r < world}
 
     @property
     def done(self) -> bool:

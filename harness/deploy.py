@@ -53,6 +53,10 @@ POD_VERBS = ["list"]
 HARNESS_KINDS = ("PodChaos", "NetworkChaos", "StressChaos", "IOChaos", "TimeChaos")
 
 
+#: A Kubernetes resource quantity (``2``, ``500m``, ``4Gi``, ``1.5G``, ``1e3``).
+QUANTITY = re.compile(r"[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+
+
 def _dns_label(value: str, field: str, limit: int = 63) -> None:
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value or "") or len(value) > limit:
         raise ConfigValueError(field, f"a DNS-1123 label of at most {limit} characters", value)
@@ -87,12 +91,14 @@ class DeployConfig:
     memory: str = "4Gi"
     """Memory request and limit of the trainer container."""
     shm: str = "2Gi"
-    """Size of the pod's ``/dev/shm`` (counts against the pod's memory): snapshots and replicas live there."""
+    """Size limit of the pod's ``/dev/shm`` (a memory ``emptyDir``): snapshots and replicas live there. Pages
+    the trainer writes count against its memory limit; the store sidecar (which writes the peers' replicas)
+    has no limit of its own, so budget the node's memory for both."""
 
     def __post_init__(self) -> None:
         _dns_label(self.namespace, "namespace")
         _dns_label(self.claim, "claim", 253)
-        _dns_label(self.service_account, "service_account")
+        _dns_label(self.service_account, "service_account", 40)  # the harness Job is {service_account}-{run}
         _dns_label(self.run, "run", 20)
         _dns_label(self.name, "name", 20)
         if self.reference_run is not None:
@@ -100,6 +106,9 @@ class DeployConfig:
         if self.harness and self.reference_run == self.run:
             raise ConfigValueError("reference_run", f"a run other than the faulted one ({self.run})",
                                    self.reference_run)
+        for field in ("cpu", "memory", "shm"):
+            if not isinstance(getattr(self, field), str) or not QUANTITY.fullmatch(getattr(self, field)):
+                raise ConfigValueError(field, "a Kubernetes quantity such as 2, 500m, 4Gi", getattr(self, field))
         if not self.image or any(c.isspace() for c in self.image):
             raise ConfigValueError("image", "a container image reference", self.image)
         for field in ("rendezvous_port", "store_port"):
@@ -190,7 +199,11 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
                                   "ports": [{"name": "store", "containerPort": cfg.store_port}]}]
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": cfg.meta(cfg.job),
            "spec": {"completionMode": "Indexed", "completions": w.nodes, "parallelism": w.nodes,
-                    # every pod kill counts; let the scenario's restarts through on every node
+                    # A replacement pod only once the old one is gone: never two pods (one dying) with one
+                    # index, hostname and DNS name, which the rendezvous and the stores dial.
+                    "podReplacementPolicy": "Failed",
+                    # every pod kill and, with OnFailure, every container restart counts; let the scenario's
+                    # restarts through on every node
                     "backoffLimit": max(6, (scenario.run.max_restarts + 1) * w.nodes),
                     "template": {"metadata": {"labels": cfg.labels}, "spec": pod}}}
     return [config_map, service, job]

@@ -125,7 +125,7 @@ def _api_client(k8s: Any, kubeconfig: str | None, context: str | None) -> Any:
         return k8s.client.ApiClient(configuration)
     try:
         return k8s.config.new_client_from_config(config_file=kubeconfig, context=context, persist_config=False)
-    except k8s.config.ConfigException as e:
+    except (k8s.config.ConfigException, OSError) as e:
         raise HostUnsupported(f"no usable kubeconfig ({kubeconfig or '$KUBECONFIG or ~/.kube/config'}): {e}") \
             from None
 
@@ -228,7 +228,7 @@ class ChaosClient:
             time.sleep(min(poll, left))
 
     def matching_pods(self, namespace: str, labels: dict[str, str]) -> list[str]:
-        """Names of the pods in ``namespace`` carrying every label in ``labels`` (what a selector will hit)."""
+        """Names of the running pods in ``namespace`` carrying every label in ``labels`` (what a selector hits)."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
         try:
             pods = self.core.list_namespaced_pod(namespace, label_selector=selector,
@@ -239,7 +239,10 @@ class ChaosClient:
         except self._transport as e:
             raise ChaosApiError("list pods", {"kind": "Pod", "metadata": {"name": selector, "namespace": namespace}},
                                 0, f"no answer from the API server: {e}") from None
-        return sorted(p.metadata.name for p in pods.items)
+        # What Chaos Mesh will act on: running pods, not one being deleted (a killed pod lingers while it
+        # terminates, its replacement may still be Pending).
+        return sorted(p.metadata.name for p in pods.items
+                      if p.metadata.deletion_timestamp is None and p.status is not None and p.status.phase == "Running")
 
     # --- a fault's lifetime ----------------------------------------------------------------------
 
@@ -261,7 +264,8 @@ class ChaosClient:
         (:meth:`wait_gone`: Chaos Mesh has undone the fault) and journals ``chaos_recovered`` with
         the seconds it took (``chaos_not_recovered`` if it does not go; raised unless another error
         is on its way out). After Ctrl-C it does not wait: the deletes were sent. Setting ``cancel``
-        stops the wait for injection (:class:`Cancelled`), from another thread.
+        (from another thread) stops the wait for injection (:class:`Cancelled`) and, like Ctrl-C, the
+        wait for recovery.
         """
         todo = [objs] if isinstance(objs, dict) else list(objs)
         note: Journal = journal or (lambda event, payload: None)
@@ -299,7 +303,9 @@ class ChaosClient:
                     note("chaos_deleted", {**_payload(obj), "existed": existed})
             # After an error the cluster must still be seen clean before the run goes on; after
             # Ctrl-C (not an Exception) the deletes were asked for and the user wants out.
-            if recover_timeout is not None and not errors and (failing is None or isinstance(failing, Exception)):
+            stopping = cancel is not None and cancel.is_set()  # the run is stopping (an error, Ctrl-C)
+            if recover_timeout is not None and not errors and not stopping \
+                    and (failing is None or isinstance(failing, Exception)):
                 for obj in reversed(created):
                     try:
                         waited = self.wait_gone(obj, recover_timeout, poll)

@@ -156,8 +156,11 @@ class ClusterTarget:
 
     def pods(self, **labels: int) -> dict[str, Any]:
         """A Chaos Mesh selector of the job's pods that also carry ``labels`` (label key -> index)."""
+        # Running pods only: Chaos Mesh selects pods in every phase by default, and a pod still terminating
+        # after a kill (or its Pending replacement) would get a record that never reaches Injected.
         return {"namespaces": [self.namespace],
-                "labelSelectors": {**self.selector, **{k: str(v) for k, v in labels.items()}}}
+                "labelSelectors": {**self.selector, **{k: str(v) for k, v in labels.items()}},
+                "podPhaseSelectors": ["Running"]}
 
     def rank_pod(self, rank: int) -> dict[str, Any]:
         """The selector of the pod running ``rank``."""

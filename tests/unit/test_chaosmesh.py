@@ -102,7 +102,8 @@ def test_every_mappable_kind_validates_against_the_real_crds(kind: str) -> None:
 def test_the_mapping_table() -> None:
     kill, = build("kill", rank=5, at_step=1)
     assert kill["spec"] == {"action": "pod-kill", "mode": "all", "gracePeriod": 0,
-                            "selector": {"namespaces": ["train"], "labelSelectors": {**JOB, IDX: "5"}}}
+                            "selector": {"namespaces": ["train"], "labelSelectors": {**JOB, IDX: "5"},
+                                         "podPhaseSelectors": ["Running"]}}
     term, = build("kill", rank=0, at_step=1, signal="SIGTERM")
     assert term["spec"]["gracePeriod"] == 30
     crash, = build("crash", rank=1, at_step=1, how="abort")
@@ -474,7 +475,8 @@ def test_clock_skew_maps_to_time_chaos_and_bad_values_are_refused() -> None:
     skew, = build("clock_skew", node=2, offset="1h30m", clock_ids=["CLOCK_REALTIME", "CLOCK_MONOTONIC"], from_time=0,
                   duration=90)
     validate(skew)
-    assert skew["spec"] == {"mode": "all", "selector": {"namespaces": ["train"], "labelSelectors": {**JOB, IDX: "2"}},
+    assert skew["spec"] == {"mode": "all", "selector": {"namespaces": ["train"], "labelSelectors": {**JOB, IDX: "2"},
+                                                         "podPhaseSelectors": ["Running"]},
                             "timeOffset": "1h30m", "clockIds": ["CLOCK_REALTIME", "CLOCK_MONOTONIC"],
                             "containerNames": ["pytorch"], "duration": "90s"}
     for field, value, says in (("timeOffset", "10 minutes", "$.spec.timeOffset: parse timeOffset"),

@@ -134,7 +134,8 @@ def test_a_sequence_of_kill_hang_partition_and_clock_skew() -> None:
     assert named["f0-kill-1-chaos"]["deadline"] == POINT_DEADLINE
     assert named["f0-kill-1-chaos"]["podChaos"] == {"action": "pod-kill", "mode": "all", "gracePeriod": 0,
                                                     "selector": {"namespaces": ["train"], "labelSelectors": {
-                                                        **JOB, "training.kubeflow.org/replica-index": "1"}}}
+                                                        **JOB, "training.kubeflow.org/replica-index": "1"},
+                                                        "podPhaseSelectors": ["Running"]}}
     assert named["f1-hang-0"]["children"] == ["f1-hang-0-chaos"]  # at 0: no Suspend
     assert named["f1-hang-0-chaos"]["deadline"] == "10m" and "duration" not in named["f1-hang-0-chaos"]["podChaos"]
     assert named["f4-partition-0-wait"]["deadline"] == "12500ms" and named["f4-partition-0-chaos"]["deadline"] == "20s"

@@ -40,8 +40,10 @@ class FakeJob:
     """Two ranks journaling ``start``, one ``step`` per ``period`` seconds, then ``finish``: the progress
     a job on the cluster writes to the shared volume (only the events the harness follows)."""
 
-    def __init__(self, run_dir: Path, steps: int, period: float = 0.06, delay: float = 0.0) -> None:
+    def __init__(self, run_dir: Path, steps: int, period: float = 0.06, delay: float = 0.0, instant: int = 0) -> None:
         self.run_dir, self.steps, self.period, self.delay = run_dir, steps, period, delay
+        self.instant = instant
+        """The first steps are journaled at once with ``start`` (a burst the harness reads in one poll)."""
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -50,7 +52,8 @@ class FakeJob:
         for w in writers:
             w.write("start", world_size=2)
         for step in range(self.steps):
-            time.sleep(self.period)
+            if step >= self.instant:
+                time.sleep(self.period)
             for w in writers:
                 w.write("step", step=step)
         for w in writers:
@@ -147,7 +150,7 @@ def test_faults_fire_at_their_steps_are_confirmed_deleted_and_recovered(standin:
 def test_a_selector_matching_no_pod_fails_before_anything_is_created(standin: StandIn, client: ChaosClient,
                                                                       tmp_path: Path) -> None:
     standin.pod_list = PODS[:1]  # no pod with index 1
-    with FakeJob(tmp_path / "job", 6), pytest.raises(ClusterRunError, match="no pod in namespace 'train'"):
+    with FakeJob(tmp_path / "job", 6), pytest.raises(ClusterRunError, match="no running pod in namespace 'train'"):
         run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 2}}]), client, TARGET, config(tmp_path / "job"),
                        tmp_path / "out", "r1", report=False)
     assert standin.created == []
@@ -257,3 +260,70 @@ def test_cli_without_job_dir_says_what_it_needs(capsys: pytest.CaptureFixture[st
     rc = cli_main(["run", str(root / "scenarios" / "smoke" / "kill-rank.yaml"), "--target", "k8s",
                    "--namespace", "train", "--selector", "app=gpt"])
     assert rc == 2 and "needs --job-dir" in capsys.readouterr().err
+
+
+# --- timing at the edges (fast steps, slow polls) -------------------------------------------------------
+
+def _creates_and_deletes(out: Path) -> list[str]:
+    return [e["event"] for e in _launcher(out) if e["event"] in ("chaos_created", "chaos_deleted")]
+
+
+def test_occurrences_of_one_fault_never_overlap(standin: StandIn, client: ChaosClient, tmp_path: Path) -> None:
+    s = scenario([{"kill": {"rank": 1, "at_step": 2, "every": 2, "times": 5}}], steps=40)
+    with FakeJob(tmp_path / "job", 40, period=0.03):
+        run_on_cluster(s, client, TARGET, config(tmp_path / "job", poll=0.15), tmp_path / "out", "r1", report=False)
+    seq = _creates_and_deletes(tmp_path / "out")
+    assert seq and seq == ["chaos_created", "chaos_deleted"] * (len(seq) // 2)  # one at a time
+    fired = len(events(tmp_path / "out", "fault"))
+    skipped = events(tmp_path / "out", "fault_skipped")
+    assert fired >= 1 and fired + len(skipped) == 5 and len(standin.created) == fired
+    assert all("due too" in e["reason"] for e in skipped)
+
+
+def test_a_window_that_passed_between_two_polls_is_skipped_not_injected_late(standin: StandIn, client: ChaosClient,
+                                                                            tmp_path: Path) -> None:
+    s = scenario([{"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 3, "to_step": 4}}], steps=20)
+    with FakeJob(tmp_path / "job", 20, instant=10):  # steps 0-9 land together: the window 3-4 is never seen open
+        verdict = run_on_cluster(s, client, TARGET, config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
+    [skip] = events(tmp_path / "out", "fault_skipped")
+    assert "opened and closed between two reads" in skip["reason"] and skip["due_step"] == 3
+    assert standin.created == [] and "faults[0] never fired" in verdict["failures"]
+
+
+def test_a_fault_the_job_outran_is_skipped_not_an_error(standin: StandIn, client: ChaosClient, tmp_path: Path) -> None:
+    standin.inject_after_gets = 10**6  # Chaos Mesh is slower than the rest of the job
+    with FakeJob(tmp_path / "job", 8, period=0.05):
+        verdict = run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 6}}], steps=8), client, TARGET,
+                                 config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
+    [skip] = events(tmp_path / "out", "fault_skipped")
+    assert "finished before Chaos Mesh confirmed" in skip["reason"]
+    assert verdict["failures"] == ["faults[0] never fired"]
+    assert [k[2] for k in standin.deleted] == [standin.created[0]["metadata"]["name"]]  # the object was deleted
+
+
+def test_progress_skips_a_damaged_line_and_a_restarted_rank_is_not_finished(tmp_path: Path) -> None:
+    from harness.controller import Progress
+
+    w = JournalWriter(rank_journal(tmp_path, 0), rank=0, attempt=0)
+    w.write("start", world_size=1)
+    w.write("step", step=0)
+    w.close()
+    with open(rank_journal(tmp_path, 0), "a") as f:
+        f.write('{"t":1,"event":"step","rank":0,"step":\n')  # torn by a crash
+    w = JournalWriter(rank_journal(tmp_path, 0), rank=0, attempt=0)
+    w.write("step", step=1)
+    w.write("finish", step=2)
+    p = Progress(tmp_path)
+    assert p.poll() == 2 and p.done
+    w.write("start", world_size=1)  # killed after finishing, restarted: running again
+    w.close()
+    p.poll()
+    assert not p.done
+
+
+def test_cli_with_a_kubeconfig_that_is_a_directory_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    rc = cli_main(["run", str(root / "scenarios" / "smoke" / "kill-rank.yaml"), "--target", "k8s", "--namespace",
+                   "train", "--selector", "app=gpt", "--job-dir", str(tmp_path), "--kubeconfig", str(tmp_path),
+                   "--out", str(tmp_path / "out")])
+    assert rc == 2 and "no usable kubeconfig" in capsys.readouterr().err

@@ -176,3 +176,10 @@ def test_pod_zero_hosts_the_rendezvous_and_no_other_pod_does(monkeypatch: pytest
         torchrun_command(["--rdzv-conf", "x=1", *args], 0)
     monkeypatch.setenv("BAFT_NODE_INDEX", "$(BAFT_NODE_INDEX)")  # the downward API did not fill it in
     assert main(args) == 2 and "BAFT_NODE_INDEX must be the pod's index" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value", [("memory", "4GB"), ("shm", "lots"), ("cpu", "2 cores")])
+def test_resource_quantities_are_checked(field: str, value: str) -> None:
+    with pytest.raises(ConfigValueError) as info:
+        objects(ROOT / "scenarios" / "smoke" / "kill-rank.yaml", **{field: value})
+    assert info.value.field == field
