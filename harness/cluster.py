@@ -387,22 +387,24 @@ class ClusterRun:
 
 
 def firings(run: Journal) -> list[dict[str, Any]]:
-    """What the harness did on the cluster, one entry per firing: the step it was due at, the step the
-    job had reached once Chaos Mesh confirmed it, how long injecting and recovering took."""
+    """What the harness did on the cluster, one entry per firing (``status``: injected, not injected,
+    skipped): the step the scenario asked for, the step polled when it was fired, the step the job had
+    reached once Chaos Mesh confirmed it, how long injecting and recovering took."""
     out = []
-    for e in [e for e in run.launcher if e["event"] in ("fault", "fault_not_injected")]:
+    status = {"fault": "injected", "fault_not_injected": "not injected", "fault_skipped": "skipped"}
+    for e in [e for e in run.launcher if e["event"] in status]:
         key = (e.get("id"), e.get("occurrence"))
         names = set(e.get("objects") or [])
         rollback = next((r for r in run.launcher if r["event"] == "fault_rollback"
                          and (r.get("id"), r.get("occurrence")) == key), None)
         recovered = [r.get("waited_s") for r in run.launcher if r["event"] == "chaos_recovered" and r.get("name") in names]
         out.append({"id": e.get("id"), "fault": e.get("fault"), "occurrence": e.get("occurrence"),
-                    "injected": e["event"] == "fault", "due_step": e.get("step"),
+                    "status": status[e["event"]], "due_step": e.get("due_step"), "step": e.get("step"),
                     "injected_step": e.get("injected_step"), "inject_seconds": e.get("inject_seconds"),
                     "deleted_step": rollback.get("step") if rollback else None,
                     "recover_seconds": max(recovered) if recovered else None, "objects": sorted(names),
-                    "error": e.get("error")})
-    return out
+                    "why": e.get("error") or e.get("reason")})
+    return sorted(out, key=lambda f: (f["id"], f["occurrence"]))
 
 
 def cluster_summary(verdict: dict[str, Any], out: Path) -> str:
@@ -412,11 +414,12 @@ def cluster_summary(verdict: dict[str, Any], out: Path) -> str:
     lines = []
     for f in verdict["cluster"]["firings"]:
         what = f"faults[{f['id']}] {f['fault']}" + (f" #{f['occurrence']}" if f["occurrence"] else "")
-        if not f["injected"]:
-            lines.append(f"  {what}: NOT injected at step {f['due_step']}: {f['error']}")
+        due = f"step {f['due_step']}" if f["due_step"] is not None else "its time"
+        if f["status"] != "injected":
+            lines.append(f"  {what}: {f['status'].upper()} (due {due}, job at step {f['step']}): {f['why']}")
             continue
         rec = f", recovered {f['recover_seconds']:.1f} s after delete" if f["recover_seconds"] is not None else ""
-        lines.append(f"  {what}: due step {f['due_step']}, injected by step {f['injected_step']} "
+        lines.append(f"  {what}: due {due}, fired at step {f['step']}, injected by step {f['injected_step']} "
                      f"({f['inject_seconds']:.1f} s), deleted at step {f['deleted_step']}{rec}")
     if verdict.get("reference", True) is None:
         head = [f"{verdict['scenario']}: {'PASSED' if verdict['passed'] else 'FAILED'} (on the cluster; "

@@ -144,7 +144,7 @@ def test_faults_fire_at_their_steps_are_confirmed_deleted_and_recovered(standin:
     assert kinds["PodChaos"]["spec"]["selector"]["labelSelectors"]["apps.kubernetes.io/pod-index"] == "1"
     # The job's journal was collected: the faulted run directory reads like a local one.
     assert sorted(Journal.load(tmp_path / "out" / "faulted").ranks) == [0, 1]
-    assert [f["injected"] for f in verdict["cluster"]["firings"]] == [True, True]
+    assert [f["status"] for f in verdict["cluster"]["firings"]] == ["injected", "injected"]
 
 
 def test_a_selector_matching_no_pod_fails_before_anything_is_created(standin: StandIn, client: ChaosClient,
@@ -251,7 +251,7 @@ def test_cli_runs_against_a_kubeconfig_and_prints_each_firing(standin: StandIn, 
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "cli: PASSED (on the cluster; no --reference" in out
-    assert "faults[0] kill: due step 3, injected by step" in out
+    assert "faults[0] kill: due step 3, fired at step" in out and "injected by step" in out
     assert standin.objects == {} and [m for m, _ in standin.requests].count("POST") == 1
 
 
