@@ -38,9 +38,11 @@ if TYPE_CHECKING:
 #: Seconds an elastic rendezvous waits for more nodes once the minimum has joined (torchrun's
 #: default is 30; every elastic restart pays it, and a node that starts later than this is left out).
 LAST_CALL = 10
-#: Rendezvous settings of elastic runs: the last call above, and a lost node's agent declared dead
-#: after 3 missed 1 s keep-alives (torchrun's default, 3 x 5 s, adds 15 s to every elastic restart).
-ELASTIC_RDZV = f",last_call_timeout={LAST_CALL},keep_alive_interval=1,keep_alive_max_attempt=3"
+#: A dead agent is declared gone after 3 missed 1 s keep-alives. torchrun's default, 3 x 5 s, adds
+#: 15 s to every restart in which an agent was replaced (an elastic restart, a pod killed on a cluster).
+KEEP_ALIVE = ",keep_alive_interval=1,keep_alive_max_attempt=3"
+#: Rendezvous settings of elastic runs: the last call above and the keep-alive.
+ELASTIC_RDZV = f",last_call_timeout={LAST_CALL}{KEEP_ALIVE}"
 
 
 def free_port() -> int:

@@ -6,19 +6,24 @@ rendezvous store, every other pod is a client. Left to itself, torchrun decides 
 endpoint's host name against the machine, which in a pod needs pod 0's DNS record to resolve
 already (right after a pod starts it may not: then nobody hosts, and every agent times out) and
 which lets the first of several agents sharing one host win (so killing another "pod" there took
-the store down). The local launcher makes the same choice explicitly.
+the store down). The local launcher makes the same choice explicitly. It also shortens the
+keep-alive (:data:`~harness.launcher.KEEP_ALIVE`): a killed pod's agent is replaced by a new one, and
+the survivors admit it only once the dead one is declared gone (15 s with torchrun's defaults).
 """
 from __future__ import annotations
 
 import os
 import sys
 
+from .launcher import KEEP_ALIVE
+
 
 def torchrun_command(argv: list[str], node_index: int) -> list[str]:
     """The torchrun command line for the pod with this index."""
     if any(a == "--rdzv-conf" or a.startswith("--rdzv-conf=") for a in argv):
         raise SystemExit("harness.pod: give no --rdzv-conf; it sets is_host from BAFT_NODE_INDEX itself")
-    return [sys.executable, "-m", "torch.distributed.run", "--rdzv-conf", f"is_host={int(node_index == 0)}", *argv]
+    conf = f"is_host={int(node_index == 0)}{KEEP_ALIVE}"
+    return [sys.executable, "-m", "torch.distributed.run", "--rdzv-conf", conf, *argv]
 
 
 def main(argv: list[str] | None = None) -> int:
