@@ -146,6 +146,18 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
             "first_step: → every rank finished a step", "catch_up: → the pre-fault step is done again"])))
     for f in figures[1:3]:
         blocks.append(("img", (f, captions[f.name])))
+    cluster = v.get("cluster")
+    if cluster:  # a run on a cluster: what the harness did with Chaos Mesh, firing by firing
+        blocks += [("h2", "On the cluster"),
+                   ("p", f"Namespace {cluster['namespace']}, run id {cluster['run_id']}, job directory "
+                         f"{cluster['job_dir']}. Steps: the one the scenario asked for, the one the harness had read "
+                         "when it created the objects, the one the job had reached once Chaos Mesh confirmed them."),
+                   ("table", (["fault", "occurrence", "status", "due step", "fired at", "injected by", "inject s",
+                               "deleted at", "recovered s", "objects / why"], [
+                       [f"faults[{f['id']}] {f['fault']}", _fmt(f["occurrence"]), f["status"], _fmt(f["due_step"]),
+                        _fmt(f["step"]), _fmt(f["injected_step"]), _fmt(f["inject_seconds"]), _fmt(f["deleted_step"]),
+                        _fmt(f["recover_seconds"]), f["why"] or ", ".join(f["objects"])]
+                       for f in cluster.get("firings", [])]))]
     if v.get("windows"):
         blocks += [("h2", "Window faults"), ("table", (["fault", "target", "from step", "to step", "effect"], [
             [w["fault"], w["target"], _fmt(w["from_step"]), _fmt(w["to_step"]) if w["to_step"] is not None else "end",

@@ -77,3 +77,4 @@ def test_faults_follow_a_real_jobs_journal(tmp_path: Path, ref_cache: Path, caps
     assert verdict["passed"] and verdict["bitwise_equal"] and verdict["states_compared"] > 40
     assert verdict["target"] == "k8s" and len(verdict["cluster"]["firings"]) == 2
     assert "faults[0] straggler: due step" in out and (tmp_path / "out" / "report.html").is_file()
+    assert "## On the cluster" in (tmp_path / "out" / "report.md").read_text()
