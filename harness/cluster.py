@@ -41,7 +41,7 @@ from analysis.journal import Journal, JournalWriter, launcher_journal
 from analysis.verdict import judge
 from injectors.chaosclient import Cancelled
 from injectors.chaosmesh import ClusterTarget, Unmappable, manifests, validate
-from injectors.chaosschema import parse_go_duration
+from injectors.chaosformats import parse_go_duration
 from injectors.trigger import PointFault, WindowFault
 from injectors.worker import describe
 

@@ -52,8 +52,9 @@ from typing import Any, cast
 
 import yaml
 
-from .chaosschema import (API_VERSION, SCHEDULE_EMBEDS, ManifestInvalid, chaos_rate_bytes, crd_schema,
-                          format_chaos_rate, is_dns_label, is_label_key, is_label_value, parse_go_duration, validate)
+from .chaosformats import (chaos_rate_bytes, format_chaos_rate, is_dns_label, is_label_key, is_label_value,
+                           parse_go_duration)
+from .chaosschema import API_VERSION, SCHEDULE_EMBEDS, ManifestInvalid, crd_schema, validate
 from .clock import ClockSkewConfig
 from .compute import StragglerConfig
 from .data import JitterConfig

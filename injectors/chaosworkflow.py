@@ -43,7 +43,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .chaosmesh import MANAGED_BY, ClusterTarget, Unmappable, go_duration, manifests, object_name
-from .chaosschema import API_VERSION, WORKFLOW_EMBEDS, is_dns_label, parse_go_duration
+from .chaosformats import is_dns_label, parse_go_duration
+from .chaosschema import API_VERSION, WORKFLOW_EMBEDS
 from .errors import FaultConfigError
 from .trigger import PointFault, WindowFault
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .base import RunShape
-from .chaosschema import CLOCK_IDS, parse_go_duration
+from .chaosformats import parse_go_duration
+from .chaosschema import CLOCK_IDS
 from .errors import FaultConfigError, HostUnsupported
 from .trigger import WindowFault
 from .worker import WindowInjector

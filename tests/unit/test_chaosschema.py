@@ -16,7 +16,7 @@ from injectors import FAULTS, FaultConfigError, HostUnsupported
 from injectors import chaosschema
 from injectors.chaosmesh import (ManifestInvalid, chaos_rate, crd_schema, go_duration, go_millis, schedule_manifest,
                                  straggler_workers, tc_rate, validate)
-from injectors.chaosschema import chaos_rate_bytes, parse_go_duration
+from injectors.chaosformats import chaos_rate_bytes, parse_go_duration
 from injectors.network import parse_rate
 from tests.unit.test_chaosmesh import ROOT, TARGET, build, needs_crds, needs_schema, problems
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, WindowFault
 from injectors.chaosmesh import ClusterTarget, ManifestInvalid, Unmappable, crd_schema, object_name, validate
-from injectors.chaosschema import WORKFLOW_EMBEDS, is_dns_label, parse_go_duration
+from injectors.chaosformats import is_dns_label, parse_go_duration
+from injectors.chaosschema import WORKFLOW_EMBEDS
 from injectors.chaosworkflow import ENTRY, MAX_TEMPLATE_NAME, POINT_DEADLINE, workflow_manifest
 from tests.unit.test_chaosmesh import FIELDS, JOB, TARGET, label_text, needs_crds, needs_schema, problems, targets
 
