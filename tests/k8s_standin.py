@@ -30,12 +30,14 @@ name)`` in the order deletes were asked for.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import threading
 import uuid
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -182,6 +184,24 @@ class StandIn:
                                   creationTimestamp=_now())
         self.objects[key] = stored
         return 201, stored
+
+
+@contextlib.contextmanager
+def connected(server: StandIn, request_timeout: float = 5) -> Iterator[Any]:
+    """The real client (a :class:`injectors.chaosclient.ChaosClient`) pointed at ``server``; on the way
+    out, every object that reached the server must be one a real cluster would accept."""
+    import kubernetes
+
+    from injectors.chaosclient import ChaosClient
+    from injectors.chaosschema import validate
+
+    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=server.host))
+    try:
+        yield ChaosClient(api_client=api, request_timeout=request_timeout)
+    finally:
+        api.close()
+        for body in server.created:
+            validate(body)
 
 
 def _now() -> str:

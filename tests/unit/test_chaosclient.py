@@ -11,8 +11,8 @@ import pytest
 from injectors import FAULTS, HostUnsupported
 from injectors.process import KillConfig
 from injectors.chaosclient import ChaosApiError, ChaosClient, NotInjected, injection_problems
-from injectors.chaosmesh import ClusterTarget, ManifestInvalid, manifests, validate
-from tests.k8s_standin import PREFIX, StandIn
+from injectors.chaosmesh import ClusterTarget, ManifestInvalid, manifests
+from tests.k8s_standin import PREFIX, StandIn, connected
 from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE, needs_schema
 
 kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
@@ -42,14 +42,8 @@ def standin() -> Iterator[StandIn]:
 
 @pytest.fixture
 def client(standin: StandIn) -> Iterator[ChaosClient]:
-    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=standin.host))
-    try:
-        yield ChaosClient(api_client=api, request_timeout=5)
-    finally:
-        api.close()
-        # Every object that reached the server is one a real cluster would accept.
-        for body in standin.created:
-            validate(body)
+    with connected(standin) as chaos:
+        yield chaos
 
 
 class Journal:

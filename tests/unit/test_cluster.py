@@ -16,8 +16,8 @@ from harness.cli import main as cli_main
 from harness.cluster import ClusterConfig, ClusterRunError, plan, run_on_cluster
 from harness.scenario import parse
 from injectors.chaosclient import ChaosClient
-from injectors.chaosmesh import ClusterTarget, Unmappable, validate
-from tests.k8s_standin import StandIn
+from injectors.chaosmesh import ClusterTarget, Unmappable
+from tests.k8s_standin import StandIn, connected
 from tests.unit.test_chaosmesh import needs_schema
 
 kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
@@ -76,13 +76,8 @@ def standin() -> Iterator[StandIn]:
 
 @pytest.fixture
 def client(standin: StandIn) -> Iterator[ChaosClient]:
-    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=standin.host))
-    try:
-        yield ChaosClient(api_client=api, request_timeout=5)
-    finally:
-        api.close()
-        for body in standin.created:
-            validate(body)
+    with connected(standin) as chaos:
+        yield chaos
 
 
 def config(job_dir: Path, **kw: Any) -> ClusterConfig:

@@ -19,10 +19,9 @@ from harness.scenario import load
 from harness.schema import build
 from harness.workload import WorkloadConfig
 from injectors import FAULTS
-from injectors.chaosclient import ChaosClient
 from injectors.chaosmesh import ClusterTarget, manifests
 from injectors.chaosschema import GROUP
-from tests.k8s_standin import CORE, PREFIX, StandIn
+from tests.k8s_standin import CORE, PREFIX, StandIn, connected
 from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE, needs_schema
 
 kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
@@ -143,16 +142,14 @@ def test_the_role_allows_every_request_the_harness_makes_and_nothing_more(standi
                for v in rule["verbs"]}
     target = ClusterTarget(namespace="ml", selector={"app": "gpt"}, rank_label=INDEX_LABEL)
     kinds = set()
-    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=standin.host))
-    client = ChaosClient(api_client=api, request_timeout=5)
-    client.matching_pods("ml", {"app": "gpt", INDEX_LABEL: "0"})
-    for i, kind in enumerate(MAPPABLE):  # one object of every kind a fault maps to, through its whole life
-        fields = EXAMPLES[kind][0]
-        for obj in manifests(kind, FAULTS[kind][0](**fields), i, target, "rbac"):
-            kinds.add(obj["kind"])
-            with client.injected(obj, timeout=2, poll=0.01, recover_timeout=2):
-                pass
-    api.close()
+    with connected(standin) as client:
+        client.matching_pods("ml", {"app": "gpt", INDEX_LABEL: "0"})
+        for i, kind in enumerate(MAPPABLE):  # one object of every kind a fault maps to, through its whole life
+            fields = EXAMPLES[kind][0]
+            for obj in manifests(kind, FAULTS[kind][0](**fields), i, target, "rbac"):
+                kinds.add(obj["kind"])
+                with client.injected(obj, timeout=2, poll=0.01, recover_timeout=2):
+                    pass
     used = {_verb(m, p) for m, p in standin.requests}
     assert used <= allowed, used - allowed
     assert allowed == used, f"granted but never used: {allowed - used}"  # least privilege
