@@ -149,8 +149,9 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
     cluster = v.get("cluster")
     if cluster:  # a run on a cluster: what the harness did with Chaos Mesh, firing by firing
         blocks += [("h2", "On the cluster"),
-                   ("p", f"Namespace {cluster['namespace']}, run id {cluster['run_id']}, job directory "
-                         f"{cluster['job_dir']}. Steps: the one the scenario asked for, the one the harness had read "
+                   ("p", f"Namespace {cluster['namespace']}, run id {cluster['run_id']}, steps read from "
+                         + (f"the W&B run {cluster['wandb_run']}" if cluster.get("wandb_run")
+                            else f"the journal in {cluster['job_dir']}") + ". Steps: the one the scenario asked for, the one the harness had read "
                          "when it created the objects, the one the job had reached once Chaos Mesh confirmed them."),
                    ("table", (["fault", "occurrence", "status", "due step", "fired at", "injected by", "inject s",
                                "deleted at", "recovered s", "objects / why"], [

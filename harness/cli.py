@@ -33,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--context", help="k8s: kubeconfig context (default: its current one)")
     run.add_argument("--job-dir", dest="job_dir", type=Path,
                      help="k8s: the job's run directory on a shared volume (the ranks' journals; steps are read there)")
+    run.add_argument("--wandb-run", dest="wandb_run", metavar="ENTITY/PROJECT/RUN_ID",
+                     help="k8s: read the steps from the job's W&B run instead of --job-dir (needs WANDB_API_KEY)")
+    run.add_argument("--wandb-base-url", dest="wandb_base_url",
+                     help="k8s, with --wandb-run: the W&B server (default $WANDB_BASE_URL or wandb's own)")
     run.add_argument("--reference", type=Path,
                      help="k8s: run directory of an uninterrupted run of the same job, for the bitwise verdict")
     run.add_argument("--inject-timeout", dest="inject_timeout", type=float, default=60.0,
@@ -264,11 +268,24 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     if not args.namespace or not args.selector:
         print("baft: error: --target k8s needs --namespace and --selector k=v[,k=v]", file=sys.stderr)
         return 2
-    if not args.dry_run and args.job_dir is None:
+    if not args.dry_run and args.job_dir is None and args.wandb_run is None:
         print("baft: error: --target k8s needs --job-dir: the job's run directory on a volume shared with this "
               "process (the ranks' journal/rank-*/events.jsonl, from which the harness reads the steps); or "
-              "--dry-run to print the objects", file=sys.stderr)
+              "--wandb-run ENTITY/PROJECT/RUN_ID to read them from the job's W&B run; or --dry-run to print the "
+              "objects", file=sys.stderr)
         return 2
+    if args.reference is not None and args.job_dir is None and not args.dry_run:
+        print("baft: error: --reference needs --job-dir: the verdict compares the job's journal with the "
+              "reference's", file=sys.stderr)
+        return 2
+    if args.wandb_run is not None:
+        from .wandbprogress import check_run_path
+
+        try:
+            check_run_path(args.wandb_run)
+        except ValueError as e:
+            print(f"baft: error: --wandb-run: {e}", file=sys.stderr)
+            return 2
     try:
         selector = dict(kv.split("=", 1) for kv in args.selector.split(",") if kv)
     except ValueError as e:
@@ -311,11 +328,12 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
 
     out = args.out or Path("runs") / f"{scenario.name}-k8s-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        config = ClusterConfig(job_dir=args.job_dir, inject_timeout=args.inject_timeout,
-                               recover_timeout=args.recover_timeout, timeout=scenario.run.timeout)
+        config = ClusterConfig(job_dir=args.job_dir, wandb_run=args.wandb_run, wandb_base_url=args.wandb_base_url,
+                               inject_timeout=args.inject_timeout, recover_timeout=args.recover_timeout,
+                               timeout=scenario.run.timeout)
         client = ChaosClient(args.kubeconfig, context=args.context)
-        print(f"baft: following the job in {args.job_dir} ({len(firings)} firings on namespace {args.namespace}) "
-              f"-> {out}", flush=True)
+        source = f"W&B run {args.wandb_run}" if args.wandb_run else f"the job in {args.job_dir}"
+        print(f"baft: following {source} ({len(firings)} firings on namespace {args.namespace}) -> {out}", flush=True)
         verdict = run_on_cluster(scenario, client, target, config, out, run_id, args.reference, report=args.report)
     except (ClusterRunError, InjectorError) as e:
         print(f"baft: error: {e}", file=sys.stderr)

@@ -4,7 +4,8 @@ Locally the harness launches the job and its injectors fire inside the workers. 
 cluster the job is already running (a PyTorchJob, a JobSet, the StatefulSet of
 ``baft deploy``) and Chaos Mesh injects the faults; this module is the nemesis in
 between. It follows the job's progress from the journal the ranks write to a shared
-volume (``--job-dir``: the same ``journal/rank-*/events.jsonl`` as a local run), and when
+volume (``--job-dir``: the same ``journal/rank-*/events.jsonl`` as a local run) or from the
+job's W&B run (``--wandb-run``, :mod:`harness.wandbprogress`), and when
 a fault's trigger comes due it creates the fault's Chaos Mesh objects, waits until Chaos
 Mesh reports every target injected, and deletes them when the fault is over — a window
 at its end step or after its duration, a point fault (a pod kill) as soon as it is
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.journal import Journal, JournalWriter, launcher_journal
+from analysis.journal import Journal, JournalWriter, launcher_journal, read_events
 from analysis.verdict import judge
 from injectors.chaosclient import Cancelled
 from injectors.chaosmesh import ClusterTarget, Unmappable, manifests, validate
@@ -58,9 +59,14 @@ class ClusterRunError(HarnessError):
 class ClusterConfig:
     """How the harness follows a job on a cluster and how long it waits for Chaos Mesh."""
 
-    job_dir: Path
+    job_dir: Path | None = None
     """The training job's run directory as this process sees it (a shared volume): the ranks write
-    ``journal/rank-*/events.jsonl`` there, the harness reads steps from it."""
+    ``journal/rank-*/events.jsonl`` there, the harness reads steps from it (unless ``wandb_run``)
+    and, at the end, copies the journal for the verdict."""
+    wandb_run: str | None = None
+    """``ENTITY/PROJECT/RUN_ID``: read the steps from the job's W&B run instead (:mod:`harness.wandbprogress`)."""
+    wandb_base_url: str | None = None
+    """The W&B server (default: ``WANDB_BASE_URL`` or wandb's own)."""
     inject_timeout: float = 60.0
     """Seconds Chaos Mesh has to report a fault injected on every target."""
     recover_timeout: float = 120.0
@@ -73,6 +79,13 @@ class ClusterConfig:
     """Seconds between two reads of the journal (and of an object's status)."""
 
     def __post_init__(self) -> None:
+        if self.job_dir is None and self.wandb_run is None:
+            raise ValueError("job_dir: the job's run directory on a shared volume, or wandb_run, is needed to "
+                             "follow its steps")
+        if self.wandb_run is not None:
+            from .wandbprogress import check_run_path
+
+            check_run_path(self.wandb_run)
         for name in ("inject_timeout", "recover_timeout", "start_timeout", "timeout", "poll"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected seconds > 0, found {getattr(self, name)!r}")
@@ -182,7 +195,14 @@ class ClusterRun:
         self.scenario, self.client, self.target, self.config = scenario, client, target, config
         self.out, self.run_id = out, run_id
         self.firings = plan(scenario, target, run_id)
-        self.progress = Progress(config.job_dir)
+        self.progress: Any
+        if config.wandb_run is not None:
+            from .wandbprogress import WandbProgress
+
+            self.progress = WandbProgress(config.wandb_run, base_url=config.wandb_base_url)
+        else:
+            assert config.job_dir is not None
+            self.progress = Progress(config.job_dir)
         self.errors: list[str] = []
         self.journal: JournalWriter | None = None
         self.job_ended = False
@@ -216,7 +236,8 @@ class ClusterRun:
         self.journal = JournalWriter(launcher_journal(faulted))
         c = self.config
         self._record("cluster_start", run_id=self.run_id, namespace=self.target.namespace,
-                     selector=self.target.selector, job_dir=str(c.job_dir), firings=len(self.firings))
+                     selector=self.target.selector, job_dir=str(c.job_dir) if c.job_dir else None,
+                     progress=self.progress.where(), firings=len(self.firings))
         started: list[Firing] = []
         clean = False
         try:
@@ -263,14 +284,14 @@ class ClusterRun:
         return {"step": self.progress.step, "done": self.progress.done, "errors": self.errors}
 
     def _poll(self) -> int:
-        """The job's step; a journal that cannot be read now (a volume hiccup) is retried, a few times."""
+        """The job's step; progress that cannot be read now (a volume or network hiccup) is retried, a few times."""
         for attempt in range(5):
             try:
                 return self.progress.poll()
             except OSError as e:
                 if attempt == 4:
-                    raise ClusterRunError(f"cannot read the job's journal under {self.config.job_dir}: {e}") from None
-                self._record("journal_unreadable", error=str(e))
+                    raise ClusterRunError(f"cannot read {self.progress.where()}: {e}") from None
+                self._record("progress_unreadable", error=str(e))
                 time.sleep(self.config.poll)
         raise AssertionError("unreachable")
 
@@ -292,7 +313,7 @@ class ClusterRun:
         """
         try:
             step = self.progress.poll()
-        except Exception:  # the journal is what failed: end with the last step read
+        except Exception:  # reading the progress is what failed: end with the last step read
             step = self.progress.step
         self.job_ended = clean
         for firing in started:
@@ -327,13 +348,17 @@ class ClusterRun:
     def _wait_for_job(self) -> None:
         deadline = time.monotonic() + self.config.start_timeout
         while True:
-            self.progress.poll()
+            self._poll()
             if self.progress.started_at is not None:
                 return
             if time.monotonic() > deadline:
+                if self.config.wandb_run is not None:
+                    raise ClusterRunError(f"the {self.progress.where()} did not appear within "
+                                          f"{self.config.start_timeout:g} s (does the job log to it? --wandb-run is "
+                                          "ENTITY/PROJECT/RUN_ID, the id the job passes to wandb.init)")
                 raise ClusterRunError(f"no worker of the job journaled a start within {self.config.start_timeout:g} s "
-                                      f"under {self.config.job_dir / 'journal'} (is --job-dir the job's run directory "
-                                      "on the shared volume?)")
+                                      f"in {self.progress.where()} (is --job-dir the job's run directory on the "
+                                      "shared volume?)")
             time.sleep(self.config.poll)
 
     def _check_selectors(self) -> None:
@@ -386,18 +411,18 @@ class ClusterRun:
                              step=firing.end_step, reason=firing.reason)
 
 
-def firings(run: Journal) -> list[dict[str, Any]]:
+def firings(launcher: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What the harness did on the cluster, one entry per firing (``status``: injected, not injected,
     skipped): the step the scenario asked for, the step polled when it was fired, the step the job had
     reached once Chaos Mesh confirmed it, how long injecting and recovering took."""
     out = []
     status = {"fault": "injected", "fault_not_injected": "not injected", "fault_skipped": "skipped"}
-    for e in [e for e in run.launcher if e["event"] in status]:
+    for e in [e for e in launcher if e["event"] in status]:
         key = (e.get("id"), e.get("occurrence"))
         names = set(e.get("objects") or [])
-        rollback = next((r for r in run.launcher if r["event"] == "fault_rollback"
+        rollback = next((r for r in launcher if r["event"] == "fault_rollback"
                          and (r.get("id"), r.get("occurrence")) == key), None)
-        recovered = [r.get("waited_s") for r in run.launcher if r["event"] == "chaos_recovered" and r.get("name") in names]
+        recovered = [r.get("waited_s") for r in launcher if r["event"] == "chaos_recovered" and r.get("name") in names]
         out.append({"id": e.get("id"), "fault": e.get("fault"), "occurrence": e.get("occurrence"),
                     "status": status[e["event"]], "due_step": e.get("due_step"), "step": e.get("step"),
                     "injected_step": e.get("injected_step"), "inject_seconds": e.get("inject_seconds"),
@@ -456,17 +481,20 @@ def run_on_cluster(scenario: Scenario, client: Any, target: ClusterTarget, confi
     t0 = time.monotonic()
     facts = ClusterRun(scenario, client, target, config, out, run_id).run()
     faulted = out / "faulted"
-    collect(config.job_dir, faulted)
+    if config.job_dir is not None:
+        collect(config.job_dir, faulted)
     failures = list(facts["errors"])
     if not facts["done"] and not failures:
         failures.append("the job did not finish")
+    launcher = list(read_events(launcher_journal(faulted)))
     if reference is None:
-        run = Journal.load(faulted)
-        fired = {e.get("id") for e in run.events("fault")}
+        fired = {e.get("id") for e in launcher if e["event"] == "fault"}
         failures += [f"faults[{i}] never fired" for i in range(len(scenario.faults)) if i not in fired]
         verdict = {"scenario": scenario.name, "passed": not failures, "failures": failures,
                    "reference": None, "note": "no --reference: no bitwise or loss comparison was made"}
     else:
+        if config.job_dir is None:
+            raise ClusterRunError("a verdict against --reference needs the job's journal: give --job-dir too")
         shutil.rmtree(out / "reference", ignore_errors=True)
         shutil.copytree(reference / "journal", out / "reference" / "journal")
         verdict = {"scenario": scenario.name,
@@ -475,8 +503,9 @@ def run_on_cluster(scenario: Scenario, client: Any, target: ClusterTarget, confi
                            launch_failures=failures)}
     verdict["target"] = "k8s"
     verdict["wall_seconds"] = {"reference": None, "reference_cached": False, "faulted": time.monotonic() - t0}
-    verdict["cluster"] = {"namespace": target.namespace, "run_id": run_id, "job_dir": str(config.job_dir),
-                          "firings": firings(Journal.load(faulted))}
+    verdict["cluster"] = {"namespace": target.namespace, "run_id": run_id,
+                          "job_dir": str(config.job_dir) if config.job_dir else None, "wandb_run": config.wandb_run,
+                          "firings": firings(launcher)}
     (out / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
     if report and reference is not None:
         from analysis.report import run_report

@@ -70,6 +70,10 @@ class Progress:
                 self.world = world
                 self.finished = {r for r in self.finished if r < world}
 
+    def where(self) -> str:
+        """Where the progress comes from, for messages."""
+        return f"the job's journal under {self.root}"
+
     @property
     def done(self) -> bool:
         """Whether every rank of the job (at its latest world size) has finished."""
