@@ -115,11 +115,12 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
     for f in figures[:1]:
         blocks.append(("img", (f, captions[f.name])))
     div = v.get("first_divergence")
+    occurrences = v.get("fault_occurrences", v["faults_fired"])
     rows = [
         ["bitwise equal", _fmt(v["bitwise_equal"]) + f" ({v['states_compared']} state, {v['losses_compared']} loss records)"],
         ["first divergence", "none" if not div else
          f"step {div['step']}, {div['component']} / {div['key']} (rank {div['rank']})"],
-        ["faults fired", f"{v['faults_fired']}/{v['faults_declared']} ({v.get('fault_occurrences', v['faults_fired'])} occurrences)"],
+        ["faults fired", f"{v['faults_fired']}/{v['faults_declared']} ({occurrences} occurrence{'s' * (occurrences != 1)})"],
         ["lost steps (worst)", _fmt(v["lost_steps"])],
         ["recovery seconds (worst)", _fmt(v["recovery_seconds"])],
         ["completed", _fmt(v["completed"])],
