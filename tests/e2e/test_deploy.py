@@ -67,11 +67,13 @@ class Pods:
         return cmd, env
 
 
-@pytest.mark.parametrize("crash", [False, True], ids=["clean", "trainer-container-killed"])
-def test_the_deployed_pods_train_and_match_the_reference(crash: bool, tmp_path: Path, ref_cache: Path) -> None:
-    """With ``crash``, pod 1's trainer container is SIGKILLed mid-run and started again, as the kubelet
-    does for ``restartPolicy: OnFailure`` (what Chaos Mesh's container-kill causes): the store sidecar and
-    the pod's memory survive, so the job must resume from the snapshot there and still match bit for bit."""
+@pytest.mark.parametrize("killed", [None, 1, 0], ids=["clean", "pod1-trainer-killed", "pod0-trainer-killed"])
+def test_the_deployed_pods_train_and_match_the_reference(killed: int | None, tmp_path: Path, ref_cache: Path) -> None:
+    """With ``killed``, that pod's trainer container is SIGKILLed mid-run (what Chaos Mesh's container-kill
+    does) and every trainer container that exits non-zero is started again, as the kubelet does for
+    ``restartPolicy: OnFailure``: the store sidecars and the pods' memory survive, so the job must resume
+    from the snapshots there and still match bit for bit. Pod 0's agent hosts the rendezvous store: when
+    it dies the other pods' agents lose it and fail too, and the whole job re-forms once they are back."""
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(SCENARIO))
     scenario = load(tmp_path / "s.yaml", host=False)
     cfg = DeployConfig(namespace="ml", image="unused", claim="shared")
@@ -80,14 +82,18 @@ def test_the_deployed_pods_train_and_match_the_reference(crash: bool, tmp_path: 
     procs: list[subprocess.Popen] = []
     logs = tmp_path / "logs"
     logs.mkdir()
+
+    def start(container: dict[str, Any], i: int, name: str) -> subprocess.Popen:
+        cmd, env = pods.container(container, i)
+        with open(logs / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    restarts = [0, 0]
     try:
-        stores = []
         for i in range(2):  # the native sidecars start first, as the kubelet starts init containers
-            cmd, env = pods.container(pod["initContainers"][0], i)
-            with open(logs / f"store{i}.log", "wb") as log:
-                stores.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
-        procs += stores
+            start(pod["initContainers"][0], i, f"store{i}")
         spec = json.loads((tmp_path / "etc" / "worker-spec.json").read_text())
         for addr in spec["stores"]:
             deadline = time.monotonic() + 30
@@ -98,39 +104,45 @@ def test_the_deployed_pods_train_and_match_the_reference(crash: bool, tmp_path: 
                 except OSError:
                     assert time.monotonic() < deadline, (logs / "store0.log").read_text()
                     time.sleep(0.1)
-        trainers = []
-        for i in range(2):
-            cmd, env = pods.container(pod["containers"][0], i)
-            with open(logs / f"pod{i}.log", "wb") as log:
-                trainers.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                 start_new_session=True))
-        procs += trainers
-        if crash:
-            journal = tmp_path / "shared" / cfg.run / "journal" / "rank-3" / "events.jsonl"
-            deadline = time.monotonic() + 120
-            while not (journal.is_file() and journal.read_text().count('"event":"step"') >= 6):
-                assert time.monotonic() < deadline and trainers[1].poll() is None, (logs / "pod1.log").read_text()
-                time.sleep(0.05)
-            # A container kill ends every process in the container: the agent and the workers under it
-            # (torchrun starts those in sessions of their own, so a process-group kill would miss them).
-            for pid in [trainers[1].pid] + [p for p, _ in descendants(trainers[1].pid)]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            trainers[1].wait()
-            cmd, env = pods.container(pod["containers"][0], 1)
-            with open(logs / "pod1-restart.log", "wb") as log:
-                trainers[1] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True)
-            procs.append(trainers[1])
-        for i, p in enumerate(trainers):
-            name = f"pod{i}" + ("-restart" if crash and i == 1 else "")
-            assert p.wait(timeout=240) == 0, (logs / f"{name}.log").read_text()[-3000:]
+        names = [f"pod{i}" for i in range(2)]
+        trainers = [start(pod["containers"][0], i, names[i]) for i in range(2)]
+        journal = tmp_path / "shared" / cfg.run / "journal" / "rank-3" / "events.jsonl"
+        pending_kill = killed is not None
+        deadline = time.monotonic() + 300
+        while True:
+            if pending_kill and journal.is_file() and journal.read_text().count('"event":"step"') >= 6:
+                # A container kill ends every process in the container: the agent and the workers under it
+                # (torchrun starts those in sessions of their own, so a process-group kill would miss them).
+                victim = trainers[killed]
+                for pid in [victim.pid] + [p for p, _ in descendants(victim.pid)]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                victim.wait()
+                pending_kill = False
+            codes = [t.poll() for t in trainers]
+            for i, code in enumerate(codes):
+                if code not in (None, 0):  # the kubelet restarts a container that failed (restartPolicy: OnFailure)
+                    assert restarts[i] < 4, (logs / f"{names[i]}.log").read_text()[-3000:]
+                    restarts[i] += 1
+                    names[i] = f"pod{i}-restart{restarts[i]}"
+                    trainers[i] = start(pod["containers"][0], i, names[i])
+            if codes == [0, 0]:
+                break
+            assert time.monotonic() < deadline, {n: (logs / f"{n}.log").read_text()[-2000:] for n in names}
+            time.sleep(0.05)
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
                 p.wait(timeout=10)
         shutil.rmtree(pods.shm, ignore_errors=True)
+    assert pending_kill is False or killed is None
+    if killed == 1:
+        assert restarts == [0, 1]  # pod 0 hosts the rendezvous: it waits for pod 1's new agent
+    elif killed == 0:
+        assert restarts[0] == 1  # and pod 1's agent, its rendezvous store gone, fails and restarts too (or rejoins)
+    else:
+        assert restarts == [0, 0]
     run_dir = tmp_path / "shared" / cfg.run
     # The reference: the same scenario run by the local launcher (no faults either).
     rc, out, _ = run_cli(tmp_path / "s.yaml", tmp_path / "ref", ref_cache)
@@ -142,7 +154,7 @@ def test_the_deployed_pods_train_and_match_the_reference(crash: bool, tmp_path: 
     assert sorted(p.name for p in (run_dir / "journal").glob("store-node*.jsonl")) == ["store-node0.jsonl",
                                                                                        "store-node1.jsonl"]
     restores = Journal.load(run_dir).events("checkpoint_restored")
-    if crash:  # every rank came back from the memory the sidecars kept: no persistent checkpoint exists (every: 50)
+    if killed is not None:  # every rank came back from the memory the sidecars kept: no persistent checkpoint exists (every: 50)
         assert sorted(e["rank"] for e in restores) == [0, 1, 2, 3], restores
         # killed after step 6; the newest snapshot may be torn (the copy was cut), the one before is whole
         assert {e["tier"] for e in restores} == {"shm"} and min(e["step"] for e in restores) >= 4, restores
