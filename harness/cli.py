@@ -91,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument("--entity", help="W&B entity (team or user)")
     val = sub.add_parser("validate", help="validate scenario files without running anything")
     val.add_argument("scenarios", nargs="+")
+    clean = sub.add_parser("cleanup", help="remove what killed runs left: /dev/shm/baft-* snapshots and baft-* "
+                                           "network namespaces whose run is gone")
+    clean.add_argument("--dry-run", dest="dry_run", action="store_true", help="list what would go; remove nothing")
+    clean.add_argument("--force", action="store_true",
+                       help="also what live runs own (stop every baft run first)")
     bench = sub.add_parser("bench", help="measure each checkpointing strategy's cost against none (paired)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"), help="output directory (default runs/bench)")
     bench.add_argument("--model", help="gpt-tiny (default), gpt-small or mlp")
@@ -386,6 +391,22 @@ def _suite(args: argparse.Namespace) -> int:
     return 0 if all(r.get("passed") for r in results) else 1
 
 
+def _cleanup(args: argparse.Namespace) -> int:
+    from .leftovers import sweep
+
+    result = sweep(force=args.force, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for name in result.removed:
+        print(f"{verb}  {name}")
+    for why in result.kept:
+        print(f"kept     {why}")
+    for error in result.errors:
+        print(f"baft: error: {error}", file=sys.stderr)
+    if not result.removed:
+        print("nothing left behind by killed runs")
+    return 1 if result.errors else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
@@ -402,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         return _deploy(args)
     if args.command == "fuzz":
         return _fuzz(args)
+    if args.command == "cleanup":
+        return _cleanup(args)
     from .scenario import load
 
     try:

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from injectors.storage import DiskFullConfig, mount_private, unmount_private
 
 from .errors import LaunchError
 from .launcher import launch
+from .leftovers import claim_shm
 from .scenario import Scenario
 from .stores import StoreSpec
 from .schema import to_plain
@@ -125,7 +125,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
         checkpoint["dir"] = str((faulted / "checkpoints").resolve())
     # Shared-memory snapshots of this run only (node i under shm/node<i>); removed when it
     # ends, whatever happened. baft gets a store per node for replicas and restores.
-    shm = Path("/dev/shm") / f"baft-{uuid.uuid4().hex[:12]}"
+    shm = claim_shm()  # names this process, so `baft cleanup` can tell it from a killed run's
     checkpoint["shm_dir"] = str(shm)
     stores = None
     if scenario.checkpoint.strategy == "baft":
@@ -211,7 +211,7 @@ def summary(verdict: dict[str, Any], out: Path) -> str:
         detect = f", hang detected after {r['detection_seconds']:.1f} s" if r.get("detection_seconds") is not None else ""
         lines.append(
             f"  {f['fault']} {target(f)} at step {f['step']}{phase}: restored step {r['restored_step']}"
-            f" ({r['restored_tier'] or 'no checkpoint'}), lost {r['lost_steps']} steps{detect}, recovered in {rec}"
+            f" ({r['restored_tier'] or 'no checkpoint'}), lost {_count(r['lost_steps'], 'step')}{detect}, recovered in {rec}"
         )
     for w in verdict.get("windows", []):
         lines.append(f"  {w['fault']} {w['target']}: active from step {w['from_step']}"

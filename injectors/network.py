@@ -279,7 +279,7 @@ class Topology:
         # Checked outside the try: the cleanup below must never remove someone else's topology.
         if self.bridge in _links() or any(n.startswith(f"{PREFIX}{self.tag}-") for n in _netns_names()):
             raise NetworkError(f"a topology tagged {self.tag!r} already exists; pick another tag or run "
-                               "injectors.network.cleanup_stale()")
+                               "baft cleanup (it removes what killed runs left)")
         try:
             self._setup()
         except BaseException as e:
@@ -480,13 +480,8 @@ class Topology:
             _clear_root(IFNAME, ns)
 
 
-def cleanup_stale(prefix: str = PREFIX, *, force: bool = False) -> list[str]:
-    """Remove namespaces and root links (``baft-<tag>-*``) left by crashed runs; return what was removed.
-
-    A topology is live while its bridge's ``owner=<pid>`` process runs; live ones are
-    kept unless ``force``. ``prefix`` narrows the sweep (e.g. ``"baft-<tag>-"``).
-    """
-    require_network_privileges()
+def _stale(prefix: str, force: bool) -> tuple[list[str], list[str], list[str]]:
+    """Host veths, namespaces and bridges (``baft-<tag>-*``) of topologies whose owner is gone."""
     links = _links()
     live: set[str] = set()
     for name, link in links.items():
@@ -498,17 +493,37 @@ def cleanup_stale(prefix: str = PREFIX, *, force: bool = False) -> list[str]:
         m = _NAME_RE.match(name)
         return name.startswith(prefix) and m is not None and m[1] not in live
 
+    return (sorted(n for n in links if stale(n) and not n.endswith("-br")),
+            sorted(n for n in _netns_names() if stale(n)),
+            sorted(n for n in links if stale(n) and n.endswith("-br")))
+
+
+def stale_names(prefix: str = PREFIX, *, force: bool = False) -> list[str]:
+    """What :func:`cleanup_stale` would remove, removing nothing."""
+    require_network_privileges()
+    veths, namespaces, bridges = _stale(prefix, force)
+    return veths + namespaces + bridges
+
+
+def cleanup_stale(prefix: str = PREFIX, *, force: bool = False) -> list[str]:
+    """Remove namespaces and root links (``baft-<tag>-*``) left by crashed runs; return what was removed.
+
+    A topology is live while its bridge's ``owner=<pid>`` process runs; live ones are
+    kept unless ``force``. ``prefix`` narrows the sweep (e.g. ``"baft-<tag>-"``).
+    """
+    require_network_privileges()
+    veths, namespaces, bridges = _stale(prefix, force)
     removed: list[str] = []
     errors: list[str] = []
     # Host veths first (synchronous), then namespaces, then the bridges they hung off.
-    for name in sorted(n for n in links if stale(n) and not n.endswith("-br")):
+    for name in veths:
         _remove("link", name, ["ip", "link", "del", "dev", name], lambda n=name: n in _links(), errors)
         removed.append(name)
-    for ns in sorted(n for n in _netns_names() if stale(n)):
+    for ns in namespaces:
         _kill_netns_processes(ns)
         _remove("namespace", ns, ["ip", "netns", "del", ns], lambda n=ns: n in _netns_names(), errors)
         removed.append(ns)
-    for name in sorted(n for n in links if stale(n) and n.endswith("-br")):
+    for name in bridges:
         _remove("bridge", name, ["ip", "link", "del", "dev", name], lambda n=name: n in _links(), errors)
         removed.append(name)
     if errors:

@@ -151,8 +151,10 @@ def test_cleanup_stale_removes_a_crashed_topology_but_not_a_live_one() -> None:
         proc.kill()
         proc.wait()
         assert len(leftovers(tag)) == 5
+        listed = network.stale_names(prefix=f"baft-{tag}-")  # a dry run lists and leaves everything
+        assert len(listed) == 5 and len(leftovers(tag)) == 5 and network.stale_names(prefix=f"baft-{live.tag}-") == []
         removed = network.cleanup_stale(prefix=f"baft-{tag}-")
-        assert sorted(removed) == sorted([f"baft-{tag}-n0", f"baft-{tag}-n1", f"baft-{tag}-h0", f"baft-{tag}-h1",
+        assert sorted(removed) == sorted(listed) == sorted([f"baft-{tag}-n0", f"baft-{tag}-n1", f"baft-{tag}-h0", f"baft-{tag}-h1",
                                           f"baft-{tag}-br"])
         assert leftovers(tag) == []
         assert network.cleanup_stale(prefix=f"baft-{live.tag}-") == []
