@@ -122,15 +122,22 @@ class ResumableBatchSampler:
             yield [(self.epoch, int(i)) for i in chunk]
 
     def state_dict(self) -> dict[str, Any]:
-        gen = self._epoch_generator_state if self._epoch_generator_state is not None else self.generator.get_state()
-        return {"epoch": self.epoch, "batch": self.batch, "epoch_generator": gen.clone()}
+        drawn = self._epoch_generator_state is not None
+        gen = self._epoch_generator_state if drawn else self.generator.get_state()
+        return {"epoch": self.epoch, "batch": self.batch, "epoch_generator": gen.clone(), "drawn": drawn}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
-        self._epoch_generator_state = state["epoch_generator"].clone()
-        # Replay this epoch's draw now, so the generator is where an uninterrupted
-        # run's would be even if the next batch starts a new epoch.
-        self._perm = self._draw()
+        if bool(state.get("drawn", True)):
+            self._epoch_generator_state = state["epoch_generator"].clone()
+            # Replay this epoch's draw now, so the generator is where an uninterrupted
+            # run's would be even if the next batch starts a new epoch.
+            self._perm = self._draw()
+        else:
+            # Saved before the epoch's permutation was drawn (the very first boundary): the
+            # generator is left where it was then, and the first batch draws, as it did.
+            self._epoch_generator_state, self._perm = None, None
+            self.generator.set_state(state["epoch_generator"].clone())
 
 
 def make_loader(dataset: Dataset, sampler: ResumableBatchSampler, generator: torch.Generator) -> DataLoader:

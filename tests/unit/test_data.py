@@ -34,6 +34,31 @@ def test_resume_mid_epoch(size: int, gb: int, replicas: int, stop: int, more: in
         assert batches(resumed, more) == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(8, 32), gb=st.sampled_from([2, 4, 8]), stop=st.integers(0, 12), more=st.integers(0, 12),
+       seed=st.integers(0, 1000))
+def test_a_restore_leaves_the_generator_where_an_uninterrupted_run_has_it(size: int, gb: int, stop: int, more: int,
+                                                                          seed: int) -> None:
+    """As a checkpoint restores it: the generator's saved state first (the rng component), then the sampler.
+    At every boundary — also the first, before the epoch's permutation was drawn — the generator must then be
+    where the uninterrupted run's is, and stay so (anything else drawing from it would see other numbers)."""
+    ref_gen = torch.Generator().manual_seed(seed)
+    ref = ResumableBatchSampler(size, gb, ref_gen, 0, 1)
+    it = iter(ref)
+    for _ in range(stop):
+        next(it)
+    saved = deserialize(serialize({"data": ref.state_dict(), "generator": ref_gen.get_state()}))
+    gen = torch.Generator().manual_seed(seed + 7)
+    resumed = ResumableBatchSampler(size, gb, gen, 0, 1)
+    gen.set_state(saved["generator"])
+    resumed.load_state_dict(saved["data"])
+    assert torch.equal(gen.get_state(), ref_gen.get_state())
+    it2 = iter(resumed)
+    for _ in range(more):
+        assert next(it2) == next(it)
+        assert torch.equal(gen.get_state(), ref_gen.get_state())
+
+
 def test_epochs_reshuffle_and_cover_everything() -> None:
     s = ResumableBatchSampler(16, 4, torch.Generator().manual_seed(0), 0, 1)
     b = batches(s, 8)
