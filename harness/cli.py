@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import HarnessError, ScenarioError
+from harness.errors import HarnessError, ScenarioError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,8 +127,8 @@ _BENCH_FIELDS = ("model", "stages", "nodes", "microbatches", "microbatch_size", 
 def _digest_bench(gigabytes: float, out: Path) -> int:
     import json
 
-    from .digestbench import digest_benchmark, digest_table
-    from .errors import ConfigValueError
+    from harness.bench.digest import digest_benchmark, digest_table
+    from harness.errors import ConfigValueError
 
     try:
         result = digest_benchmark(gigabytes)
@@ -143,8 +143,8 @@ def _digest_bench(gigabytes: float, out: Path) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import BenchConfig, run_bench, table
-    from .schema import build
+    from harness.bench.bench import BenchConfig, run_bench, table
+    from harness.schema import build
 
     if args.digest is not None:
         return _digest_bench(args.digest, args.out)
@@ -241,7 +241,7 @@ def _publish(path: Path, online: bool, project: str = "baft-harness", entity: st
 
 
 def _fuzz(args: argparse.Namespace) -> int:
-    from .fuzz import fuzz
+    from harness.campaign.fuzz import fuzz
 
     if args.budget < 1 or args.max_faults < 1 or (args.shrink_budget is not None and args.shrink_budget < 0):
         print("baft: error: --budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)", file=sys.stderr)
@@ -263,12 +263,12 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
-    against the job on the cluster (:mod:`harness.cluster`)."""
-    from injectors.chaosmesh import ClusterTarget, Unmappable, to_yaml, validate
-    from injectors.chaosschema import ManifestInvalid
+    against the job on the cluster (:mod:`harness.cluster.run`)."""
+    from injectors.chaosmesh.manifests import ClusterTarget, Unmappable, to_yaml, validate
+    from injectors.chaosmesh.schema import ManifestInvalid
     from injectors.errors import InjectorError
 
-    from .cluster import ClusterConfig, ClusterRunError, cluster_summary, plan, run_on_cluster
+    from harness.cluster.run import ClusterConfig, ClusterRunError, cluster_summary, plan, run_on_cluster
 
     if not args.namespace or not args.selector:
         print("baft: error: --target k8s needs --namespace and --selector k=v[,k=v]", file=sys.stderr)
@@ -284,7 +284,7 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
               "reference's", file=sys.stderr)
         return 2
     if args.wandb_run is not None:
-        from .wandbprogress import check_run_path
+        from harness.cluster.wandbprogress import check_run_path
 
         try:
             check_run_path(args.wandb_run)
@@ -308,7 +308,7 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
         return 2
     if args.workflow:
-        from injectors.chaosworkflow import workflow_manifest
+        from injectors.chaosmesh.workflow import workflow_manifest
 
         if not args.dry_run:
             print("baft: error: --workflow prints one Chaos Mesh Workflow for the time-triggered faults; it needs "
@@ -329,7 +329,7 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         print(f"baft: error: --reference {args.reference}: expected a run directory with a journal/ (an "
               "uninterrupted run of the same job), found none", file=sys.stderr)
         return 2
-    from injectors.chaosclient import ChaosClient
+    from injectors.chaosmesh.client import ChaosClient
 
     out = args.out or Path("runs") / f"{scenario.name}-k8s-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
@@ -354,11 +354,11 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from injectors.chaosmesh import to_yaml
+    from injectors.chaosmesh.manifests import to_yaml
 
-    from .deploy import DeployConfig, deployment
-    from .errors import ConfigValueError
-    from .scenario import load
+    from harness.cluster.deploy import DeployConfig, deployment
+    from harness.errors import ConfigValueError
+    from harness.scenario import load
 
     try:
         scenario = load(args.scenario, host=False)
@@ -377,7 +377,7 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _suite(args: argparse.Namespace) -> int:
-    from .suite import run_suite, table
+    from harness.campaign.suite import run_suite, table
 
     out = args.out or Path("runs") / f"suite-{args.directory.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
@@ -392,7 +392,7 @@ def _suite(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from .leftovers import sweep
+    from harness.run.leftovers import sweep
 
     result = sweep(force=args.force, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fuzz(args)
     if args.command == "cleanup":
         return _cleanup(args)
-    from .scenario import load
+    from harness.scenario import load
 
     try:
         if args.command == "validate":
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.target == "k8s":
         return _k8s(scenario, args)
-    from .runner import run_scenario, summary
+    from harness.run.runner import run_scenario, summary
 
     out = args.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"baft: running {scenario.name} ({scenario.workload.world_size} ranks on {scenario.workload.nodes} node(s)) -> {out}", flush=True)

@@ -48,8 +48,8 @@ class ScenarioFailed(Exception):
 
 class ScenarioFile(pytest.File):
     def collect(self) -> Any:
-        from .errors import ScenarioError
-        from .scenario import load
+        from harness.errors import ScenarioError
+        from harness.scenario import load
 
         try:
             scenario = load(self.path)
@@ -71,8 +71,8 @@ class ScenarioItem(pytest.Item):
     def runtest(self) -> None:
         if self.error is not None:
             raise ScenarioUnusable(self.error)
-        from .errors import HarnessError
-        from .runner import run_scenario, summary
+        from harness.errors import HarnessError
+        from harness.run.runner import run_scenario, summary
 
         if self.scenario.uses_netns and os.geteuid() != 0:
             pytest.skip("needs root: the scenario runs nodes in network namespaces")

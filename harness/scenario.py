@@ -23,9 +23,9 @@ from analysis.verdict import ExpectConfig
 from baft import CheckpointConfig
 from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
-from .errors import ConfigValueError, ScenarioError
-from .schema import build, found_repr, to_plain
-from .workload import WorkloadConfig
+from harness.errors import ConfigValueError, ScenarioError
+from harness.schema import build, found_repr, to_plain
+from harness.worker.workload import WorkloadConfig
 
 
 @dataclass(kw_only=True, slots=True)

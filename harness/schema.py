@@ -14,7 +14,7 @@ import dataclasses
 import types
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from .errors import ScenarioError
+from harness.errors import ScenarioError
 
 T = TypeVar("T")
 

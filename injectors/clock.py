@@ -4,7 +4,7 @@ A training job reads wall-clock time for timeouts, heartbeats, checkpoint
 names and lease expiry; a host whose clock has drifted breaks those in ways
 a healthy cluster never shows. On a cluster this is Chaos Mesh's TimeChaos,
 which shifts what ``clock_gettime`` returns inside the chosen containers
-(see :mod:`injectors.chaosmesh`).
+(see :mod:`injectors.chaosmesh.manifests`).
 
 There is no honest local injector: a per-process wall-clock offset needs
 ``clock_gettime`` intercepted in the process (what Chaos Mesh's daemon does
@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .base import RunShape
-from .chaosformats import parse_go_duration
-from .chaosschema import CLOCK_IDS
-from .errors import FaultConfigError, HostUnsupported
-from .trigger import WindowFault
-from .worker import WindowInjector
+from injectors.base import RunShape
+from injectors.chaosmesh.formats import parse_go_duration
+from injectors.chaosmesh.schema import CLOCK_IDS
+from injectors.errors import FaultConfigError, HostUnsupported
+from injectors.trigger import WindowFault
+from injectors.worker import WindowInjector
 
 LOCAL_UNSUPPORTED = (
     "clock_skew runs only on a cluster: baft run SCENARIO --target k8s (Chaos Mesh TimeChaos). This host "

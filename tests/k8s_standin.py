@@ -2,7 +2,7 @@
 
 No API server can run on this machine (ARCHITECTURE.md), so tests point the real
 client (``kubernetes.client.Configuration(host=standin.host)``) at this one. It
-implements only what :mod:`injectors.chaosclient` uses, for group ``chaos-mesh.org``
+implements only what :mod:`injectors.chaosmesh.client` uses, for group ``chaos-mesh.org``
 version ``v1alpha1``:
 
 * ``POST   /apis/chaos-mesh.org/v1alpha1/namespaces/{ns}/{plural}``: store the object, add
@@ -188,12 +188,12 @@ class StandIn:
 
 @contextlib.contextmanager
 def connected(server: StandIn, request_timeout: float = 5) -> Iterator[Any]:
-    """The real client (a :class:`injectors.chaosclient.ChaosClient`) pointed at ``server``; on the way
+    """The real client (a :class:`injectors.chaosmesh.client.ChaosClient`) pointed at ``server``; on the way
     out, every object that reached the server must be one a real cluster would accept."""
     import kubernetes
 
-    from injectors.chaosclient import ChaosClient
-    from injectors.chaosschema import validate
+    from injectors.chaosmesh.client import ChaosClient
+    from injectors.chaosmesh.schema import validate
 
     api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=server.host))
     try:

@@ -1,4 +1,4 @@
-"""A stand-in for the few W&B GraphQL queries :mod:`harness.wandbprogress` makes, for the real ``wandb`` client.
+"""A stand-in for the few W&B GraphQL queries :mod:`harness.cluster.wandbprogress` makes, for the real ``wandb`` client.
 
 No W&B server is reachable here, so tests point ``wandb.Api(overrides={"base_url": standin.url})``
 at this one. It answers ``POST /graphql``:

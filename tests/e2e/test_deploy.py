@@ -22,8 +22,8 @@ import yaml
 from analysis.journal import Journal
 from analysis.verdict import judge
 from baft.store import request
-from harness.deploy import CHECKPOINTS, SHARED, SHM, SPEC_DIR, DeployConfig, deployment
-from harness.launcher import free_port
+from harness.cluster.deploy import CHECKPOINTS, SHARED, SHM, SPEC_DIR, DeployConfig, deployment
+from harness.run.nodeenv import free_port
 from harness.scenario import load
 from injectors.process import descendants
 

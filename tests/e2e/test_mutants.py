@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.mutants import MUTANTS
+from harness.worker.mutants import MUTANTS
 
 from .conftest import ROOT, run_cli
 

@@ -1,4 +1,4 @@
-"""A user's own training script as the workload, through the probe API (harness.session)."""
+"""A user's own training script as the workload, through the probe API (harness.worker.session)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -10,8 +10,8 @@ import pytest
 
 from injectors import FAULTS, HostUnsupported
 from injectors.process import KillConfig
-from injectors.chaosclient import ChaosApiError, ChaosClient, NotInjected, injection_problems
-from injectors.chaosmesh import ClusterTarget, ManifestInvalid, manifests
+from injectors.chaosmesh.client import ChaosApiError, ChaosClient, NotInjected, injection_problems
+from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, manifests
 from tests.k8s_standin import PREFIX, StandIn, connected
 from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE, needs_schema
 

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, HostUnsupported, RunShape, WorkerContext
-from injectors.chaosmesh import (ClusterTarget, ManifestInvalid, Unmappable, manifests, object_name, schedule_manifest,
+from injectors.chaosmesh.manifests import (ClusterTarget, ManifestInvalid, Unmappable, manifests, object_name, schedule_manifest,
                                  to_yaml, validate)
-from injectors.chaosformats import check_cron, is_dns_label
-from injectors.chaosschema import CLOCK_IDS, crds_dir
+from injectors.chaosmesh.formats import check_cron, is_dns_label
+from injectors.chaosmesh.schema import CLOCK_IDS, crds_dir
 from injectors.clock import ClockSkewInjector
 
 # jsonschema is optional (the k8s extra) and the CRDs live outside the repository: without them the

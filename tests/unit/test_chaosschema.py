@@ -1,4 +1,4 @@
-"""The validator of Chaos Mesh objects (:mod:`injectors.chaosschema`): units, the CRD schemas and the webhook's
+"""The validator of Chaos Mesh objects (:mod:`injectors.chaosmesh.schema`): units, the CRD schemas and the webhook's
 rules refuse what the cluster refuses, naming the JSON path; the CRD files themselves."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, HostUnsupported
-from injectors import chaosschema
-from injectors.chaosmesh import (ManifestInvalid, chaos_rate, crd_schema, go_duration, go_millis, schedule_manifest,
+from injectors.chaosmesh import schema as chaosschema
+from injectors.chaosmesh.manifests import (ManifestInvalid, chaos_rate, crd_schema, go_duration, go_millis, schedule_manifest,
                                  straggler_workers, tc_rate, validate)
-from injectors.chaosformats import chaos_rate_bytes, parse_go_duration
+from injectors.chaosmesh.formats import chaos_rate_bytes, parse_go_duration
 from injectors.network import parse_rate
 from tests.unit.test_chaosmesh import ROOT, TARGET, build, needs_crds, needs_schema, problems
 

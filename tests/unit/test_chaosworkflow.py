@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, WindowFault
-from injectors.chaosmesh import ClusterTarget, ManifestInvalid, Unmappable, crd_schema, object_name, validate
-from injectors.chaosformats import is_dns_label, parse_go_duration
-from injectors.chaosschema import WORKFLOW_EMBEDS
-from injectors.chaosworkflow import ENTRY, MAX_TEMPLATE_NAME, POINT_DEADLINE, workflow_manifest
+from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, Unmappable, crd_schema, object_name, validate
+from injectors.chaosmesh.formats import is_dns_label, parse_go_duration
+from injectors.chaosmesh.schema import WORKFLOW_EMBEDS
+from injectors.chaosmesh.workflow import ENTRY, MAX_TEMPLATE_NAME, POINT_DEADLINE, workflow_manifest
 from tests.unit.test_chaosmesh import FIELDS, JOB, TARGET, label_text, needs_crds, needs_schema, problems, targets
 
 TRIGGERS = {"at_step", "every", "times", "at_time", "every_seconds", "mtbf", "seed", "from_step", "to_step",

@@ -13,10 +13,10 @@ import yaml
 
 from analysis.journal import Journal, JournalWriter, launcher_journal, rank_journal
 from harness.cli import main as cli_main
-from harness.cluster import ClusterConfig, ClusterRunError, plan, run_on_cluster
+from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
 from harness.scenario import parse
-from injectors.chaosclient import ChaosClient
-from injectors.chaosmesh import ClusterTarget, Unmappable
+from injectors.chaosmesh.client import ChaosClient
+from injectors.chaosmesh.manifests import ClusterTarget, Unmappable
 from tests.k8s_standin import StandIn, connected
 from tests.unit.test_chaosmesh import needs_schema
 
@@ -187,7 +187,7 @@ def test_ctrl_c_deletes_every_object_in_place(injected: bool, standin: StandIn, 
     """Ctrl-C in the harness's loop while a window is open, or while Chaos Mesh is still injecting it."""
     import sys
 
-    import harness.cluster as cluster
+    import harness.cluster.run as cluster
 
     real_sleep = time.sleep
     standin.inject_after_gets = 1 if injected else 10**6
@@ -297,7 +297,7 @@ def test_a_fault_the_job_outran_is_skipped_not_an_error(standin: StandIn, client
 
 
 def test_progress_skips_a_damaged_line_and_a_restarted_rank_is_not_finished(tmp_path: Path) -> None:
-    from harness.controller import Progress
+    from harness.run.progress import JournalProgress
 
     w = JournalWriter(rank_journal(tmp_path, 0), rank=0, attempt=0)
     w.write("start", world_size=1)
@@ -308,7 +308,7 @@ def test_progress_skips_a_damaged_line_and_a_restarted_rank_is_not_finished(tmp_
     w = JournalWriter(rank_journal(tmp_path, 0), rank=0, attempt=0)
     w.write("step", step=1)
     w.write("finish", step=2)
-    p = Progress(tmp_path)
+    p = JournalProgress(tmp_path)
     assert p.poll() == 2 and p.done
     w.write("start", world_size=1)  # killed after finishing, restarted: running again
     w.close()

@@ -130,7 +130,7 @@ def test_probe_journals_norms_that_size_the_divergence(tmp_path: Path) -> None:
     import torch
 
     from baft import TrainState
-    from harness.probe import Probe
+    from harness.worker.probe import Probe
 
     def journal(root: Path, scale: float) -> Journal:
         torch.manual_seed(0)

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.data import ResumableBatchSampler, make_dataset
-from harness.models import PRESETS
+from harness.worker.data import ResumableBatchSampler, make_dataset
+from harness.worker.models import PRESETS
 from baft.persist import deserialize, serialize
 
 

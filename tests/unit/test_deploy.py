@@ -13,14 +13,14 @@ import yaml
 from baft import CheckpointConfig
 from harness.cli import _parser
 from harness.cli import main as cli_main
-from harness.deploy import HARNESS_KINDS, INDEX_LABEL, DeployConfig, deployment, worker_spec
+from harness.cluster.deploy import HARNESS_KINDS, INDEX_LABEL, DeployConfig, deployment, worker_spec
 from harness.errors import ConfigValueError
 from harness.scenario import load
 from harness.schema import build
-from harness.workload import WorkloadConfig
+from harness.worker.workload import WorkloadConfig
 from injectors import FAULTS
-from injectors.chaosmesh import ClusterTarget, manifests
-from injectors.chaosschema import GROUP
+from injectors.chaosmesh.manifests import ClusterTarget, manifests
+from injectors.chaosmesh.schema import GROUP
 from tests.k8s_standin import CORE, PREFIX, StandIn, connected
 from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE, needs_schema
 
@@ -164,9 +164,9 @@ def test_worker_spec_points_every_node_at_its_store_by_dns() -> None:
 
 def test_pod_zero_hosts_the_rendezvous_and_no_other_pod_does(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.pod import main, torchrun_command
+    from harness.cluster.pod import main, torchrun_command
 
-    args = ["--nnodes", "2", "-m", "harness.workload", "spec.json"]
+    args = ["--nnodes", "2", "-m", "harness.worker.workload", "spec.json"]
     assert torchrun_command(args, 0)[3:6] == ["--rdzv-conf", "is_host=1,keep_alive_interval=1,keep_alive_max_attempt=3", "--nnodes"]
     assert torchrun_command(args, 3)[4].startswith("is_host=0,")
     with pytest.raises(SystemExit, match="no --rdzv-conf"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.digestbench import digest_benchmark, digest_table
+from harness.bench.digest import digest_benchmark, digest_table
 from harness.errors import ConfigValueError
 
 

@@ -7,7 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.fuzz import _describe, schedules, with_schedule
+from harness.campaign.fuzz import _describe, schedules, with_schedule
 from harness.scenario import parse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ def test_a_fault_chaos_mesh_cannot_express_is_refused(capsys: pytest.CaptureFixt
 
 
 def test_workflow_prints_one_validated_workflow_for_time_triggers(capsys: pytest.CaptureFixture[str]) -> None:
-    from injectors.chaosmesh import validate
+    from injectors.chaosmesh.manifests import validate
 
     rc = cli_main(["run", str(ROOT / "examples" / "k8s" / "timed-sequence.yaml"), "--target", "k8s", "--dry-run",
                    "--workflow", "--namespace", "train", "--selector", "app=gpt"])

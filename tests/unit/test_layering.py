@@ -1,4 +1,9 @@
-"""The dependency direction of ARCHITECTURE.md, enforced on the import statements."""
+"""The dependency direction of ARCHITECTURE.md, enforced on the import statements.
+
+Every import counts, also those inside functions (a lazy import is still a dependency, and a lazy
+cycle is still a cycle): packages import only the packages below them, the rooms of ``harness``
+only the floors below theirs, and no module reaches itself through its imports.
+"""
 from __future__ import annotations
 
 import ast
@@ -7,27 +12,157 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("baft", "analysis", "injectors", "harness")
 ALLOWED = {
     "baft": set(),
     "analysis": set(),
     "injectors": {"baft"},
     "harness": {"baft", "injectors", "analysis"},
 }
+#: The floors of ``harness``, top to bottom (ARCHITECTURE.md). A room imports only rooms on lower
+#: floors (and itself); rooms side by side on one floor do not import each other.
+HARNESS_FLOORS: tuple[frozenset[str], ...] = (
+    frozenset({"cli", "pytest_plugin"}),
+    frozenset({"cluster", "campaign", "bench"}),
+    frozenset({"run"}),
+    frozenset({"scenario"}),
+    frozenset({"worker"}),
+    frozenset({"schema"}),
+    frozenset({"errors"}),
+)
 
 
-def imported_packages(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names: set[str] = set()
-    for node in ast.walk(tree):
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(f): f for pkg in PACKAGES for f in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``path`` imports, relative imports resolved, ``from pkg import mod`` counted
+    as importing ``pkg.mod`` when that is a module."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names & set(ALLOWED)
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            # the longest prefix that is a project module
+            parts = t.split(".")
+            for n in range(len(parts), 0, -1):
+                if ".".join(parts[:n]) in modules:
+                    found.add(".".join(parts[:n]))
+                    break
+    found.discard(name)
+    return found
 
 
-@pytest.mark.parametrize("package", sorted(ALLOWED))
+MODULES = all_modules()
+GRAPH = {m: imports_of(p, MODULES) for m, p in MODULES.items()}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_imports_follow_the_floors(package: str) -> None:
-    for f in sorted((ROOT / package).rglob("*.py")):
-        bad = imported_packages(f) - ALLOWED[package] - {package}
-        assert not bad, f"{f.relative_to(ROOT)} imports {sorted(bad)}"
+    for mod, deps in GRAPH.items():
+        if mod.split(".")[0] != package:
+            continue
+        bad = {d.split(".")[0] for d in deps} - ALLOWED[package] - {package}
+        assert not bad, f"{mod} imports {sorted(bad)}"
+
+
+def harness_room(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def floor_of(room: str) -> int:
+    for i, floor in enumerate(HARNESS_FLOORS):
+        if room in floor:
+            return i
+    raise AssertionError(f"harness.{room} is on no floor of HARNESS_FLOORS: put it in a room")
+
+
+@pytest.mark.parametrize("room", sorted({harness_room(m) for m in MODULES if m.startswith("harness.")} - {""}))
+def test_harness_rooms_import_only_lower_floors(room: str) -> None:
+    floor = floor_of(room)
+    for mod, deps in GRAPH.items():
+        if not mod.startswith("harness.") or harness_room(mod) != room:
+            continue
+        for dep in deps:
+            if not dep.startswith("harness.") or dep == "harness" or harness_room(dep) == room:
+                continue
+            assert floor_of(harness_room(dep)) > floor, (
+                f"{mod} (floor {floor}) imports {dep} (floor {floor_of(harness_room(dep))}): "
+                "a room imports only the floors below its own")
+
+
+def test_a_worker_knows_only_its_spec() -> None:
+    for mod, deps in GRAPH.items():
+        if mod.startswith("harness.worker"):
+            assert not {d for d in deps if d.startswith(("harness.run", "harness.cluster"))}, mod
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of size > 1 (and self-loops)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_lazy_ones_included() -> None:
+    graph = {m: {d for d in deps if d in GRAPH} for m, deps in GRAPH.items()}
+    # a package's __init__ is imported with each of its modules; edges into it are not a cycle of ours
+    graph = {m: {d for d in deps if MODULES[d].name != "__init__.py" or d.split(".")[0] != d} for m, deps in graph.items()}
+    assert strongly_connected(graph) == []
+
+
+def test_no_file_over_600_lines() -> None:
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long

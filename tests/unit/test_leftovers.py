@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main as cli_main
-from harness.leftovers import OWNER, UNOWNED_AGE, _start_time, claim_shm, owner_alive, stale_shm, sweep
+from harness.run.leftovers import OWNER, UNOWNED_AGE, _start_time, claim_shm, owner_alive, stale_shm, sweep
 
 
 def _dead_pid() -> tuple[int, str]:

@@ -10,7 +10,7 @@ import torch
 
 from baft.snapshot import COMPLETE, SnapshotBuffer, slot_of
 from baft.store import Store, StoreClient, _Handler, _Server, request, slot_header
-from harness.launcher import free_port
+from harness.run.nodeenv import free_port
 
 
 @pytest.fixture

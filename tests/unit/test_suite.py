@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ScenarioError
-from harness.suite import bar, discover, load_all
+from harness.campaign.suite import bar, discover, load_all
 
 ROOT = Path(__file__).resolve().parents[2]
 

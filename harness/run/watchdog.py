@@ -24,7 +24,7 @@ from analysis.journal import JournalWriter
 
 from injectors.process import descendants
 
-from .controller import Progress
+from harness.run.progress import JournalProgress
 
 #: Seconds a job may take from launch (or a restart) to its first completed step.
 STARTUP_TIMEOUT = 60.0
@@ -37,7 +37,7 @@ class Watchdog:
                  startup_timeout: float | None = None) -> None:
         self.run_dir, self.agents, self.journal, self.timeout = run_dir, agents, journal, timeout
         self.startup_timeout = startup_timeout if startup_timeout is not None else max(timeout, STARTUP_TIMEOUT)
-        self.progress = Progress(run_dir)
+        self.progress = JournalProgress(run_dir)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
         self.detections = 0

@@ -20,7 +20,7 @@ import torch
 
 from baft.state import fingerprint_components, flatten
 
-from .errors import ConfigValueError
+from harness.errors import ConfigValueError
 
 #: Columns of a tensor in the benchmark state (rows make up the size).
 COLUMNS = 1024

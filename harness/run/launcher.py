@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,14 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 from analysis.journal import JournalWriter, launcher_journal
 
-from .errors import LaunchError
-from .session import SPEC_VARIABLE
-from .watchdog import Watchdog
+from harness.errors import LaunchError
+from harness.worker.session import SPEC_VARIABLE
+from harness.run.nodeenv import free_port, worker_env
+from harness.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from injectors.network import Topology
 
-    from .stores import StoreSpec
+    from harness.run.storefleet import StoreSpec
 
 
 #: Seconds an elastic rendezvous waits for more nodes once the minimum has joined (torchrun's
@@ -43,12 +43,6 @@ LAST_CALL = 10
 KEEP_ALIVE = ",keep_alive_interval=1,keep_alive_max_attempt=3"
 #: Rendezvous settings of elastic runs: the last call above and the keep-alive.
 ELASTIC_RDZV = f",last_call_timeout={LAST_CALL}{KEEP_ALIVE}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,23 +58,6 @@ class LaunchResult:
         return not self.timed_out and all(rc == 0 for rc in self.returncodes)
 
 
-def worker_env(node: int, topology: Topology | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        GLOO_SOCKET_IFNAME=topology.interface(node) if topology else env.get("GLOO_SOCKET_IFNAME", "lo"),
-        BAFT_NODE=f"node{node}",
-        BAFT_NODE_INDEX=str(node),
-        PYTHONUNBUFFERED="1",
-    )
-    # The workload must import this checkout even when run from another cwd.
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
 def launch(
     run_dir: Path,
     spec: dict[str, Any],
@@ -89,7 +66,7 @@ def launch(
     world_size: int,
     max_restarts: int,
     timeout: float,
-    module: str = "harness.workload",
+    module: str = "harness.worker.workload",
     stores: StoreSpec | None = None,
     hang_timeout: float | None = None,
     topology: Topology | None = None,
@@ -102,7 +79,7 @@ def launch(
 
     With a ``topology`` every node (agent, workers, store) runs in its own network
     namespace and rendezvous on node 0's address; ``harness_faults`` (fault id, config)
-    are then driven on its links by a :class:`~harness.controller.FaultController`.
+    are then driven on its links by a :class:`~harness.run.linkfaults.FaultController`.
 
     ``script`` (a path and its arguments) replaces ``-m module SPEC`` as what each worker runs;
     every worker finds the spec in ``BAFT_SPEC`` either way.
@@ -110,8 +87,8 @@ def launch(
     With ``min_nodes`` below ``nodes`` the agents are elastic (``--nnodes MIN:MAX``): when a
     node is gone for good, the others re-rendezvous without it after :data:`LAST_CALL` seconds.
     """
-    from .controller import FaultController
-    from .stores import StoreFleet
+    from harness.run.linkfaults import FaultController
+    from harness.run.storefleet import StoreFleet
 
     run_dir.mkdir(parents=True, exist_ok=True)
     logs = run_dir / "logs"

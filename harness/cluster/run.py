@@ -5,7 +5,7 @@ cluster the job is already running (a PyTorchJob, a JobSet, the StatefulSet of
 ``baft deploy``) and Chaos Mesh injects the faults; this module is the nemesis in
 between. It follows the job's progress from the journal the ranks write to a shared
 volume (``--job-dir``: the same ``journal/rank-*/events.jsonl`` as a local run) or from the
-job's W&B run (``--wandb-run``, :mod:`harness.wandbprogress`), and when
+job's W&B run (``--wandb-run``, :mod:`harness.cluster.wandbprogress`), and when
 a fault's trigger comes due it creates the fault's Chaos Mesh objects, waits until Chaos
 Mesh reports every target injected, and deletes them when the fault is over — a window
 at its end step or after its duration, a point fault (a pod kill) as soon as it is
@@ -17,7 +17,7 @@ What it journals, in ``OUT/faulted/journal/launcher.jsonl`` (the file the local 
 writes, so analysis reads both the same way): ``cluster_start``, a ``fault`` event per
 firing with the step it was due at and the step the job had reached once the fault was
 confirmed (the difference is the injection latency, in steps), the ``chaos_*`` events of
-:class:`~injectors.chaosclient.ChaosClient`, and ``fault_rollback``. At the end the job's
+:class:`~injectors.chaosmesh.client.ChaosClient`, and ``fault_rollback``. At the end the job's
 journal is copied next to it, so ``OUT/faulted`` is a run directory like a local one, and
 with ``--reference`` (the journal of an uninterrupted run of the same job) the usual
 verdict and report are written.
@@ -40,15 +40,15 @@ from typing import Any
 
 from analysis.journal import Journal, JournalWriter, launcher_journal, read_events
 from analysis.verdict import judge
-from injectors.chaosclient import Cancelled
-from injectors.chaosmesh import ClusterTarget, Unmappable, manifests, validate
-from injectors.chaosformats import parse_go_duration
+from injectors.chaosmesh.client import Cancelled
+from injectors.chaosmesh.manifests import ClusterTarget, Unmappable, manifests, validate
+from injectors.chaosmesh.formats import parse_go_duration
 from injectors.trigger import PointFault, WindowFault
 from injectors.worker import describe
 
-from .controller import Progress
-from .errors import HarnessError
-from .scenario import Scenario
+from harness.run.progress import JournalProgress, Progress
+from harness.errors import HarnessError
+from harness.scenario import Scenario
 
 
 class ClusterRunError(HarnessError):
@@ -64,7 +64,7 @@ class ClusterConfig:
     ``journal/rank-*/events.jsonl`` there, the harness reads steps from it (unless ``wandb_run``)
     and, at the end, copies the journal for the verdict."""
     wandb_run: str | None = None
-    """``ENTITY/PROJECT/RUN_ID``: read the steps from the job's W&B run instead (:mod:`harness.wandbprogress`)."""
+    """``ENTITY/PROJECT/RUN_ID``: read the steps from the job's W&B run instead (:mod:`harness.cluster.wandbprogress`)."""
     wandb_base_url: str | None = None
     """The W&B server (default: ``WANDB_BASE_URL`` or wandb's own)."""
     inject_timeout: float = 60.0
@@ -83,7 +83,7 @@ class ClusterConfig:
             raise ValueError("job_dir: the job's run directory on a shared volume, or wandb_run, is needed to "
                              "follow its steps")
         if self.wandb_run is not None:
-            from .wandbprogress import check_run_path
+            from harness.cluster.wandbprogress import check_run_path
 
             check_run_path(self.wandb_run)
         for name in ("inject_timeout", "recover_timeout", "start_timeout", "timeout", "poll"):
@@ -147,7 +147,7 @@ class Firing:
 def plan(scenario: Scenario, target: ClusterTarget, run_id: str) -> list[Firing]:
     """Every firing of the scenario's faults, its objects built and validated; raises before anything runs.
 
-    :class:`~injectors.chaosmesh.Unmappable` for a fault Chaos Mesh cannot express or a trigger
+    :class:`~injectors.chaosmesh.manifests.Unmappable` for a fault Chaos Mesh cannot express or a trigger
     the cluster cannot honour (a phase inside an iteration), ``ManifestInvalid`` for an object
     the CRDs would refuse.
     """
@@ -195,14 +195,14 @@ class ClusterRun:
         self.scenario, self.client, self.target, self.config = scenario, client, target, config
         self.out, self.run_id = out, run_id
         self.firings = plan(scenario, target, run_id)
-        self.progress: Any
+        self.progress: Progress
         if config.wandb_run is not None:
-            from .wandbprogress import WandbProgress
+            from harness.cluster.wandbprogress import WandbProgress
 
             self.progress = WandbProgress(config.wandb_run, base_url=config.wandb_base_url)
         else:
             assert config.job_dir is not None
-            self.progress = Progress(config.job_dir)
+            self.progress = JournalProgress(config.job_dir)
         self.errors: list[str] = []
         self.journal: JournalWriter | None = None
         self.job_ended = False
@@ -434,7 +434,7 @@ def firings(launcher: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def cluster_summary(verdict: dict[str, Any], out: Path) -> str:
     """The terminal lines of a run on a cluster: each firing, then the verdict (with a reference)."""
-    from .runner import summary
+    from harness.run.runner import summary
 
     lines = []
     for f in verdict["cluster"]["firings"]:

@@ -6,7 +6,7 @@ prints them as YAML for ``kubectl apply -f -``. The layout, one pod per scenario
 * an **Indexed Job** ``{name}-{run}`` with ``nodes`` pods (completion index = node index,
   label ``batch.kubernetes.io/job-completion-index``), each running one ``torchrun`` agent
   (``--nproc-per-node`` = ranks per node, c10d rendezvous hosted by pod 0 through a headless
-  Service, see :mod:`harness.pod`) in container ``pytorch``. ``restartPolicy: OnFailure``: a crashed container is
+  Service, see :mod:`harness.cluster.pod`) in container ``pytorch``. ``restartPolicy: OnFailure``: a crashed container is
   restarted in place, a deleted pod is recreated by the Job controller.
 * with strategy ``baft``, the node's **store** as a native sidecar (an init container with
   ``restartPolicy: Always``, Kubernetes >= 1.29): it outlives the trainer container, so a
@@ -18,7 +18,7 @@ prints them as YAML for ``kubectl apply -f -``. The layout, one pod per scenario
 * a **ConfigMap** with the worker spec (what the local launcher writes for every run) and the
   scenario file.
 * with ``--harness``: the harness's **ServiceAccount**, a **Role** allowing exactly what
-  :mod:`harness.cluster` does (create, get and delete the Chaos Mesh kinds the faults map to;
+  :mod:`harness.cluster.run` does (create, get and delete the Chaos Mesh kinds the faults map to;
   list pods) and its **RoleBinding**, and a **Job** running
   ``baft run /etc/baft/scenario.yaml --target k8s ...`` in the cluster, following
   ``/shared/{run}`` and judging it against ``/shared/{reference_run}``.
@@ -34,11 +34,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from injectors.chaosschema import GROUP, PLURALS
+from injectors.chaosmesh.schema import GROUP, PLURALS
 
-from .errors import ConfigValueError
-from .scenario import Scenario
-from .schema import to_plain
+from harness.errors import ConfigValueError
+from harness.scenario import Scenario
+from harness.schema import to_plain
 
 #: Pod label of an Indexed Job's pod: its completion index, here the scenario node.
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -46,7 +46,7 @@ SPEC_DIR = "/etc/baft"
 SHARED = "/shared"
 CHECKPOINTS = "/checkpoints"
 SHM = "/dev/shm"
-#: What the harness does on the cluster (:mod:`harness.cluster`): the verbs per resource.
+#: What the harness does on the cluster (:mod:`harness.cluster.run`): the verbs per resource.
 CHAOS_VERBS = ["create", "get", "delete"]
 POD_VERBS = ["list"]
 #: The Chaos Mesh kinds a fault maps to (not Schedule or Workflow: those are printed, kubectl applies them).
@@ -166,9 +166,9 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
     env = _env(BAFT_SPEC=f"{SPEC_DIR}/worker-spec.json", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", GLOO_SOCKET_IFNAME="eth0", PYTHONUNBUFFERED="1")
     env.append({"name": "BAFT_NODE_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}})
-    target = ([w.script, *map(str, w.args)] if w.script else ["-m", "harness.workload", f"{SPEC_DIR}/worker-spec.json"])
-    # harness.pod execs torchrun with --rdzv-conf is_host=1 on pod 0 only (see that module for why).
-    torchrun = ["python", "-m", "harness.pod", "--nnodes", str(w.nodes),
+    target = ([w.script, *map(str, w.args)] if w.script else ["-m", "harness.worker.workload", f"{SPEC_DIR}/worker-spec.json"])
+    # harness.cluster.pod execs torchrun with --rdzv-conf is_host=1 on pod 0 only (see that module for why).
+    torchrun = ["python", "-m", "harness.cluster.pod", "--nnodes", str(w.nodes),
                 "--nproc-per-node", str(w.world_size // w.nodes), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{cfg.job}-0.{cfg.job}:{cfg.rendezvous_port}", "--rdzv-id", cfg.job,
                 "--max-restarts", str(scenario.run.max_restarts), "--monitor-interval", "0.2", *target]

@@ -46,8 +46,8 @@ def _timestamp(text: Any) -> float | None:
 
 
 class WandbProgress:
-    """The furthest step of a job as its W&B run reports it; the journal's :class:`~harness.controller.Progress`
-    interface (``poll``, ``step``, ``done``, ``started_at``, ``finished``, ``world``)."""
+    """The furthest step of a job as its W&B run reports it: a :class:`~harness.run.progress.Progress`
+    source beside the journal's."""
 
     def __init__(self, path: str, *, base_url: str | None = None, timeout: float = 10.0, api: Any = None) -> None:
         self.path = check_run_path(path)

@@ -17,8 +17,8 @@ from typing import Any
 
 from analysis.junit import write_junit
 
-from .errors import HarnessError, ScenarioError
-from .scenario import Scenario, load
+from harness.errors import HarnessError, ScenarioError
+from harness.scenario import Scenario, load
 
 
 def discover(directory: Path) -> list[Path]:
@@ -55,7 +55,7 @@ def run_suite(directory: Path, out: Path, cache: Path | None = None,
     """Run the suite; returns one entry per scenario (its verdict, or ``{"scenario", "error"}``)."""
     from analysis.report import suite_report
 
-    from .runner import run_scenario
+    from harness.run.runner import run_scenario
 
     scenarios = load_all(discover(directory))
     out.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ def _rng(skip_processes: bool) -> None:
 def _loader_generator_lost() -> None:
     """Neither the RNG restore nor the sampler (which shares the loader's generator and would set
     it to the start of its epoch) touches the loader's generator: it keeps its fresh state."""
-    from .data import ResumableBatchSampler
+    from harness.worker.data import ResumableBatchSampler
 
     _rng(skip_processes=False)
 
@@ -81,7 +81,7 @@ def _drop_on_restore(component: str) -> None:
 
 
 def _sampler_lost() -> None:
-    from .data import ResumableBatchSampler
+    from harness.worker.data import ResumableBatchSampler
 
     ResumableBatchSampler.load_state_dict = lambda self, state: None  # type: ignore[method-assign]
 

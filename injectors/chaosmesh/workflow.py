@@ -27,13 +27,13 @@ the job (the origin of ``at_time`` / ``from_time``); the controller's reconcile 
 about a second of lag. A point fault with ``at_time`` is one occurrence, or ``times``
 occurrences ``every_seconds`` apart, each its own branch.
 
-What a Workflow cannot express raises :class:`~injectors.chaosmesh.Unmappable`: step
+What a Workflow cannot express raises :class:`~injectors.chaosmesh.manifests.Unmappable`: step
 triggers (``at_step``, ``from_step``: a Workflow runs on the cluster's clock, not the
 job's steps; the harness must follow the journal for those), ``mtbf`` (the harness
 draws and follows the moments), a window without ``duration`` (it ends with the run,
 which only the harness sees), and a point fault keyed to a checkpoint phase (it fires
 at the first such phase after ``at_time``, which the cluster cannot see). Validate the
-result with :func:`injectors.chaosschema.validate`.
+result with :func:`injectors.chaosmesh.schema.validate`.
 """
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .chaosmesh import MANAGED_BY, ClusterTarget, Unmappable, go_duration, manifests, object_name
-from .chaosformats import is_dns_label, parse_go_duration
-from .chaosschema import API_VERSION, WORKFLOW_EMBEDS
-from .errors import FaultConfigError
-from .trigger import PointFault, WindowFault
+from injectors.chaosmesh.manifests import MANAGED_BY, ClusterTarget, Unmappable, go_duration, manifests, object_name
+from injectors.chaosmesh.formats import is_dns_label, parse_go_duration
+from injectors.chaosmesh.schema import API_VERSION, WORKFLOW_EMBEDS
+from injectors.errors import FaultConfigError
+from injectors.trigger import PointFault, WindowFault
 
 __all__ = ["ENTRY", "POINT_DEADLINE", "workflow_manifest"]
 
@@ -70,7 +70,7 @@ def workflow_manifest(faults: Sequence[tuple[int, str, Any]], target: ClusterTar
     ``fault_id`` is the fault's index in the scenario (distinct ids), ``kind`` its scenario key
     and ``config`` its config; ``name`` defaults to ``{name_prefix}-{run_id}-workflow``. Raises
     :class:`Unmappable` for a fault a Workflow cannot time and :class:`FaultConfigError` for bad
-    input. Not validated here: pass the result to :func:`injectors.chaosschema.validate`.
+    input. Not validated here: pass the result to :func:`injectors.chaosmesh.schema.validate`.
     """
     name = object_name(target, run_id, None, "workflow") if name is None else name
     if not is_dns_label(name):

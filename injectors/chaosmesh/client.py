@@ -1,6 +1,6 @@
 """Apply Chaos Mesh objects to a live cluster, confirm they were injected, and always delete them.
 
-:mod:`injectors.chaosmesh` builds the objects and :mod:`injectors.chaosschema` checks them;
+:mod:`injectors.chaosmesh.manifests` builds the objects and :mod:`injectors.chaosmesh.schema` checks them;
 this module is the only one that talks to a Kubernetes API server. It uses
 ``kubernetes.client.CustomObjectsApi`` (group ``chaos-mesh.org``, version ``v1alpha1``),
 imported when a :class:`ChaosClient` is made, so a run that never targets a cluster
@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .chaosschema import GROUP, PLURALS, VERSION, validate
-from .errors import HostUnsupported, InjectorError
+from injectors.chaosmesh.schema import GROUP, PLURALS, VERSION, validate
+from injectors.errors import HostUnsupported, InjectorError
 
 __all__ = ["Cancelled", "ChaosApiError", "ChaosClient", "Journal", "NotInjected", "NotRecovered",
            "injection_problems"]
@@ -136,7 +136,7 @@ class ChaosClient:
     Give ``api_client`` (a ``kubernetes.client.ApiClient``, e.g. one pointed at a test server)
     or a ``kubeconfig`` path (``None``: ``$KUBECONFIG`` or ``~/.kube/config``) and optionally
     its ``context``. ``check`` validates every object against the CRDs before sending it
-    (needs jsonschema and the CRDs; see :mod:`injectors.chaosschema`), so a mistake fails
+    (needs jsonschema and the CRDs; see :mod:`injectors.chaosmesh.schema`), so a mistake fails
     before it reaches the cluster. ``request_timeout`` bounds each HTTP request in seconds.
     """
 

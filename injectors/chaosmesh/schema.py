@@ -45,9 +45,9 @@ from typing import Any
 
 import yaml
 
-from .chaosformats import (chaos_rate_bytes, check_cron, is_dns_label, is_dns_subdomain, is_label_key,
+from injectors.chaosmesh.formats import (chaos_rate_bytes, check_cron, is_dns_label, is_dns_subdomain, is_label_key,
                            is_label_value, parse_go_duration)
-from .errors import HostUnsupported, InjectorError
+from injectors.errors import HostUnsupported, InjectorError
 
 GROUP = "chaos-mesh.org"
 VERSION = "v1alpha1"
@@ -102,7 +102,7 @@ class ManifestInvalid(InjectorError):
 def crds_dir() -> Path:
     """Where the CRD files are: ``$BAFT_CHAOS_CRDS``, else ``shared/chaos-mesh-crds`` beside the repository."""
     env = os.environ.get("BAFT_CHAOS_CRDS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "chaos-mesh-crds"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "chaos-mesh-crds"
 
 
 @functools.lru_cache(maxsize=None)

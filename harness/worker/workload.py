@@ -8,7 +8,7 @@ bitwise deterministic for a fixed world size: deterministic algorithms, one
 intra-op thread, seeded init, per-rank dropout seeds, and a data pipeline whose
 only state is checkpointed.
 
-Run as ``python -m harness.workload RUN_CONFIG.json`` (by the launcher).
+Run as ``python -m harness.worker.workload RUN_CONFIG.json`` (by the launcher).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigValueError, ScenarioError
-from .models import PRESETS
+from harness.errors import ConfigValueError, ScenarioError
+from harness.worker.models import PRESETS
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 
@@ -64,14 +64,14 @@ class WorkloadConfig:
     """Samples in the synthetic dataset (one epoch)."""
     script: str | None = None
     """A training script to run instead of the built-in pipeline (path relative to the scenario
-    file); it reports through ``harness.session.Session``. The built-in's fields are then unused,
+    file); it reports through ``harness.worker.session.Session``. The built-in's fields are then unused,
     except ``steps`` (how many the script trains), ``seed`` and ``nodes``."""
     nproc: int = 1
     """With ``script``: workers per node."""
     args: list[str] = field(default_factory=list)
     """With ``script``: its command-line arguments."""
     mutant: str | None = None
-    """A known checkpoint bug planted in the faulted run's workers (``harness.mutants``), to prove
+    """A known checkpoint bug planted in the faulted run's workers (``harness.worker.mutants``), to prove
     the verdict catches it; null: none."""
 
     def __post_init__(self) -> None:
@@ -103,7 +103,7 @@ class WorkloadConfig:
         if self.warmup < 0:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
         if self.mutant is not None:
-            from .mutants import MUTANTS
+            from harness.worker.mutants import MUTANTS
 
             if self.mutant not in MUTANTS:
                 raise ConfigValueError("mutant", "one of " + ", ".join(MUTANTS), self.mutant)
@@ -192,8 +192,8 @@ class PipelineTrainer:
         from baft import TrainState
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-        from .data import ResumableBatchSampler, make_dataset, make_loader, mix
-        from .models import build_stage, loss_fn
+        from harness.worker.data import ResumableBatchSampler, make_dataset, make_loader, mix
+        from harness.worker.models import build_stage, loss_fn
 
         self.cfg = cfg
         self.rank = dist.get_rank()
@@ -280,15 +280,15 @@ class PipelineTrainer:
 
 def main(argv: list[str] | None = None) -> int:
     """One worker of a scenario run: build, restore if a checkpoint exists, train, journal every boundary."""
-    from .schema import build
-    from .session import SPEC_VARIABLE, Session
+    from harness.schema import build
+    from harness.worker.session import SPEC_VARIABLE, Session
 
     args = argv if argv is not None else sys.argv[1:]
     spec_path = Path(args[0]) if args else Path(os.environ[SPEC_VARIABLE])
     session = Session(spec_path)
     cfg = build(WorkloadConfig, session.spec["workload"], str(spec_path), "workload")
     if cfg.mutant is not None:
-        from .mutants import apply
+        from harness.worker.mutants import apply
 
         apply(cfg.mutant)
     set_determinism()

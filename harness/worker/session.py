@@ -4,7 +4,7 @@
 (``workload: {script: train.py, nproc: 2}``) — with ``BAFT_SPEC`` naming the
 run's worker spec. A script opens a session and reports through it::
 
-    from harness.session import Session
+    from harness.worker.session import Session
 
     with Session.from_env() as run:             # process group, journal, faults armed
         ckpt = run.checkpointer(state)          # the scenario's checkpoint policy for a TrainState
@@ -32,19 +32,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import ScenarioError
+from harness.errors import ScenarioError
 
 SPEC_VARIABLE = "BAFT_SPEC"
 
 
 class Session:
-    """One worker's view of the run: its spec, its journal (a :class:`~harness.probe.Probe`) and
+    """One worker's view of the run: its spec, its journal (a :class:`~harness.worker.probe.Probe`) and
     the faults armed inside it."""
 
     def __init__(self, spec_path: Path) -> None:
         from baft import CheckpointConfig
 
-        from .schema import build
+        from harness.schema import build
 
         self.spec_path = spec_path
         self.spec: dict[str, Any] = json.loads(spec_path.read_text())
@@ -70,8 +70,8 @@ class Session:
         import torch.distributed as dist
         from injectors import FAULTS, WorkerContext
 
-        from .probe import Probe
-        from .schema import build
+        from harness.worker.probe import Probe
+        from harness.schema import build
 
         init_seconds = 0.0
         if not dist.is_initialized():

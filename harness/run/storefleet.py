@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from analysis.journal import JournalWriter
 from injectors.process import lost_marker
 
-from .launcher import free_port, worker_env
+from harness.run.nodeenv import free_port, worker_env
 
 if TYPE_CHECKING:
     from injectors.network import Topology

@@ -36,9 +36,9 @@ object at ``to_step`` or at the end of the run. A point fault with a step, ``at_
 or ``mtbf`` trigger is applied once per occurrence (``occurrence`` keeps the names
 apart); a periodic ``every_seconds`` trigger can instead become one
 :func:`schedule_manifest`. The time-triggered faults of a run can instead become one Workflow
-that the cluster times itself (:mod:`injectors.chaosworkflow`).
+that the cluster times itself (:mod:`injectors.chaosmesh.workflow`).
 
-Validation against the real CRDs and the webhook's rules is in :mod:`injectors.chaosschema`
+Validation against the real CRDs and the webhook's rules is in :mod:`injectors.chaosmesh.schema`
 (re-exported here). Nothing here talks to a cluster.
 """
 from __future__ import annotations
@@ -52,18 +52,18 @@ from typing import Any, cast
 
 import yaml
 
-from .chaosformats import (chaos_rate_bytes, format_chaos_rate, is_dns_label, is_label_key, is_label_value,
+from injectors.chaosmesh.formats import (chaos_rate_bytes, format_chaos_rate, is_dns_label, is_label_key, is_label_value,
                            parse_go_duration)
-from .chaosschema import API_VERSION, SCHEDULE_EMBEDS, ManifestInvalid, crd_schema, validate
-from .clock import ClockSkewConfig
-from .compute import StragglerConfig
-from .data import JitterConfig
-from .errors import FaultConfigError, InjectorError
-from .link import DelayConfig, PartitionConfig, ThrottleConfig
-from .network import format_rate, parse_rate
-from .process import CrashConfig, HangConfig, KillConfig, NodeLossConfig
-from .storage import CorruptConfig, DiskFullConfig, SlowStorageConfig
-from .trigger import PointFault, WindowFault
+from injectors.chaosmesh.schema import API_VERSION, SCHEDULE_EMBEDS, ManifestInvalid, crd_schema, validate
+from injectors.clock import ClockSkewConfig
+from injectors.compute import StragglerConfig
+from injectors.data import JitterConfig
+from injectors.errors import FaultConfigError, InjectorError
+from injectors.link import DelayConfig, PartitionConfig, ThrottleConfig
+from injectors.network import format_rate, parse_rate
+from injectors.process import CrashConfig, HangConfig, KillConfig, NodeLossConfig
+from injectors.storage import CorruptConfig, DiskFullConfig, SlowStorageConfig
+from injectors.trigger import PointFault, WindowFault
 
 __all__ = ["ClusterTarget", "ManifestInvalid", "Unmappable", "chaos_rate", "crd_schema", "manifests", "object_name",
            "schedule_manifest", "tc_rate", "to_yaml", "validate"]

@@ -8,7 +8,7 @@ starts. After the cycles the job times restores from each tier. The
 orchestrating process turns the raw timings into paired ratios
 (``analysis.benchstats``), prints a table and writes ``bench.json``.
 
-Worker: ``python -m harness.bench SPEC.json`` (started by the launcher).
+Worker: ``python -m harness.bench.bench SPEC.json`` (started by the launcher).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
-from .errors import ConfigValueError
-from .models import PRESETS
+from harness.errors import ConfigValueError
+from harness.worker.models import PRESETS
 
 ALL = ["none", "sync", "async-dcp", "checkfreq", "baft"]
 
@@ -122,9 +122,9 @@ def worker(spec_path: Path) -> int:
     from baft.strategies.dcp import restore_dcp
     from baft.strategies.sync import restore_shards
 
-    from .schema import build
-    from .session import place_on_node
-    from .workload import PipelineTrainer, WorkloadConfig, set_determinism
+    from harness.schema import build
+    from harness.worker.session import place_on_node
+    from harness.worker.workload import PipelineTrainer, WorkloadConfig, set_determinism
 
     spec = json.loads(spec_path.read_text())
     cfg = build(BenchConfig, spec["bench"], str(spec_path), "bench")
@@ -309,10 +309,10 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     import shutil
     import uuid
 
-    from .errors import LaunchError
-    from .launcher import launch
-    from .schema import to_plain
-    from .stores import StoreSpec
+    from harness.errors import LaunchError
+    from harness.run.launcher import launch
+    from harness.schema import to_plain
+    from harness.run.storefleet import StoreSpec
 
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "journal", ignore_errors=True)
@@ -333,7 +333,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
             link = {"rate_bit": rate, "measured_bit": measure_throttle(topology, 0, 1, rate)}
         try:
             result = launch(out, {"bench": to_plain(cfg), "shm_dir": str(shm)}, nodes=cfg.nodes, world_size=cfg.stages,
-                            max_restarts=0, timeout=timeout, module="harness.bench", stores=stores, topology=topology)
+                            max_restarts=0, timeout=timeout, module="harness.bench.bench", stores=stores, topology=topology)
         finally:
             shutil.rmtree(shm, ignore_errors=True)
             shutil.rmtree(out / "checkpoints", ignore_errors=True)

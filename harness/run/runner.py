@@ -33,16 +33,16 @@ from analysis.verdict import judge
 from injectors.network import Topology
 from injectors.storage import DiskFullConfig, mount_private, unmount_private
 
-from .errors import LaunchError
-from .launcher import launch
-from .leftovers import claim_shm
-from .scenario import Scenario
-from .stores import StoreSpec
-from .schema import to_plain
-from .workload import WorkloadConfig
+from harness.errors import LaunchError
+from harness.run.launcher import launch
+from harness.run.leftovers import claim_shm
+from harness.scenario import Scenario
+from harness.run.storefleet import StoreSpec
+from harness.schema import to_plain
+from harness.worker.workload import WorkloadConfig
 
 #: Files whose code determines a reference run's journal.
-_TRAINING_CODE = ("harness/workload.py", "harness/models.py", "harness/data.py", "baft/state.py")
+_TRAINING_CODE = ("harness/worker/workload.py", "harness/worker/models.py", "harness/worker/data.py", "baft/state.py")
 
 
 def default_cache_dir() -> Path:
@@ -62,7 +62,7 @@ def script_command(workload: WorkloadConfig) -> list[str] | None:
 
 
 def reference_key(workload: WorkloadConfig) -> str:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256(json.dumps(_reference_workload(workload), sort_keys=True).encode())
     h.update(torch.__version__.encode())
     for rel in _TRAINING_CODE:

@@ -2,7 +2,7 @@
 
 Names and labels (ObjectMeta's DNS-1123 and label rules), Go ``time.Duration``
 strings, NetworkChaos bandwidth rates (Chaos Mesh's ``ConvertUnitToBytes``) and
-Schedule cron specs (robfig/cron's ``ParseStandard``). :mod:`injectors.chaosschema`
+Schedule cron specs (robfig/cron's ``ParseStandard``). :mod:`injectors.chaosmesh.schema`
 applies them to whole objects; the mapping and the Workflow builder use them to
 spell values the cluster will accept.
 """

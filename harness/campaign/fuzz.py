@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from .errors import HarnessError, ScenarioError
-from .scenario import parse
+from harness.errors import HarnessError, ScenarioError
+from harness.scenario import parse
 
 #: Phases every strategy's workers announce; baft adds its snapshot.
 _PHASES = ("iteration", "forward", "backward", "optimizer")
@@ -92,7 +92,7 @@ def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None,
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample
 
-    from .runner import run_scenario
+    from harness.run.runner import run_scenario
 
     data = yaml.safe_load(scenario_file.read_text())
     parse(data, str(scenario_file))  # the base scenario must be valid
