@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from analysis.journal import Journal
+from analysis.journal import Journal, JournalWriter, launcher_journal
 from analysis.metrics import fault_target as target
 from analysis.report import run_report
 from analysis.verdict import judge
@@ -33,7 +33,7 @@ from analysis.verdict import judge
 from injectors.network import Topology
 from injectors.storage import DiskFullConfig, mount_private, unmount_private
 
-from harness.errors import LaunchError
+from harness.errors import Cancelled, LaunchError
 from harness.run.launcher import launch
 from harness.run.leftovers import claim_shm
 from harness.scenario import Scenario
@@ -87,8 +87,12 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     spec = {"workload": _reference_workload(workload), "checkpoint": {"strategy": "none"}, "faults": []}
-    result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0, timeout=timeout,
-                    script=script_command(workload))
+    try:
+        result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0,
+                        timeout=timeout, script=script_command(workload))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a reference cut short is never cached, nor left behind
+        raise
     if not result.ok:
         raise LaunchError(f"the reference run failed (exit codes {result.returncodes}, timed out: {result.timed_out}); logs in {tmp / 'logs'}")
     (tmp / "complete").write_text(f"{result.seconds:.3f}")
@@ -116,7 +120,13 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
         shutil.rmtree(out / sub, ignore_errors=True)
     if scenario.source and Path(scenario.source).is_file():
         shutil.copyfile(scenario.source, out / "scenario.yaml")
-    ref = ensure_reference(scenario.workload, cache, scenario.run.timeout)
+    try:
+        ref = ensure_reference(scenario.workload, cache, scenario.run.timeout)
+    except Cancelled as c:
+        journal = JournalWriter(launcher_journal(out / "faulted"))
+        journal.write("aborted", signal=c.name, during="reference")
+        journal.close()
+        raise
     shutil.copytree(ref.run_dir / "journal", out / "reference" / "journal")
 
     faulted = out / "faulted"
