@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.run.processes import TOKEN_VARIABLE
+from harness.run.processes import OWNER_VARIABLE, TOKEN_VARIABLE, owner_value
 
 if TYPE_CHECKING:
     from injectors.network import Topology
@@ -37,6 +37,7 @@ def worker_env(node: int, topology: Topology | None = None, token: str | None = 
     )
     if token is not None:
         env[TOKEN_VARIABLE] = token
+        env[OWNER_VARIABLE] = owner_value()
     # The workload must import this checkout even when run from another cwd.
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -26,16 +26,34 @@ from harness.errors import Cancelled
 
 #: Environment variable holding the token of the launch that started a process.
 TOKEN_VARIABLE = "BAFT_RUN_TOKEN"
+#: Environment variable naming the harness process of that launch, ``PID:START`` (its start time in
+#: clock ticks since boot, so a reused pid is not taken for it): ``baft cleanup`` stops the
+#: processes of a launch whose harness was killed (SIGKILL, the OOM killer) before it could.
+OWNER_VARIABLE = "BAFT_RUN_OWNER"
+_PROC = Path("/proc")
 
 
 def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def owned(token: str, proc: Path = Path("/proc")) -> list[int]:
-    """Pids of the live processes whose environment carries ``token`` (never this process)."""
-    needle = f"{TOKEN_VARIABLE}={token}".encode()
-    found = []
+def start_time(pid: int, proc: Path = _PROC) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22); None if it is gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # fields after the command name start at field 3
+
+
+def owner_value(pid: int | None = None) -> str:
+    """:data:`OWNER_VARIABLE`'s value for ``pid`` (this process by default)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{start_time(pid)}"
+
+
+def _environments(proc: Path = _PROC) -> Iterator[tuple[int, dict[bytes, bytes]]]:
+    """(pid, the baft variables of its environment) of every live process this one may read."""
     for d in proc.iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
@@ -44,9 +62,29 @@ def owned(token: str, proc: Path = Path("/proc")) -> list[int]:
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue  # exited meanwhile, or not ours to read
-        if state != "Z" and needle in env.split(b"\0"):
-            found.append(int(d.name))
-    return found
+        if state == "Z" or b"BAFT_RUN_" not in env:
+            continue
+        pairs = (item.partition(b"=") for item in env.split(b"\0") if item.startswith(b"BAFT_RUN_"))
+        yield int(d.name), {k: v for k, _, v in pairs}
+
+
+def owned(token: str, proc: Path = _PROC) -> list[int]:
+    """Pids of the live processes whose environment carries ``token`` (never this process)."""
+    key, value = TOKEN_VARIABLE.encode(), token.encode()
+    return [pid for pid, env in _environments(proc) if env.get(key) == value]
+
+
+def orphaned(proc: Path = _PROC) -> dict[str, list[int]]:
+    """The launches whose harness is gone but whose processes are not: token -> pids."""
+    out: dict[str, list[int]] = {}
+    for pid, env in _environments(proc):
+        token, owner = env.get(TOKEN_VARIABLE.encode()), env.get(OWNER_VARIABLE.encode())
+        if token is None or owner is None:
+            continue
+        owner_pid, _, start = owner.decode(errors="replace").partition(":")
+        if not owner_pid.isdigit() or start_time(int(owner_pid), proc) != start:
+            out.setdefault(token.decode(errors="replace"), []).append(pid)
+    return out
 
 
 def _signal_all(pids: list[int], sig: int) -> None:

@@ -161,3 +161,32 @@ def test_cancel_during_a_link_partition_rolls_it_back(tmp_path: Path, ref_cache:
     events = [json.loads(line)["event"] for line in (out / "faulted" / "journal" / "launcher.jsonl").read_text().splitlines()]
     assert "fault_rollback" in events and events[-1] != "fault", events
     assert [e["signal"] for e in _aborted(out)] == [signal.Signals(sig).name]
+
+
+def test_cleanup_stops_the_processes_of_a_killed_harness_and_keeps_a_live_ones(tmp_path: Path) -> None:
+    from harness.run.processes import OWNER_VARIABLE, TOKEN_VARIABLE, owner_value
+
+    def start(token: str, owner: str) -> subprocess.Popen:
+        env = {**os.environ, TOKEN_VARIABLE: token, OWNER_VARIABLE: owner}
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a harness that is gone: its pid names no live process with that start time
+    orphan = start("a" * 32, f"{dead.pid}:0")
+    alive = start("b" * 32, owner_value())  # this test's process is the owner, and it runs
+    try:
+        time.sleep(0.3)
+        dry = subprocess.run([sys.executable, "-m", "harness.cli", "cleanup", "--dry-run"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert f"pids {orphan.pid}" in dry.stdout and str(alive.pid) not in dry.stdout, dry.stdout
+        assert orphan.poll() is None  # a dry run stops nothing
+        done = subprocess.run([sys.executable, "-m", "harness.cli", "cleanup"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+        assert f"pids {orphan.pid}" in done.stdout, done.stdout
+        assert orphan.wait(timeout=10) == -signal.SIGTERM
+        assert alive.poll() is None
+    finally:
+        for p in (orphan, alive):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
