@@ -201,7 +201,7 @@ def _advise(args: argparse.Namespace) -> int:
     from analysis.advisor import advise, measured_cost
     from analysis.errors import AnalysisError
     from analysis.journal import Journal
-    from analysis.report import load_verdict
+    from analysis.verdict import load_verdict
 
     hours = _hours(args.mtbf)
     if hours is None:
@@ -218,7 +218,7 @@ def _advise(args: argparse.Namespace) -> int:
     if cost is None or not iteration:
         print(f"baft: error: {args.path}: no measured checkpoint cost ({how})", file=sys.stderr)
         return 2
-    restart = args.restart if args.restart is not None else (v.get("recovery_seconds") or 0.0)
+    restart = args.restart if args.restart is not None else (v.recovery_seconds or 0.0)
     print(f"checkpoint cost {cost * 1e3:.2f} ms ({how}), iteration {iteration * 1e3:.1f} ms, restart {restart:.1f} s")
     print(f"{'MTBF h':>8} {'Daly s':>9} {'Young s':>9} {'every':>6} {'waste':>8}")
     for h in hours:
@@ -266,9 +266,10 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     against the job on the cluster (:mod:`harness.cluster.run`)."""
     from injectors.chaosmesh.manifests import ClusterTarget, Unmappable, to_yaml, validate
     from injectors.chaosmesh.schema import ManifestInvalid
+    from analysis.summary import format_summary
     from injectors.errors import InjectorError
 
-    from harness.cluster.run import ClusterConfig, ClusterRunError, cluster_summary, plan, run_on_cluster
+    from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
 
     if not args.namespace or not args.selector:
         print("baft: error: --target k8s needs --namespace and --selector k=v[,k=v]", file=sys.stderr)
@@ -349,8 +350,8 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"baft: error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
         return 2
-    print(cluster_summary(verdict, out))
-    return 0 if verdict["passed"] else 1
+    print(format_summary(verdict, out))
+    return 0 if verdict.passed else 1
 
 
 def _deploy(args: argparse.Namespace) -> int:
@@ -377,7 +378,9 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _suite(args: argparse.Namespace) -> int:
-    from harness.campaign.suite import run_suite, table
+    from analysis.summary import format_table
+
+    from harness.campaign.suite import run_suite
 
     out = args.out or Path("runs") / f"suite-{args.directory.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
@@ -385,10 +388,10 @@ def _suite(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print(f"baft: error: {e}", file=sys.stderr)
         return 2
-    print(table(results))
+    print(format_table(results))
     print(f"suite.json: {out / 'suite.json'}\njunit.xml:  {out / 'junit.xml'}"
           + (f"\nreport:     {out / 'report.html'}" if args.report else ""))
-    return 0 if all(r.get("passed") for r in results) else 1
+    return 0 if all(r.passed for r in results) else 1
 
 
 def _cleanup(args: argparse.Namespace) -> int:
@@ -440,7 +443,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.target == "k8s":
         return _k8s(scenario, args)
-    from harness.run.runner import run_scenario, summary
+    from analysis.summary import format_summary
+
+    from harness.run.runner import run_scenario
 
     out = args.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"baft: running {scenario.name} ({scenario.workload.world_size} ranks on {scenario.workload.nodes} node(s)) -> {out}", flush=True)
@@ -449,12 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as e:
         print(f"baft: error: {e}", file=sys.stderr)
         return 1
-    print(summary(verdict, out))
+    print(format_summary(verdict, out))
     if args.wandb or args.wandb_online:
         rc = _publish(out, args.wandb_online)
         if rc:
             return rc
-    return 0 if verdict["passed"] else 1
+    return 0 if verdict.passed else 1
 
 
 if __name__ == "__main__":
