@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError, ScenarioError
+from harness.errors import HarnessError, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,8 +133,7 @@ def _digest_bench(gigabytes: float, out: Path) -> int:
     try:
         result = digest_benchmark(gigabytes)
     except ConfigValueError as e:
-        print(f"baft: error: --digest: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--digest: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "digest.json").write_text(json.dumps(result, indent=2) + "\n")
     print(digest_table(result))
@@ -152,11 +151,7 @@ def _bench(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in _BENCH_FIELDS if getattr(args, k) is not None}
     if "strategies" in given:
         given["strategies"] = [x.strip() for x in given["strategies"].split(",") if x.strip()]
-    try:
-        cfg = build(BenchConfig, given, "<command line>", "bench")
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+    cfg = build(BenchConfig, given, "<command line>", "bench")
     print(f"baft: bench {cfg.model}, {cfg.stages} stages, {cfg.microbatches} microbatches, {cfg.schedule}; "
           f"{cfg.cycles} cycles x {len(cfg.strategies)} strategies x {cfg.block} iterations -> {args.out}", flush=True)
     try:
@@ -169,16 +164,15 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hours(text: str) -> tuple[float, ...] | None:
-    """``--mtbf`` as hours; None (after saying why) when it is not a list of numbers > 0."""
+def _hours(text: str) -> tuple[float, ...]:
+    """``--mtbf`` as hours; :class:`UsageError` when it is not a list of numbers > 0."""
     try:
         hours = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         hours = ()
     if hours and all(h > 0 for h in hours):
         return hours
-    print(f"baft: error: --mtbf: expected hours > 0, comma-separated, found {text!r}", file=sys.stderr)
-    return None
+    raise UsageError(f"--mtbf: expected hours > 0, comma-separated, found {text!r}")
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -186,13 +180,10 @@ def _report(args: argparse.Namespace) -> int:
     from analysis.report import report
 
     hours = _hours(args.mtbf)
-    if hours is None:
-        return 2
     try:
         r = report(args.path, hours)
     except AnalysisError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     print(f"{r.html}\n{r.markdown}" + "".join(f"\n{f}" for f in r.figures))
     return 0
 
@@ -204,20 +195,16 @@ def _advise(args: argparse.Namespace) -> int:
     from analysis.verdict import load_verdict
 
     hours = _hours(args.mtbf)
-    if hours is None:
-        return 2
     try:
         v = load_verdict(args.path)
         run = Journal.load(args.path / "faulted")
         cost, how = measured_cost(run)
     except AnalysisError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     steps = [e["seconds"] for e in run.events("step") if e.get("seconds") is not None]
     iteration = statistics.median(steps) if steps else None
     if cost is None or not iteration:
-        print(f"baft: error: {args.path}: no measured checkpoint cost ({how})", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.path}: no measured checkpoint cost ({how})")
     restart = args.restart if args.restart is not None else (v.recovery_seconds or 0.0)
     print(f"checkpoint cost {cost * 1e3:.2f} ms ({how}), iteration {iteration * 1e3:.1f} ms, restart {restart:.1f} s")
     print(f"{'MTBF h':>8} {'Daly s':>9} {'Young s':>9} {'every':>6} {'waste':>8}")
@@ -234,8 +221,7 @@ def _publish(path: Path, online: bool, project: str = "baft-harness", entity: st
     try:
         r = publish(path, PublishConfig(project=project, entity=entity, mode="online" if online else "offline"))
     except AnalysisError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     print(f"wandb: {r.mode} run {r.run_id} -> {r.url or r.wandb_dir}")
     return 0
 
@@ -244,14 +230,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     from harness.campaign.fuzz import fuzz
 
     if args.budget < 1 or args.max_faults < 1 or (args.shrink_budget is not None and args.shrink_budget < 0):
-        print("baft: error: --budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)", file=sys.stderr)
-        return 2
+        raise UsageError("--budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)")
     out = args.out or Path("runs") / f"fuzz-{args.scenario.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget)
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+    r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget)
     failed = sum(not t.passed for t in r.trials)
     print(f"{len(r.trials)} trials, {failed} failed; fuzz.json: {out / 'fuzz.json'}")
     if r.minimal_file is None:
@@ -272,31 +253,25 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
 
     if not args.namespace or not args.selector:
-        print("baft: error: --target k8s needs --namespace and --selector k=v[,k=v]", file=sys.stderr)
-        return 2
+        raise UsageError("--target k8s needs --namespace and --selector k=v[,k=v]")
     if not args.dry_run and args.job_dir is None and args.wandb_run is None:
-        print("baft: error: --target k8s needs --job-dir: the job's run directory on a volume shared with this "
-              "process (the ranks' journal/rank-*/events.jsonl, from which the harness reads the steps); or "
-              "--wandb-run ENTITY/PROJECT/RUN_ID to read them from the job's W&B run; or --dry-run to print the "
-              "objects", file=sys.stderr)
-        return 2
+        raise UsageError("--target k8s needs --job-dir: the job's run directory on a volume shared with this "
+                         "process (the ranks' journal/rank-*/events.jsonl, from which the harness reads the steps); or "
+                         "--wandb-run ENTITY/PROJECT/RUN_ID to read them from the job's W&B run; or --dry-run to "
+                         "print the objects")
     if args.reference is not None and args.job_dir is None and not args.dry_run:
-        print("baft: error: --reference needs --job-dir: the verdict compares the job's journal with the "
-              "reference's", file=sys.stderr)
-        return 2
+        raise UsageError("--reference needs --job-dir: the verdict compares the job's journal with the reference's")
     if args.wandb_run is not None:
         from harness.cluster.wandbprogress import check_run_path
 
         try:
             check_run_path(args.wandb_run)
         except ValueError as e:
-            print(f"baft: error: --wandb-run: {e}", file=sys.stderr)
-            return 2
+            raise UsageError(f"--wandb-run: {e}") from None
     try:
         selector = dict(kv.split("=", 1) for kv in args.selector.split(",") if kv)
     except ValueError as e:
-        print(f"baft: error: --selector: expected k=v[,k=v], found {args.selector!r} ({e})", file=sys.stderr)
-        return 2
+        raise UsageError(f"--selector: expected k=v[,k=v], found {args.selector!r} ({e})") from None
     run_id = time.strftime("%m%d%H%M%S")
     try:
         extra = {"rank_label": args.rank_label} if args.rank_label else {}
@@ -306,30 +281,26 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
                                **extra)
         firings = plan(scenario, target, run_id)
     except (Unmappable, ManifestInvalid, InjectorError) as e:
-        print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"{scenario.source}: {e}") from None
     if args.workflow:
         from injectors.chaosmesh.workflow import workflow_manifest
 
         if not args.dry_run:
-            print("baft: error: --workflow prints one Chaos Mesh Workflow for the time-triggered faults; it needs "
-                  "--dry-run (apply it with kubectl when the job starts: its clock starts at creation)", file=sys.stderr)
-            return 2
+            raise UsageError("--workflow prints one Chaos Mesh Workflow for the time-triggered faults; it needs "
+                             "--dry-run (apply it with kubectl when the job starts: its clock starts at creation)")
         try:
             workflow = workflow_manifest([(i, f.kind, f.config) for i, f in enumerate(scenario.faults)], target, run_id)
             validate(workflow)
         except (Unmappable, ManifestInvalid, InjectorError) as e:
-            print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
-            return 2
+            raise UsageError(f"{scenario.source}: {e}") from None
         sys.stdout.write(to_yaml([workflow]))
         return 0
     if args.dry_run:
         sys.stdout.write(to_yaml(obj for f in firings for obj in f.objects))
         return 0
     if args.reference is not None and not (args.reference / "journal").is_dir():
-        print(f"baft: error: --reference {args.reference}: expected a run directory with a journal/ (an "
-              "uninterrupted run of the same job), found none", file=sys.stderr)
-        return 2
+        raise UsageError(f"--reference {args.reference}: expected a run directory with a journal/ (an "
+                         "uninterrupted run of the same job), found none")
     from injectors.chaosmesh.client import ChaosClient
 
     out = args.out or Path("runs") / f"{scenario.name}-k8s-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -342,14 +313,11 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         print(f"baft: following {source} ({len(firings)} firings on namespace {args.namespace}) -> {out}", flush=True)
         verdict = run_on_cluster(scenario, client, target, config, out, run_id, args.reference, report=args.report)
     except (ClusterRunError, InjectorError) as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     except ValueError as e:  # ClusterConfig's fields are the --*-timeout flags
-        print(f"baft: error: --{str(e).replace('_', '-')}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--{str(e).replace('_', '-')}") from None
     except OSError as e:
-        print(f"baft: error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"{e.filename or out}: {e.strerror or e}") from None
     print(format_summary(verdict, out))
     return 0 if verdict.passed else 1
 
@@ -367,12 +335,8 @@ def _deploy(args: argparse.Namespace) -> int:
                            harness=args.harness, reference_run=args.reference_run, cpu=args.cpu, memory=args.memory,
                            shm=args.shm)
         objects = deployment(scenario, cfg)
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
     except ConfigValueError as e:
-        print(f"baft: error: --{e.field.replace('_', '-')}: expected {e.expected}, found {e.found!r}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--{e.field.replace('_', '-')}: expected {e.expected}, found {e.found!r}") from None
     sys.stdout.write(to_yaml(objects))
     return 0
 
@@ -383,11 +347,7 @@ def _suite(args: argparse.Namespace) -> int:
     from harness.campaign.suite import run_suite
 
     out = args.out or Path("runs") / f"suite-{args.directory.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        results = run_suite(args.directory, out, args.cache, report=args.report)
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+    results = run_suite(args.directory, out, args.cache, report=args.report)
     print(format_table(results))
     print(f"suite.json: {out / 'suite.json'}\njunit.xml:  {out / 'junit.xml'}"
           + (f"\nreport:     {out / 'report.html'}" if args.report else ""))
@@ -412,6 +372,15 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _command(args)
+    except UsageError as e:  # bad input, a scenario file's included: one line, no traceback
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the command ``args`` names; bad input raises :class:`UsageError`."""
     if args.command == "bench":
         return _bench(args)
     if args.command == "report":
@@ -430,17 +399,13 @@ def main(argv: list[str] | None = None) -> int:
         return _cleanup(args)
     from harness.scenario import load
 
-    try:
-        if args.command == "validate":
-            for f in args.scenarios:
-                s = load(f)
-                print(f"{f}: ok ({s.name}: {s.workload.world_size} ranks, {len(s.faults)} faults)")
-            return 0
-        # On a cluster Chaos Mesh injects the faults: this host need not be able to (root, tc, netem).
-        scenario = load(args.scenario, host=args.target == "local")
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+    if args.command == "validate":
+        for f in args.scenarios:
+            s = load(f)
+            print(f"{f}: ok ({s.name}: {s.workload.world_size} ranks, {len(s.faults)} faults)")
+        return 0
+    # On a cluster Chaos Mesh injects the faults: this host need not be able to (root, tc, netem).
+    scenario = load(args.scenario, host=args.target == "local")
     if args.target == "k8s":
         return _k8s(scenario, args)
     from analysis.summary import format_summary
@@ -456,9 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(format_summary(verdict, out))
     if args.wandb or args.wandb_online:
-        rc = _publish(out, args.wandb_online)
-        if rc:
-            return rc
+        _publish(out, args.wandb_online)
     return 0 if verdict.passed else 1
 
 
