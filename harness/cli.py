@@ -12,10 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.cliconfig import add_config_arguments, config_from_args, flag_error
 from harness.errors import HarnessError, UsageError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``baft``. The flags that come from a component's config dataclass (``bench``,
+    ``deploy``) are added for that ``command`` only: reading the config imports the component, and
+    with it torch, which the other commands need not wait for."""
     p = argparse.ArgumentParser(prog="baft", description="Fault-injection harness for distributed PyTorch training.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario against its reference and print the verdict")
@@ -53,18 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     dep = sub.add_parser("deploy", help="print Kubernetes manifests running the scenario's workload with baft in a "
                                         "cluster (and, with --harness, the harness with its RBAC)")
     dep.add_argument("scenario", type=Path, help="scenario YAML file (its workload, checkpoint policy, faults)")
-    dep.add_argument("--namespace", required=True, help="namespace of the job, the claim and the harness")
-    dep.add_argument("--image", required=True, help="container image with baft-harness[k8s] installed")
-    dep.add_argument("--claim", required=True, help="ReadWriteMany PersistentVolumeClaim shared by all pods")
-    dep.add_argument("--name", default="baft-train", help="job name prefix and pods' app label (default baft-train)")
-    dep.add_argument("--run", default="faulted", help="run name: /shared/RUN on the volume (default faulted)")
-    dep.add_argument("--harness", action="store_true",
-                     help="also the harness: ServiceAccount, Role, RoleBinding and a Job driving the faults")
-    dep.add_argument("--reference-run", dest="reference_run",
-                     help="with --harness: the run to judge against (deployed before, without --harness)")
-    dep.add_argument("--cpu", default="2", help="trainer CPU request/limit (default 2)")
-    dep.add_argument("--memory", default="4Gi", help="trainer memory request/limit (default 4Gi)")
-    dep.add_argument("--shm", default="2Gi", help="size of each pod's /dev/shm (default 2Gi)")
+    if command == "deploy":
+        from harness.cluster.deploy import DeployConfig
+
+        add_config_arguments(dep, DeployConfig)
     suite = sub.add_parser("suite", help="run every scenario of a directory; write suite.json, junit.xml and a report")
     suite.add_argument("directory", type=Path, help="directory of scenario YAML files")
     suite.add_argument("--out", type=Path, help="output directory (default runs/suite-DIR-TIMESTAMP)")
@@ -98,30 +94,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="also what live runs own (stop every baft run first)")
     bench = sub.add_parser("bench", help="measure each checkpointing strategy's cost against none (paired)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"), help="output directory (default runs/bench)")
-    bench.add_argument("--model", help="gpt-tiny (default), gpt-small or mlp")
-    bench.add_argument("--stages", type=int)
-    bench.add_argument("--nodes", type=int, help="hosts for the ranks (default 1; 2+ also times restores from a peer)")
-    bench.add_argument("--microbatches", type=int)
-    bench.add_argument("--microbatch-size", type=int, dest="microbatch_size")
-    bench.add_argument("--schedule", help="1f1b (default) or gpipe")
-    bench.add_argument("--strategies", help="comma-separated (default: none,sync,async-dcp,checkfreq,baft)")
-    bench.add_argument("--cycles", type=int, help="paired cycles (default 30)")
-    bench.add_argument("--block", type=int, help="iterations per block (default 4)")
-    bench.add_argument("--warmup", type=int, help="untimed cycles first (default 2)")
-    bench.add_argument("--persist-every", type=int, dest="persist_every", help="baft: persist every K iterations (default 20)")
-    bench.add_argument("--replicate-every", type=int, dest="replicate_every", help="baft, 2+ nodes: replicate every K versions (default 1)")
-    bench.add_argument("--baft-copier", dest="baft_copier", help="baft: inline (default) or thread")
-    bench.add_argument("--link-rate", dest="link_rate", help="2+ nodes: nodes in network namespaces, links throttled to this tc rate (e.g. 50mbit; needs root)")
-    bench.add_argument("--no-replication-yield", dest="replication_yield", action="store_const", const=False,
-                       help="2+ nodes: stores send replicas even while pipeline traffic is in flight")
-    bench.add_argument("--seed", type=int)
+    if command == "bench":
+        from harness.bench.bench import BenchConfig
+
+        add_config_arguments(bench, BenchConfig)
     bench.add_argument("--digest", type=float, metavar="GB",
                        help="instead: time the state fingerprint (xxh3-128 + norms vs blake2b) over GB of float32 tensors")
     return p
-
-
-_BENCH_FIELDS = ("model", "stages", "nodes", "microbatches", "microbatch_size", "schedule", "strategies", "cycles", "block",
-                 "warmup", "persist_every", "replicate_every", "baft_copier", "link_rate", "replication_yield", "seed")
 
 
 def _digest_bench(gigabytes: float, out: Path) -> int:
@@ -143,15 +122,10 @@ def _digest_bench(gigabytes: float, out: Path) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from harness.bench.bench import BenchConfig, run_bench, table
-    from harness.schema import build
 
     if args.digest is not None:
         return _digest_bench(args.digest, args.out)
-
-    given = {k: getattr(args, k) for k in _BENCH_FIELDS if getattr(args, k) is not None}
-    if "strategies" in given:
-        given["strategies"] = [x.strip() for x in given["strategies"].split(",") if x.strip()]
-    cfg = build(BenchConfig, given, "<command line>", "bench")
+    cfg = config_from_args(BenchConfig, args)
     print(f"baft: bench {cfg.model}, {cfg.stages} stages, {cfg.microbatches} microbatches, {cfg.schedule}; "
           f"{cfg.cycles} cycles x {len(cfg.strategies)} strategies x {cfg.block} iterations -> {args.out}", flush=True)
     try:
@@ -329,14 +303,12 @@ def _deploy(args: argparse.Namespace) -> int:
     from harness.errors import ConfigValueError
     from harness.scenario import load
 
+    scenario = load(args.scenario, host=False)
+    cfg = config_from_args(DeployConfig, args)
     try:
-        scenario = load(args.scenario, host=False)
-        cfg = DeployConfig(namespace=args.namespace, image=args.image, claim=args.claim, name=args.name, run=args.run,
-                           harness=args.harness, reference_run=args.reference_run, cpu=args.cpu, memory=args.memory,
-                           shm=args.shm)
         objects = deployment(scenario, cfg)
-    except ConfigValueError as e:
-        raise UsageError(f"--{e.field.replace('_', '-')}: expected {e.expected}, found {e.found!r}") from None
+    except ConfigValueError as e:  # what the scenario asks of the config (a reference run for the harness)
+        raise flag_error(e) from None
     sys.stdout.write(to_yaml(objects))
     return 0
 
@@ -371,7 +343,9 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # The command is the first word that is not an option (``baft`` itself has none but --help).
+    args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     try:
         return _command(args)
     except UsageError as e:  # bad input, a scenario file's included: one line, no traceback
