@@ -85,7 +85,9 @@ class DeployConfig:
     service_account: str = "baft-harness"
     """Name of the harness's ServiceAccount (and Role, RoleBinding)."""
     rendezvous_port: int = 29400
+    """Port of the c10d rendezvous that pod 0's torchrun agent hosts (through the headless Service)."""
     store_port: int = 29500
+    """Port each pod's baft store listens on for its peers' replicas."""
     cpu: str = "2"
     """CPU request and limit of the trainer container (size ``ClusterTarget.cpus_per_pod`` to match)."""
     memory: str = "4Gi"

@@ -124,7 +124,7 @@ def test_faults_fire_at_their_steps_are_confirmed_deleted_and_recovered(standin:
     job = tmp_path / "job"
     with FakeJob(job, 14):
         verdict = run_on_cluster(s, client, TARGET, config(job), tmp_path / "out", "r1", report=False)
-    assert verdict["passed"], verdict
+    assert verdict.passed, verdict
     fired = {e["id"]: e for e in events(tmp_path / "out", "fault")}
     assert fired[0]["step"] >= 4 and fired[0]["injected_step"] >= fired[0]["step"]
     assert fired[1]["step"] >= 3 and fired[0]["objects"] and fired[0]["fatal"]
@@ -139,7 +139,7 @@ def test_faults_fire_at_their_steps_are_confirmed_deleted_and_recovered(standin:
     assert kinds["PodChaos"]["spec"]["selector"]["labelSelectors"]["apps.kubernetes.io/pod-index"] == "1"
     # The job's journal was collected: the faulted run directory reads like a local one.
     assert sorted(Journal.load(tmp_path / "out" / "faulted").ranks) == [0, 1]
-    assert [f["status"] for f in verdict["cluster"]["firings"]] == ["injected", "injected"]
+    assert verdict.cluster is not None and [f.status for f in verdict.cluster.firings] == ["injected", "injected"]
 
 
 def test_a_selector_matching_no_pod_fails_before_anything_is_created(standin: StandIn, client: ChaosClient,
@@ -157,9 +157,9 @@ def test_a_fault_that_never_injects_is_deleted_and_fails_the_run(standin: StandI
     with FakeJob(tmp_path / "job", 30):
         verdict = run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 2}}], steps=30), client, TARGET,
                                  config(tmp_path / "job", inject_timeout=0.3), tmp_path / "out", "r1", report=False)
-    assert not verdict["passed"]
-    assert any("was not injected" in f for f in verdict["failures"])
-    assert any("never fired" in f for f in verdict["failures"])
+    assert not verdict.passed
+    assert any("was not injected" in f for f in verdict.failures)
+    assert any("never fired" in f for f in verdict.failures)
     assert standin.objects == {} and len(standin.deleted) == 1
     assert events(tmp_path / "out", "fault") == [] and len(events(tmp_path / "out", "fault_not_injected")) == 1
 
@@ -168,7 +168,7 @@ def test_a_fault_whose_step_never_comes_is_reported(standin: StandIn, client: Ch
     with FakeJob(tmp_path / "job", 5):  # the job stops at step 5; the scenario says 14 steps
         verdict = run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 9}}]), client, TARGET,
                                  config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
-    assert not verdict["passed"] and "faults[0] never fired" in verdict["failures"]
+    assert not verdict.passed and "faults[0] never fired" in verdict.failures
     assert standin.created == [] and len(events(tmp_path / "out", "fault_skipped")) == 1
 
 
@@ -177,7 +177,7 @@ def test_a_fault_chaos_mesh_never_recovers_is_an_error(standin: StandIn, client:
     with FakeJob(tmp_path / "job", 8):
         verdict = run_on_cluster(scenario([{"kill": {"rank": 0, "at_step": 2}}], steps=8), client, TARGET,
                                  config(tmp_path / "job", recover_timeout=0.3), tmp_path / "out", "r1", report=False)
-    assert not verdict["passed"] and any("still there" in f for f in verdict["failures"])
+    assert not verdict.passed and any("still there" in f for f in verdict.failures)
     assert len(events(tmp_path / "out", "chaos_not_recovered")) == 1
 
 
@@ -282,7 +282,7 @@ def test_a_window_that_passed_between_two_polls_is_skipped_not_injected_late(sta
         verdict = run_on_cluster(s, client, TARGET, config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
     [skip] = events(tmp_path / "out", "fault_skipped")
     assert "opened and closed between two reads" in skip["reason"] and skip["due_step"] == 3
-    assert standin.created == [] and "faults[0] never fired" in verdict["failures"]
+    assert standin.created == [] and "faults[0] never fired" in verdict.failures
 
 
 def test_a_fault_the_job_outran_is_skipped_not_an_error(standin: StandIn, client: ChaosClient, tmp_path: Path) -> None:
@@ -292,7 +292,7 @@ def test_a_fault_the_job_outran_is_skipped_not_an_error(standin: StandIn, client
                                  config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
     [skip] = events(tmp_path / "out", "fault_skipped")
     assert "finished before Chaos Mesh confirmed" in skip["reason"]
-    assert verdict["failures"] == ["faults[0] never fired"]
+    assert verdict.failures == ["faults[0] never fired"]
     assert [k[2] for k in standin.deleted] == [standin.created[0]["metadata"]["name"]]  # the object was deleted
 
 

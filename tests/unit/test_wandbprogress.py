@@ -164,8 +164,8 @@ def test_faults_fire_at_the_steps_the_wandb_run_reports(wb: WandbStandIn, standi
                         start_timeout=10)
     with WandbJob(wb, 12, delay=0.3, restore_at=7):
         verdict = run_on_cluster(s, client, TARGET, cfg, tmp_path / "out", "r1", report=False)
-    assert verdict["passed"], verdict
-    assert verdict["cluster"]["wandb_run"] == RUN and verdict["cluster"]["job_dir"] is None
+    assert verdict.passed, verdict
+    assert verdict.cluster is not None and verdict.cluster.wandb_run == RUN and verdict.cluster.job_dir is None
     fired = {e["id"]: e for e in _launcher(tmp_path / "out", "fault")}
     assert fired[0]["due_step"] == 4 and 4 <= fired[0]["step"] <= fired[0]["injected_step"]
     assert fired[1]["step"] >= 6
