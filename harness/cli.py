@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                           "clock runs them; step triggers need the harness following the journal)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="k8s: print every object it would create as YAML documents (kubectl apply -f -); touch no cluster")
+    run.add_argument("--crds", type=Path, metavar="DIR",
+                     help="k8s, with --dry-run: directory of the Chaos Mesh CRDs (YAML) to validate against (default "
+                          "$BAFT_CHAOS_CRDS); on a cluster the CRDs it serves are read")
     run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
     run.add_argument("--wandb-online", dest="wandb_online", action="store_true", help="publish online (needs WANDB_API_KEY)")
     dep = sub.add_parser("deploy", help="print Kubernetes manifests running the scenario's workload with baft in a "
@@ -59,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     dep.add_argument("--name", default="baft-train", help="job name prefix and pods' app label (default baft-train)")
     dep.add_argument("--run", default="faulted", help="run name: /shared/RUN on the volume (default faulted)")
     dep.add_argument("--harness", action="store_true",
-                     help="also the harness: ServiceAccount, Role, RoleBinding and a Job driving the faults")
+                     help="also the harness: ServiceAccount, Role, RoleBinding, a ClusterRole reading the Chaos Mesh "
+                          "CRDs, and a Job driving the faults")
     dep.add_argument("--reference-run", dest="reference_run",
                      help="with --harness: the run to judge against (deployed before, without --harness)")
     dep.add_argument("--cpu", default="2", help="trainer CPU request/limit (default 2)")
@@ -264,7 +268,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
     against the job on the cluster (:mod:`harness.cluster.run`)."""
-    from injectors.chaosmesh.manifests import ClusterTarget, Unmappable, to_yaml, validate
+    from injectors.chaosmesh.manifests import ClusterTarget, CrdUnavailable, Crds, Unmappable, to_yaml, validate
     from injectors.chaosmesh.schema import ManifestInvalid
     from injectors.errors import InjectorError
 
@@ -296,6 +300,17 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"baft: error: --selector: expected k=v[,k=v], found {args.selector!r} ({e})", file=sys.stderr)
         return 2
+    if args.crds is not None and not args.dry_run:
+        print("baft: error: --crds is for --dry-run: on a cluster the objects are validated against the CRDs the "
+              "cluster serves", file=sys.stderr)
+        return 2
+    crds = None  # on a cluster: the ones it serves, read through the client (ClusterRun validates against them)
+    if args.dry_run:
+        try:
+            crds = Crds.from_user(args.crds)
+        except CrdUnavailable as e:
+            print(f"baft: error: {e}", file=sys.stderr)
+            return 2
     run_id = time.strftime("%m%d%H%M%S")
     try:
         extra = {"rank_label": args.rank_label} if args.rank_label else {}
@@ -303,7 +318,7 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         w = scenario.workload
         target = ClusterTarget(namespace=args.namespace, selector=selector, ranks_per_pod=w.world_size // w.nodes,
                                **extra)
-        firings = plan(scenario, target, run_id)
+        firings = plan(scenario, target, run_id, crds)
     except (Unmappable, ManifestInvalid, InjectorError) as e:
         print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
         return 2
@@ -316,7 +331,7 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
             return 2
         try:
             workflow = workflow_manifest([(i, f.kind, f.config) for i, f in enumerate(scenario.faults)], target, run_id)
-            validate(workflow)
+            validate(workflow, crds)
         except (Unmappable, ManifestInvalid, InjectorError) as e:
             print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
             return 2

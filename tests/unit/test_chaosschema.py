@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +13,12 @@ from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, HostUnsupported
 from injectors.chaosmesh import schema as chaosschema
-from injectors.chaosmesh.manifests import (ManifestInvalid, chaos_rate, crd_schema, go_duration, go_millis, schedule_manifest,
+from injectors.chaosmesh.manifests import (ManifestInvalid, chaos_rate, go_duration, go_millis, schedule_manifest,
                                  straggler_workers, tc_rate, validate)
 from injectors.chaosmesh.formats import chaos_rate_bytes, parse_go_duration
 from injectors.network import parse_rate
-from tests.unit.test_chaosmesh import ROOT, TARGET, build, needs_crds, needs_schema, problems
+from tests.crds import CRDS, needs_crds, needs_schema
+from tests.unit.test_chaosmesh import TARGET, build, problems
 
 # --- units -------------------------------------------------------------------------------------------------
 
@@ -105,7 +105,7 @@ def test_every_problem_is_reported_at_once() -> None:
     kill["spec"].update(mode="sometimes", gracePeriod=-1, duration="soon")
     kill["metadata"]["name"] = "Not_A_Name"
     with pytest.raises(ManifestInvalid) as info:
-        validate(kill)
+        validate(kill, CRDS)
     assert len(info.value.errors) == 4 and info.value.kind == "PodChaos"
 
 
@@ -130,7 +130,7 @@ def test_direction_both_needs_a_target_unless_partition() -> None:
     assert "$.spec.direction: 'both' needs a target" in problems(slow)
     cut, = build("partition", link=[0, 1], from_step=1)
     del cut["spec"]["target"]
-    validate(cut)  # the webhook lets a partition go without one
+    validate(cut, CRDS)  # the webhook lets a partition go without one
 
 
 @needs_schema
@@ -182,11 +182,11 @@ def test_kind_specific_webhook_rules() -> None:
 def test_strict_schema_translates_openapi_booleans() -> None:
     sched = schedule_manifest("kill", FAULTS["kill"][0](rank=0, at_time=0, every_seconds=60, times=2), 0, TARGET, "r")
     sched["spec"]["startingDeadlineSeconds"] = 1  # exclusiveMinimum: true, minimum: 0 -> must be > 0
-    validate(sched)
+    validate(sched, CRDS)
     sched["spec"]["startingDeadlineSeconds"] = 0
     assert "$.spec.startingDeadlineSeconds" in problems(sched)
     sched["spec"]["startingDeadlineSeconds"] = None  # nullable: true
-    validate(sched)
+    validate(sched, CRDS)
 
 
 @needs_schema
@@ -200,22 +200,12 @@ def test_objects_that_are_not_chaos_mesh_are_refused() -> None:
 
 @needs_crds
 def test_crd_schema_is_the_file_and_a_copy() -> None:
-    schema = crd_schema("NetworkChaos")
+    schema = CRDS.schema("NetworkChaos")
     assert schema["properties"]["spec"]["properties"]["bandwidth"]["required"] == ["buffer", "limit", "rate"]
     schema["properties"].clear()
-    assert crd_schema("NetworkChaos")["properties"]
+    assert CRDS.schema("NetworkChaos")["properties"]
     with pytest.raises(ValueError):
-        crd_schema("ChaosMonkey")
-
-
-@needs_crds
-def test_crds_dir_can_be_moved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BAFT_CHAOS_CRDS", str(tmp_path))
-    with pytest.raises(HostUnsupported, match=re.escape(str(tmp_path))):
-        crd_schema("PodChaos")
-    src = ROOT.parent / "shared" / "chaos-mesh-crds" / "chaos-mesh.org_podchaos.yaml"
-    (tmp_path / src.name).write_text(src.read_text())
-    assert crd_schema("PodChaos")["properties"]["spec"]["required"] == ["action", "mode", "selector"]
+        CRDS.schema("ChaosMonkey")
 
 
 def test_missing_jsonschema_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +214,7 @@ def test_missing_jsonschema_says_how_to_install(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "jsonschema", None)  # makes `import jsonschema` fail
     try:
         with pytest.raises(HostUnsupported, match=re.escape("pip install 'baft-harness[k8s]'")):
-            validate(kill)
+            validate(kill, CRDS)
     finally:
         chaosschema._validator.cache_clear()
 
@@ -239,9 +229,9 @@ def test_garbage_is_refused_not_crashed_on() -> None:
         for kind in ("PodChaos", "NetworkChaos", "IOChaos", "StressChaos", "Schedule"):
             garbage = {**kill, "kind": kind, "spec": spec, "metadata": {"name": "x", "labels": ["a"]}}
             with pytest.raises(ManifestInvalid):
-                validate(garbage)
+                validate(garbage, CRDS)
     with pytest.raises(ManifestInvalid):
-        validate([kill])  # type: ignore[arg-type]
+        validate([kill], CRDS)  # type: ignore[arg-type]
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=8),
@@ -260,6 +250,6 @@ spec_keys = st.sampled_from(["action", "mode", "value", "selector", "duration", 
            st.sampled_from(["name", "namespace", "labels"]), json_values, max_size=3))
 def test_validate_only_ever_raises_manifest_invalid(kind: str, spec: dict[str, Any], meta: dict[str, Any]) -> None:
     try:
-        validate({"apiVersion": "chaos-mesh.org/v1alpha1", "kind": kind, "metadata": meta, "spec": spec})
+        validate({"apiVersion": "chaos-mesh.org/v1alpha1", "kind": kind, "metadata": meta, "spec": spec}, CRDS)
     except ManifestInvalid as e:
         assert e.errors and all(line.startswith("$") for line in e.errors)

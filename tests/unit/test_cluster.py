@@ -17,8 +17,8 @@ from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_clu
 from harness.scenario import parse
 from injectors.chaosmesh.client import ChaosClient
 from injectors.chaosmesh.manifests import ClusterTarget, Unmappable
+from tests.crds import CRDS, needs_schema
 from tests.k8s_standin import StandIn, connected
-from tests.unit.test_chaosmesh import needs_schema
 
 kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
 pytestmark = [pytest.mark.k8s, needs_schema, pytest.mark.timeout(60)]
@@ -94,7 +94,7 @@ def events(out: Path, kind: str) -> list[dict[str, Any]]:
 def test_plan_gives_every_occurrence_its_own_object_and_holds_a_hang_for_its_duration() -> None:
     s = scenario([{"kill": {"rank": 1, "at_step": 3, "every": 4, "times": 3}}, {"hang": {"rank": 0, "at_step": 5}},
                   {"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 2, "to_step": 6}}])
-    firings = plan(s, TARGET, "r1")
+    firings = plan(s, TARGET, "r1", CRDS)
     assert [(f.fault_id, f.occurrence, f.at_step) for f in firings] == [(0, 0, 3), (0, 1, 7), (0, 2, 11), (1, 0, 5),
                                                                          (2, 0, None)]
     assert len({f.objects[0]["metadata"]["name"] for f in firings}) == 5
@@ -104,12 +104,12 @@ def test_plan_gives_every_occurrence_its_own_object_and_holds_a_hang_for_its_dur
 def test_a_phase_inside_an_iteration_cannot_be_targeted_on_a_cluster() -> None:
     s = scenario([{"kill": {"rank": 1, "at_step": 4, "phase": "backward"}}])
     with pytest.raises(Unmappable, match="phase 'backward'"):
-        plan(s, TARGET, "r1")
+        plan(s, TARGET, "r1", CRDS)
 
 
 def test_a_window_is_due_from_its_start_and_over_at_its_end() -> None:
     [f] = plan(scenario([{"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 2, "to_step": 6}}]),
-               TARGET, "r1")
+               TARGET, "r1", CRDS)
     assert not f.due(1, 0.0) and f.due(2, 0.0)
     f.began = 1.0
     assert not f.over(5, 9.0) and f.over(6, 1.5)
