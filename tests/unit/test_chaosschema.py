@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,11 +14,12 @@ from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, HostUnsupported
 from injectors.chaosmesh import schema as chaosschema
+from injectors.chaosmesh.crds import CRDS_ENV, CrdUnavailable, Crds, crd_name
 from injectors.chaosmesh.manifests import (ManifestInvalid, chaos_rate, go_duration, go_millis, schedule_manifest,
                                  straggler_workers, tc_rate, validate)
 from injectors.chaosmesh.formats import chaos_rate_bytes, parse_go_duration
 from injectors.network import parse_rate
-from tests.crds import CRDS, needs_crds, needs_schema
+from tests.crds import CRDS, SHARED_CRDS, needs_crds, needs_schema, shared_documents, stricter_podchaos, write_crds
 from tests.unit.test_chaosmesh import TARGET, build, problems
 
 # --- units -------------------------------------------------------------------------------------------------
@@ -206,6 +208,92 @@ def test_crd_schema_is_the_file_and_a_copy() -> None:
     assert CRDS.schema("NetworkChaos")["properties"]
     with pytest.raises(ValueError):
         CRDS.schema("ChaosMonkey")
+
+
+def docs(*kinds: str) -> list[dict[str, Any]]:
+    return [shared_documents()[crd_name(k)] for k in kinds]
+
+
+@needs_schema
+def test_a_directory_of_multi_document_files_gives_crds_by_name(tmp_path: Path) -> None:
+    # A release's crd.yaml: many documents in one file, not all CRDs; `kubectl get crd A B -o yaml`: one List.
+    write_crds(tmp_path, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "chaos-mesh"}},
+               *docs("NetworkChaos", "PodChaos"))
+    write_crds(tmp_path, {"apiVersion": "v1", "kind": "List", "items": docs("IOChaos")}, name="from-kubectl.yml")
+    (tmp_path / "notes.txt").write_text("not YAML: ignored")
+    crds = Crds.from_dir(tmp_path)
+    kill, = build("kill", rank=0, at_step=1)
+    validate(kill, crds)
+    validate(build("disk_full", from_time=5, duration=20)[0], crds)
+    with pytest.raises(ManifestInvalid, match=re.escape("$.spec.mode")):
+        validate({**kill, "spec": {**kill["spec"], "mode": "sometimes"}}, crds)  # a bad manifest is still refused
+    with pytest.raises(CrdUnavailable, match="no CustomResourceDefinition stresschaos.chaos-mesh.org in "
+                                             f"{re.escape(str(tmp_path))} \\(2 YAML files read\\).*kubectl get crd"):
+        validate(build("straggler", rank=1, factor=3.0, from_step=6)[0], crds)
+
+
+@needs_schema
+def test_the_source_given_is_the_one_used_each_read_once(tmp_path: Path) -> None:
+    write_crds(tmp_path, stricter_podchaos("pod-kill"))
+    reads: list[str] = []
+    strict = Crds.from_dir(tmp_path)
+    counted = Crds("counted", lambda name: reads.append(name) or shared_documents()[name])
+    kill, = build("kill", rank=0, at_step=1)
+    for _ in range(3):
+        validate(kill, counted)
+        with pytest.raises(ManifestInvalid, match=re.escape("$.spec.action: 'pod-kill' is not one of")):
+            validate(kill, strict)  # the other source's validator is not this one's: a cache per source
+    assert reads == ["podchaos.chaos-mesh.org"]
+
+
+@needs_crds
+@pytest.mark.parametrize("change, says", [
+    (lambda v: v.update(served=False), "spec.versions: expected v1alpha1 served, found ['v1alpha1 (not served)']"),
+    (lambda v: v.update(name="v1beta1"), "spec.versions: expected v1alpha1 served, found ['v1beta1']"),
+    (lambda v: v.pop("schema"), "spec.versions[0].schema.openAPIV3Schema: expected an object, found None"),
+])
+def test_a_crd_without_a_served_v1alpha1_schema_is_refused(tmp_path: Path, change: Any, says: str) -> None:
+    crd = copy.deepcopy(shared_documents()["podchaos.chaos-mesh.org"])
+    change(crd["spec"]["versions"][0])
+    write_crds(tmp_path, crd)
+    with pytest.raises(CrdUnavailable) as info:
+        Crds.from_dir(tmp_path).schema("PodChaos")
+    assert str(info.value) == f"directory {tmp_path}: CRD podchaos.chaos-mesh.org: {says}"
+
+
+def test_a_directory_must_be_given_and_be_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CRDS_ENV, raising=False)
+    assert SHARED_CRDS.parent.is_dir()  # the package never looks beside the checkout, even where the folder is
+    with pytest.raises(CrdUnavailable) as info:
+        Crds.from_user(None)
+    message = str(info.value)
+    assert "\n" not in message and "kubectl get crd podchaos.chaos-mesh.org" in message
+    assert "https://mirrors.chaos-mesh.org/v2.8.0/crd.yaml" in message and "--crds DIR" in message
+    with pytest.raises(CrdUnavailable, match=f"--crds: expected a directory .*'{re.escape(str(tmp_path))}/nope' "
+                                             "\\(no such path\\)"):
+        Crds.from_user(tmp_path / "nope")
+    monkeypatch.setenv(CRDS_ENV, str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CrdUnavailable, match=f"{CRDS_ENV}: expected a directory .*\\(not a directory\\)"):
+        Crds.from_user(None)
+    monkeypatch.setenv(CRDS_ENV, str(tmp_path))
+    assert Crds.from_user(None).where == f"directory {tmp_path}"
+    with pytest.raises(CrdUnavailable, match=f"no CustomResourceDefinition podchaos.chaos-mesh.org in "
+                                             f"{re.escape(str(tmp_path))} \\(0 YAML files read\\)"):
+        Crds.from_user(None).schema("PodChaos")
+    with pytest.raises(CrdUnavailable, match="is not a directory"):
+        Crds.from_dir(tmp_path / "gone").schema("PodChaos")  # from_dir reads nothing until it must
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_tests_without_the_crds_fail_in_ci_and_skip_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              ci: str, outcome: type[BaseException]) -> None:
+    import tests.crds
+
+    monkeypatch.setattr(tests.crds, "SHARED_CRDS", tmp_path / "chaos-mesh-crds")
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match=re.escape(f"no Chaos Mesh CRDs at {tmp_path / 'chaos-mesh-crds'}")):
+        tests.crds.require_crds()
 
 
 def test_missing_jsonschema_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -167,6 +167,16 @@ def test_the_role_allows_every_request_the_harness_makes_and_nothing_more(standi
     assert kinds == set(HARNESS_KINDS)
 
 
+def test_the_cluster_role_is_bound_to_the_harness_cluster_wide() -> None:
+    docs = {o["kind"]: o for o in objects(ROOT / "scenarios" / "smoke" / "kill-rank.yaml")}
+    role, binding = docs["ClusterRole"], docs["ClusterRoleBinding"]
+    assert "namespace" not in role["metadata"] and "namespace" not in binding["metadata"]  # cluster-scoped
+    assert role["metadata"]["name"] == binding["roleRef"]["name"] == "baft-harness-ml-crds"
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    assert binding["subjects"] == docs["RoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "baft-harness", "namespace": "ml"}]
+
+
 def test_worker_spec_points_every_node_at_its_store_by_dns() -> None:
     scenario = load(ROOT / "scenarios" / "ci" / "baft-node-loss.yaml", host=False)
     spec = worker_spec(scenario, DeployConfig(namespace="ml", image="i", claim="c"))
