@@ -21,6 +21,9 @@ TRIGGERS = {"at_step", "every", "times", "at_time", "every_seconds", "mtbf", "se
 #: Every kind a Workflow can time (corrupt waits for a checkpoint phase; jitter has no mapping at all).
 TIMED = sorted(k for k in FIELDS if k != "corrupt")
 starts = st.one_of(st.just(0.0), st.floats(0, 1e4))
+#: Deadlines are whole milliseconds, rounded to the nearest (half to even: 62.5 ms is "62ms"), so a deadline is
+#: off by at most half a millisecond, that bound included, plus the float error of seconds -> ms.
+HALF_MS = 5e-4 + 1e-9
 
 
 def fault(kind: str, **fields: Any) -> Any:
@@ -104,10 +107,10 @@ def test_generated_fault_lists_give_valid_workflows_with_the_right_timing(
             *wait, (_, chaos) = [named[c] for c in serial["children"]]
             if wait:
                 assert wait[0][1]["templateType"] == "Suspend"
-                assert parse_go_duration(wait[0][1]["deadline"]) == pytest.approx(start, abs=5e-4)
+                assert parse_go_duration(wait[0][1]["deadline"]) == pytest.approx(start, abs=HALF_MS)
             else:
-                assert start < 5e-4
-            assert parse_go_duration(chaos["deadline"]) == pytest.approx(lasts, abs=5e-4)
+                assert start <= HALF_MS
+            assert parse_go_duration(chaos["deadline"]) == pytest.approx(lasts, abs=HALF_MS)
             embedded = chaos[WORKFLOW_EMBEDS[chaos["templateType"]]]
             assert "duration" not in embedded and embedded["selector"]["namespaces"] == [target.namespace]
     assert named[ENTRY][1] == {"name": ENTRY, "templateType": "Parallel", "children": branches}
