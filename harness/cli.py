@@ -53,6 +53,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                           "clock runs them; step triggers need the harness following the journal)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="k8s: print every object it would create as YAML documents (kubectl apply -f -); touch no cluster")
+    run.add_argument("--crds", type=Path, metavar="DIR",
+                     help="k8s, with --dry-run: directory of the Chaos Mesh CRDs (YAML) to validate against (default "
+                          "$BAFT_CHAOS_CRDS); on a cluster the CRDs it serves are read")
     run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
     run.add_argument("--wandb-online", dest="wandb_online", action="store_true", help="publish online (needs WANDB_API_KEY)")
     dep = sub.add_parser("deploy", help="print Kubernetes manifests running the scenario's workload with baft in a "
@@ -220,7 +223,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
     against the job on the cluster (:mod:`harness.cluster.run`)."""
-    from injectors.chaosmesh.manifests import ClusterTarget, Unmappable, to_yaml, validate
+    from injectors.chaosmesh.manifests import ClusterTarget, CrdUnavailable, Crds, Unmappable, to_yaml, validate
     from injectors.chaosmesh.schema import ManifestInvalid
     from analysis.summary import format_summary
     from injectors.errors import InjectorError
@@ -247,6 +250,15 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         selector = dict(kv.split("=", 1) for kv in args.selector.split(",") if kv)
     except ValueError as e:
         raise UsageError(f"--selector: expected k=v[,k=v], found {args.selector!r} ({e})") from None
+    if args.crds is not None and not args.dry_run:
+        raise UsageError("--crds is for --dry-run: on a cluster the objects are validated against the CRDs the "
+                         "cluster serves")
+    crds = None  # on a cluster: the ones it serves, read through the client (ClusterRun validates against them)
+    if args.dry_run:
+        try:
+            crds = Crds.from_user(args.crds)
+        except CrdUnavailable as e:
+            raise UsageError(str(e)) from None
     run_id = time.strftime("%m%d%H%M%S")
     try:
         extra = {"rank_label": args.rank_label} if args.rank_label else {}
@@ -254,7 +266,7 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         w = scenario.workload
         target = ClusterTarget(namespace=args.namespace, selector=selector, ranks_per_pod=w.world_size // w.nodes,
                                **extra)
-        firings = plan(scenario, target, run_id)
+        firings = plan(scenario, target, run_id, crds)
     except (Unmappable, ManifestInvalid, InjectorError) as e:
         raise UsageError(f"{scenario.source}: {e}") from None
     if args.workflow:
@@ -265,7 +277,7 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
                              "--dry-run (apply it with kubectl when the job starts: its clock starts at creation)")
         try:
             workflow = workflow_manifest([(i, f.kind, f.config) for i, f in enumerate(scenario.faults)], target, run_id)
-            validate(workflow)
+            validate(workflow, crds)
         except (Unmappable, ManifestInvalid, InjectorError) as e:
             raise UsageError(f"{scenario.source}: {e}") from None
         sys.stdout.write(to_yaml([workflow]))

@@ -42,7 +42,7 @@ from typing import Any
 from analysis.journal import Journal, JournalWriter, launcher_journal, read_events
 from analysis.verdict import ChaosFiring, ClusterFacts, Verdict, WallSeconds, judge
 from injectors.chaosmesh.client import Cancelled
-from injectors.chaosmesh.manifests import ClusterTarget, Unmappable, manifests, validate
+from injectors.chaosmesh.manifests import ClusterTarget, Crds, Unmappable, manifests, validate
 from injectors.chaosmesh.formats import parse_go_duration
 from injectors.trigger import PointFault, WindowFault
 from injectors.worker import describe
@@ -145,12 +145,13 @@ class Firing:
         return f"faults[{self.fault_id}] ({self.kind}" + (f", occurrence {self.occurrence})" if self.occurrence else ")")
 
 
-def plan(scenario: Scenario, target: ClusterTarget, run_id: str) -> list[Firing]:
-    """Every firing of the scenario's faults, its objects built and validated; raises before anything runs.
+def plan(scenario: Scenario, target: ClusterTarget, run_id: str, crds: Crds | None) -> list[Firing]:
+    """Every firing of the scenario's faults, its objects built and validated against ``crds``; raises before
+    anything runs (``crds`` None: built only, for a caller that validates them later against the cluster's).
 
     :class:`~injectors.chaosmesh.manifests.Unmappable` for a fault Chaos Mesh cannot express or a trigger
     the cluster cannot honour (a phase inside an iteration), ``ManifestInvalid`` for an object
-    the CRDs would refuse.
+    the CRDs would refuse, ``CrdUnavailable`` for a CRD ``crds`` lacks.
     """
     out: list[Firing] = []
     for i, f in enumerate(scenario.faults):
@@ -172,9 +173,9 @@ def plan(scenario: Scenario, target: ClusterTarget, run_id: str) -> list[Firing]
         else:
             out.append(Firing(fault_id=i, kind=f.kind, config=c, occurrence=0,
                               objects=manifests(f.kind, c, i, target, run_id)))
-    for firing in out:
-        for obj in firing.objects:
-            validate(obj)
+    if crds is not None:
+        for obj in (o for firing in out for o in firing.objects):
+            validate(obj, crds)
     return out
 
 
@@ -195,7 +196,7 @@ class ClusterRun:
                  run_id: str) -> None:
         self.scenario, self.client, self.target, self.config = scenario, client, target, config
         self.out, self.run_id = out, run_id
-        self.firings = plan(scenario, target, run_id)
+        self.firings = plan(scenario, target, run_id, client.crds)  # the CRDs the cluster serves
         self.progress: Progress
         if config.wandb_run is not None:
             from harness.cluster.wandbprogress import WandbProgress
