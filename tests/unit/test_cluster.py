@@ -236,7 +236,7 @@ def test_each_crd_is_read_from_the_cluster_once_and_only_those_needed(standin: S
                   {"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 3, "to_step": 5}}])
     with FakeJob(tmp_path / "job", 14):
         assert run_on_cluster(s, client, TARGET, config(tmp_path / "job"), tmp_path / "out", "r1",
-                              report=False)["passed"]
+                              report=False).passed
     reads = [p[len(CRD_PREFIX):] for m, p in standin.requests if p.startswith(CRD_PREFIX)]
     assert sorted(reads) == ["networkchaos.chaos-mesh.org", "podchaos.chaos-mesh.org"]
     assert client.crds.where == f"the cluster at {standin.host}"
