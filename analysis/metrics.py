@@ -146,7 +146,9 @@ def final_step(run: Journal) -> dict[int, int]:
 
 #: Events in which a window fault reports what it did, by fault ``id``.
 EFFECTS = ("jitter_summary", "straggler_summary", "slow_storage_summary", "fault_effect", "link_measured")
-_BOOKKEEPING = {"t", "event", "id", "rank", "attempt", "incarnation"}
+#: Fields of every event that say where it came from, not what a fault did (``incarnation`` and
+#: ``world`` are stamped on by the journal's reader).
+_BOOKKEEPING = {"t", "event", "id", "rank", "attempt", "incarnation", "world"}
 
 
 @dataclass(kw_only=True, slots=True)

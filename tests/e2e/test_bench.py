@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from analysis.benchstats import paired_ratios
 
 from .conftest import ROOT
 
@@ -22,14 +25,31 @@ def test_bench_writes_paired_ratios(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "bench.json").read_text())
+    raw = json.loads((out / "bench-raw.json").read_text())
+    its = raw["iterations"]
+    # What was timed: one warm-up cycle (-1) and 3 cycles, each strategy once per cycle, 2 iterations a block.
+    blocks: dict[tuple[int, str], list[int]] = {}
+    for it in its:
+        blocks.setdefault((it["cycle"], it["strategy"]), []).append(it["position"])
+        assert it["seconds"] > 0
+    assert blocks == {(c, s): [0, 1] for c in range(-1, 3) for s in ("none", "sync", "baft")}
+    # bench.json's statistics are those of the raw timings (paired_ratios itself: tests/unit/test_benchstats.py).
     assert set(result["strategies"]) == {"none", "sync", "baft"}
-    for name, s in result["strategies"].items():
-        assert s["n"] == 3 and s["ratio_vs_none"] > 0 and s["iqr"][0] <= s["ratio_vs_none"] <= s["iqr"][1]
-    assert result["strategies"]["none"]["ratio_vs_none"] == 1.0
-    assert result["baft"]["snapshots"] > 0 and 0 <= result["baft"]["in_window_fraction"] <= 1
-    assert result["restore"]["shm"]["seconds_median"] > 0
+    assert result["strategies"] == paired_ratios(its)  # deterministic (a seeded bootstrap), exact through JSON
+    assert all(s["n"] == 3 for s in result["strategies"].values())
+    # baft snapshotted every iteration of its blocks, and no other, on both ranks.
+    baft_steps = [step for step, it in enumerate(its) if it["strategy"] == "baft"]
+    for rank in raw["ranks"]:
+        assert sorted(e["step"] for e in rank["baft"] if e["event"] == "snapshot") == baft_steps
+    assert result["baft"]["snapshots"] == 2 * len(baft_steps) and 0 <= result["baft"]["in_window_fraction"] <= 1
+    # Every tier the run filled was restored restore_repeats (3) times.
+    assert set(result["restore"]) == {"shm", "persistent-dcp", "persistent-sync"}
+    assert all(r["n"] == 3 and r["seconds_median"] > 0 for r in result["restore"].values())
     assert "ratio vs none" in proc.stdout
-    assert not list(Path("/dev/shm").glob("baft-bench-*"))
+    # The snapshots' shared memory (the directory the workers were told) is gone.
+    shm = Path(json.loads((out / "worker-spec.json").read_text())["shm_dir"])
+    assert shm.parent == Path("/dev/shm") and re.fullmatch(r"baft-bench-[0-9a-f]{10}", shm.name), shm
+    assert not shm.exists(), f"{shm} was left behind"
 
 
 def test_bench_rejects_bad_options(tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def test_the_deployed_pods_train_and_match_the_reference(killed: int | None, tmp
     if killed == 1:
         assert restarts == [0, 1]  # pod 0 hosts the rendezvous: it waits for pod 1's new agent
     elif killed == 0:
-        assert restarts[0] == 1  # and pod 1's agent, its rendezvous store gone, fails and restarts too (or rejoins)
+        assert restarts == [1, 1]  # pod 1's agent, its rendezvous store gone, fails and is restarted too
     else:
         assert restarts == [0, 0]
     run_dir = tmp_path / "shared" / cfg.run
@@ -150,6 +150,7 @@ def test_the_deployed_pods_train_and_match_the_reference(killed: int | None, tmp
     verdict = judge(Journal.load(tmp_path / "ref" / "reference"), Journal.load(run_dir), scenario.expect,
                     steps=12, faults_declared=0)
     assert verdict.passed and verdict.bitwise_equal and verdict.states_compared >= 4 * 12, verdict.failures
+    assert verdict.completed  # every rank of the reference finished all 12 steps here too
     # Both stores journaled to the shared volume, and the snapshots went through them.
     assert sorted(p.name for p in (run_dir / "journal").glob("store-node*.jsonl")) == ["store-node0.jsonl",
                                                                                        "store-node1.jsonl"]
@@ -158,5 +159,11 @@ def test_the_deployed_pods_train_and_match_the_reference(killed: int | None, tmp
         assert sorted(e["rank"] for e in restores) == [0, 1, 2, 3], restores
         # killed after step 6; the newest snapshot may be torn (the copy was cut), the one before is whole
         assert {e["tier"] for e in restores} == {"shm"} and min(e["step"] for e in restores) >= 4, restores
+        assert len({e["step"] for e in restores}) == 1, restores  # one consistent version for the whole job
+        # Each rank ran once before the kill and once after, and its second process finished the run.
+        journal = Journal.load(run_dir)
+        for rank in range(4):
+            assert [e["incarnation"] for e in journal.events("start", rank)] == [0, 1], rank
+            assert [(e["incarnation"], e["step"]) for e in journal.events("finish", rank)] == [(1, 12)], rank
     else:
         assert not restores

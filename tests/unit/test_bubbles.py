@@ -112,8 +112,10 @@ def test_snapshotter_restores_the_last_sealed_version(tmp_path: Path) -> None:
     unsub = events.subscribe(lambda k, f: seen.append((k, f)))
     snap = BubbleSnapshotter(st, tmp_path, rank=0)
     try:
-        for _ in range(4):
+        for _ in range(3):
             step(st, snap)
+        at_3 = digest_components(st.capture())  # what version 3 (sealed in the next step) must hold
+        step(st, snap)
         # Version 4 begins but the process "dies" before sealing it.
         expected = digest_components(st.capture())
         snap.begin(st.step)
@@ -137,7 +139,8 @@ def test_snapshotter_restores_the_last_sealed_version(tmp_path: Path) -> None:
     # Version 4 was torn (its slot marked WRITING); version 3 is the newest complete one.
     assert version == 3
     assert fresh.step == 3
-    assert digest_components(fresh.capture())["model"] != expected["model"]  # one step older
+    # Exactly the state of version 3 (a fresh model of another seed differed in every component).
+    assert digest_components(fresh.capture()) == at_3 and at_3["model"] != expected["model"]
 
 
 def test_snapshotter_version_matches_live_state(tmp_path: Path) -> None:
