@@ -245,6 +245,6 @@ def test_a_window_reports_what_its_injectors_journaled_summed_over_ranks_and_res
             w.write("fault_rollback", fault="slow_storage", id=0, step=10 + 9 * incarnation, reason="run ended")
         w.close()
     (window,) = windows(Journal.load(run))
-    assert window["from_step"] == 4 and window["to_step"] == 19
-    assert window["effects"] == {"writes": 8, "delay_seconds": 3.2}
-    assert window["effect"] == "writes 8, delay seconds 3.2"
+    assert window.from_step == 4 and window.to_step == 19
+    assert window.effects == {"writes": 8, "delay_seconds": 3.2}
+    assert window.effect == "writes 8, delay seconds 3.2"
