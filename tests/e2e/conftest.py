@@ -56,12 +56,17 @@ def kill_pair(name: str = "kill-rank0-step12") -> tuple[dict[str, Any], dict[str
     return good, bad
 
 
-#: Tests that measure rates or times, or shape links: they run one after another on one pytest-xdist
-#: worker (``--dist loadgroup``), so two of them never compete for the links or the timing.
-SERIAL_FILES = {"test_bench.py", "test_links.py", "test_network.py"}
+#: Tests that measure rates or times, shape links, or bound a recovery or a stop in seconds: marked
+#: ``serial``, they run after the parallel part, alone (tox runs ``-m "not serial"`` on two
+#: pytest-xdist workers, then ``-m serial`` in one process), so no other test competes with them for
+#: the two cores or the links.
+SERIAL_FILES = {"test_bench.py", "test_links.py", "test_network.py", "test_cancel.py"}
+SERIAL_TESTS = {"test_hang_is_detected_by_the_watchdog_and_restarted", "test_straggler_slows_one_rank_and_stays_bitwise",
+                "test_slow_storage_delays_persistence_not_training"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("netns") or item.path.name in SERIAL_FILES:
-            item.add_marker(pytest.mark.xdist_group("serial"))
+        if (item.get_closest_marker("netns") or item.path.name in SERIAL_FILES
+                or item.originalname in SERIAL_TESTS):
+            item.add_marker(pytest.mark.serial)
