@@ -25,7 +25,7 @@ from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
 from harness.errors import ConfigValueError, ScenarioError
 from harness.schema import build, found_repr, to_plain
-from harness.worker.workload import WorkloadConfig
+from harness.worker.spec import FaultSpec, WorkloadConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,14 +51,6 @@ class RunConfig:
             raise ConfigValueError("timeout", "a number > 0", self.timeout)
         if self.hang_timeout is not None and self.hang_timeout <= 0:
             raise ConfigValueError("hang_timeout", "a number > 0 (or null)", self.hang_timeout)
-
-
-@dataclass(kw_only=True, slots=True)
-class FaultSpec:
-    """One entry of ``faults:``: its kind (the YAML key) and its config."""
-
-    kind: str
-    config: FaultConfig
 
 
 @dataclass(kw_only=True, slots=True)
