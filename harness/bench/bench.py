@@ -319,6 +319,8 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     import shutil
     import uuid
 
+    from baft.store import ReplicationConfig
+
     from harness.errors import LaunchError
     from harness.run.launcher import launch
     from harness.run.storefleet import StoreSpec
@@ -326,7 +328,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "journal", ignore_errors=True)
     shm = Path("/dev/shm") / f"baft-bench-{uuid.uuid4().hex[:10]}"
-    stores = (StoreSpec(base=shm, replicas=1, rate=0.0, yield_to_training=cfg.replication_yield)
+    stores = (StoreSpec(base=shm, replication=ReplicationConfig(replicas=1, yield_to_training=cfg.replication_yield))
               if "baft" in cfg.strategies and cfg.nodes > 1 else None)
     link: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:

@@ -180,14 +180,11 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
                     {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm}},
                     {"name": "spec", "configMap": {"name": cfg.job}}]}
     if scenario.checkpoint.strategy == "baft":
-        c = scenario.checkpoint
         index = "$(BAFT_NODE_INDEX)"
         store = ["python", "-m", "baft.store", "--root", f"{SHM}/baft/node{index}", "--node", index,
-                 "--addresses", ",".join(spec.stores or []), "--listen", "0.0.0.0", "--replicas", str(c.replicas),
-                 "--rate", str(c.replication_rate),
+                 "--addresses", ",".join(spec.stores or []), "--listen", "0.0.0.0",
+                 "--replication", scenario.checkpoint.replication.to_json(),
                  "--journal", f"{SHARED}/{cfg.run}/journal/store-node{index}.jsonl"]
-        if not c.replication_yield:
-            store.append("--no-yield")
         pod["initContainers"] = [{"name": "store", "image": cfg.image, "restartPolicy": "Always", "command": store,
                                   "env": [e for e in env if e["name"] == "BAFT_NODE_INDEX"],
                                   "volumeMounts": [m for m in mounts if m["mountPath"] in (SHARED, SHM)],

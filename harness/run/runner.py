@@ -129,8 +129,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     checkpoint["shm_dir"] = str(shm)
     stores = None
     if scenario.checkpoint.strategy == "baft":
-        stores = StoreSpec(base=shm, replicas=scenario.checkpoint.replicas, rate=scenario.checkpoint.replication_rate,
-                           yield_to_training=scenario.checkpoint.replication_yield)
+        stores = StoreSpec(base=shm, replication=scenario.checkpoint.replication)
     spec = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": scenario.fault_plan()}
     private_tier = next((f.config for f in scenario.faults if isinstance(f.config, DiskFullConfig)), None)
     if private_tier is not None:
