@@ -45,6 +45,10 @@ class BaftStrategy(Strategy):
     """Bubble-aware snapshots plus asynchronous persistence."""
 
     name = "baft"
+    phases = ("snapshot", "replicate", "persist", "restore")
+    step_phases = ("snapshot",)
+    elastic = True  # the snapshots record their replica count; a resized restore re-cuts them
+    node_stores = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -24,11 +24,13 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
+from baft import STRATEGIES
+
 from harness.errors import ConfigValueError
 from harness.worker.models import PRESETS
 from harness.worker.spec import Placement
 
-ALL = ["none", "sync", "async-dcp", "checkfreq", "baft"]
+ALL = list(STRATEGIES)
 
 
 @dataclass(kw_only=True, slots=True)

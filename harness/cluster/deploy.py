@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from baft.strategies import REGISTRY
 from injectors.chaosmesh.schema import GROUP, PLURALS
 
 from harness.errors import ConfigValueError
@@ -135,11 +136,11 @@ def worker_spec(scenario: Scenario, cfg: DeployConfig) -> WorkerSpec:
     No faults: on a cluster Chaos Mesh injects them from outside the job."""
     checkpoint = replace(scenario.checkpoint, shm_dir=f"{SHM}/baft",
                          dir=scenario.checkpoint.dir if "://" in scenario.checkpoint.dir else CHECKPOINTS)
-    baft = scenario.checkpoint.strategy == "baft"
+    stores = REGISTRY[scenario.checkpoint.strategy].node_stores
     return WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, run_dir=f"{SHARED}/{cfg.run}",
                       stores=[f"{cfg.job}-{i}.{cfg.job}.{cfg.namespace}.svc:{cfg.store_port}"
-                              for i in range(scenario.workload.nodes)] if baft else None,
-                      node_memory=f"{SHM}/baft" if baft else None)
+                              for i in range(scenario.workload.nodes)] if stores else None,
+                      node_memory=f"{SHM}/baft" if stores else None)
 
 
 def _env(**values: str) -> list[dict[str, Any]]:
@@ -179,10 +180,10 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
         "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": cfg.claim}},
                     {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm}},
                     {"name": "spec", "configMap": {"name": cfg.job}}]}
-    if scenario.checkpoint.strategy == "baft":
+    if spec.stores is not None:  # the node's store as a sidecar
         index = "$(BAFT_NODE_INDEX)"
         store = ["python", "-m", "baft.store", "--root", f"{SHM}/baft/node{index}", "--node", index,
-                 "--addresses", ",".join(spec.stores or []), "--listen", "0.0.0.0",
+                 "--addresses", ",".join(spec.stores), "--listen", "0.0.0.0",
                  "--replication", scenario.checkpoint.replication.to_json(),
                  "--journal", f"{SHARED}/{cfg.run}/journal/store-node{index}.jsonl"]
         pod["initContainers"] = [{"name": "store", "image": cfg.image, "restartPolicy": "Always", "command": store,
