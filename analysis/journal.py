@@ -48,6 +48,8 @@ Each node's store writes ``journal/store-node<N>.jsonl``: store_start, replicate
 (rank, version, reason), replication_failed, pulled (rank, version, source, bytes).
 ``finish``              step
 ``agent_start`` / ``agent_exit`` (launcher) node, returncode
+``aborted``             (launcher) signal (SIGINT/SIGTERM), seconds into the launch or during=reference:
+                        the run was cancelled; everything it started was stopped and undone
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ EVENTS = (
     "store_exit",
     "agent_start",
     "agent_exit",
+    "aborted",
 )
 
 

@@ -6,13 +6,14 @@ finish), 2 bad input (the message names file, key path, expected and found).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError, ScenarioError
+from harness.errors import Cancelled, HarnessError, ScenarioError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -408,6 +409,18 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; SIGINT/SIGTERM stop everything it started and exit 130/143."""
+    from harness.run.processes import cancellation
+
+    try:
+        with cancellation():
+            return _command(argv)
+    except Cancelled as c:
+        print(f"baft: {c}; stopped what the run had started", file=sys.stderr)
+        return c.exit_code
+
+
+def _command(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args)
@@ -457,5 +470,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if verdict["passed"] else 1
 
 
+def entry() -> None:
+    """The ``baft`` console script."""
+    code = main()
+    if code in (130, 143):
+        # Cancelled, and everything the run started is already undone: skip the interpreter's
+        # teardown (seconds of torch's own under load) so the exit comes when the cleanup is done.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -29,3 +29,23 @@ class ConfigValueError(HarnessError, ValueError):
 
 class LaunchError(HarnessError):
     """A run could not be started or did not finish (timeout, missing tool)."""
+
+
+class Cancelled(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the harness: stop everything it started, then exit 128 + signal.
+
+    A KeyboardInterrupt, so every ``finally`` and every ``except KeyboardInterrupt`` that undoes a
+    fault (a Chaos Mesh object, a qdisc) runs for a SIGTERM exactly as for Ctrl-C.
+    """
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"cancelled by {self.name}")
+
+    @property
+    def exit_code(self) -> int:
+        """130 for SIGINT, 143 for SIGTERM: what a shell reports for a process ended by the signal."""
+        return 128 + self.signum

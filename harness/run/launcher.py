@@ -11,9 +11,8 @@ Measured on this kind of machine: an elastic restart on gloo fails with
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from analysis.journal import JournalWriter, launcher_journal
 
-from harness.errors import LaunchError
+from harness.errors import Cancelled, LaunchError
 from harness.worker.session import SPEC_VARIABLE
 from harness.run.nodeenv import free_port, worker_env
+from harness.run.processes import new_token, stop_owned
 from harness.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -94,89 +94,85 @@ def launch(
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     journal = JournalWriter(launcher_journal(run_dir))
-    fleet = StoreFleet(stores, nodes, run_dir, journal, topology) if stores is not None else None
-    if fleet is not None:
-        spec = {**spec, "stores": fleet.addresses, "node_memory": str(stores.base)}
-        fleet.start()
-    spec_path = run_dir / "worker-spec.json"
-    # started_at: the origin of the faults' time triggers, shared by every worker and restart.
-    started_at = time.time()
-    spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve()), "started_at": started_at}, indent=1))
-    host = topology.address(0) if topology else "127.0.0.1"
-    port = free_port()
-    run_id = uuid.uuid4().hex[:12]
-    per_node = world_size // nodes
-    elastic = min_nodes is not None and min_nodes < nodes
+    token = new_token()  # in the environment of every process this launch starts (stop_owned finds them)
     procs: list[subprocess.Popen] = []
-    watchdog = controller = None
     t0 = time.monotonic()
-    try:
-        for node in range(nodes):
-            cmd = [
-                sys.executable, "-m", "torch.distributed.run",
-                "--nnodes", f"{min_nodes}:{nodes}" if elastic else str(nodes),
-                "--nproc-per-node", str(per_node),
-                "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"{host}:{port}",
-                "--rdzv-id", run_id,
-                "--rdzv-conf", f"is_host={1 if node == 0 else 0}" + (ELASTIC_RDZV if elastic else ""),
-                "--max-restarts", str(max_restarts),
-                "--monitor-interval", "0.2",
-            ] + (list(script) if script else ["-m", module, str(spec_path.resolve())])
-            if topology is not None:
-                cmd[3:3] = ["--local-addr", topology.address(node)]  # what the other nodes dial
-                cmd = topology.exec_prefix(node) + cmd
-            log = open(logs / f"node{node}.log", "ab")
-            env = {**worker_env(node, topology), SPEC_VARIABLE: str(spec_path.resolve())}  # what a Session reads
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            log.close()
-            journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
-        if hang_timeout is not None:
-            watchdog = Watchdog(run_dir, procs, journal, hang_timeout)
-            watchdog.start()
-        if harness_faults:
-            if topology is None:
-                raise LaunchError("link faults need the nodes in network namespaces (a topology)")
-            controller = FaultController(run_dir, harness_faults, topology, journal, started_at)
-            controller.start()
-        deadline = t0 + timeout
-        timed_out = False
-        for p in procs:
-            remaining = deadline - time.monotonic()
-            try:
-                p.wait(timeout=max(0.1, remaining))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                break
-    except BaseException:
-        _kill_all(procs)
-        raise
-    finally:
-        if controller is not None:
-            controller.stop()  # rolls back every link fault still in place
-        if watchdog is not None:
-            watchdog.stop()
-        if any(p.poll() is None for p in procs):
-            _kill_all(procs)
-        for i, p in enumerate(procs):
-            journal.write("agent_exit", node=f"node{i}", returncode=p.returncode)
+    timed_out = False
+    # Undone in reverse order whatever happens (an error, a timeout, SIGINT/SIGTERM): link faults
+    # rolled back, watchdog and store fleet stopped, then every process of the launch, wherever
+    # it went; one step that fails does not skip the others.
+    fleet = StoreFleet(stores, nodes, run_dir, journal, topology, token=token) if stores is not None else None
+    with contextlib.ExitStack() as undo:
+        undo.callback(journal.close)
+        undo.callback(_journal_exits, journal, procs)
         if fleet is not None:
-            fleet.stop()
-        journal.close()
+            undo.callback(fleet.stop)  # its memory removed once nothing can write there
+        undo.callback(stop_owned, token)  # agents, workers and stores at once, stopped ones continued
+        try:
+            if fleet is not None:
+                undo.callback(fleet.stop_monitor)  # no store replaced while the run is stopped
+                spec = {**spec, "stores": fleet.addresses, "node_memory": str(stores.base)}
+                fleet.start()
+            spec_path = run_dir / "worker-spec.json"
+            # started_at: the origin of the faults' time triggers, shared by every worker and restart.
+            started_at = time.time()
+            spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve()), "started_at": started_at}, indent=1))
+            host = topology.address(0) if topology else "127.0.0.1"
+            port = free_port()
+            run_id = uuid.uuid4().hex[:12]
+            per_node = world_size // nodes
+            elastic = min_nodes is not None and min_nodes < nodes
+            for node in range(nodes):
+                cmd = [
+                    sys.executable, "-m", "torch.distributed.run",
+                    "--nnodes", f"{min_nodes}:{nodes}" if elastic else str(nodes),
+                    "--nproc-per-node", str(per_node),
+                    "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"{host}:{port}",
+                    "--rdzv-id", run_id,
+                    "--rdzv-conf", f"is_host={1 if node == 0 else 0}" + (ELASTIC_RDZV if elastic else ""),
+                    "--max-restarts", str(max_restarts),
+                    "--monitor-interval", "0.2",
+                ] + (list(script) if script else ["-m", module, str(spec_path.resolve())])
+                if topology is not None:
+                    cmd[3:3] = ["--local-addr", topology.address(node)]  # what the other nodes dial
+                    cmd = topology.exec_prefix(node) + cmd
+                env = {**worker_env(node, topology, token), SPEC_VARIABLE: str(spec_path.resolve())}  # what a Session reads
+                with open(logs / f"node{node}.log", "ab") as log:
+                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True))
+                journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
+            if hang_timeout is not None:
+                watchdog = Watchdog(run_dir, procs, journal, hang_timeout)
+                undo.callback(watchdog.stop)
+                watchdog.start()
+            if harness_faults:
+                if topology is None:
+                    raise LaunchError("link faults need the nodes in network namespaces (a topology)")
+                controller = FaultController(run_dir, harness_faults, topology, journal, started_at)
+                undo.callback(controller.stop)  # rolls back every link fault still in place
+                controller.start()
+            deadline = t0 + timeout
+            for p in procs:
+                remaining = deadline - time.monotonic()
+                try:
+                    p.wait(timeout=max(0.1, remaining))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    break
+        except Cancelled as c:
+            journal.write("aborted", signal=c.name, seconds=round(time.monotonic() - t0, 3))
+            raise
     if not procs:
         raise LaunchError("no torchrun agent started")
     return LaunchResult(returncodes=[p.returncode for p in procs], seconds=time.monotonic() - t0, timed_out=timed_out)
 
 
-def _kill_all(procs: list[subprocess.Popen]) -> None:
-    """Terminate every agent's whole process group (agent and its workers)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
+def _journal_exits(journal: JournalWriter, procs: list[subprocess.Popen]) -> None:
+    """Reap the agents (stopped by now) and journal how each ended."""
+    for i, p in enumerate(procs):
+        try:
+            p.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        journal.write("agent_exit", node=f"node{i}", returncode=p.returncode)

@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.run.processes import orphaned, start_time, stop_owned
+
 SHM = Path("/dev/shm")
 PREFIX = "baft-"
 OWNER = ".owner"
@@ -26,20 +28,11 @@ UNOWNED_AGE = 3600.0
 """Seconds an unowned ``/dev/shm/baft-*`` directory must have been left unchanged to count as stale."""
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22); None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[19]  # fields after the command name start at field 3
-
-
 def claim_shm(root: Path = SHM) -> Path:
     """A new shared-memory directory for one run, owned by this process."""
     path = root / f"{PREFIX}{uuid.uuid4().hex[:12]}"
     path.mkdir(mode=0o700)
-    (path / OWNER).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    (path / OWNER).write_text(f"{os.getpid()} {start_time(os.getpid())}\n")
     return path
 
 
@@ -50,7 +43,7 @@ def owner_alive(path: Path) -> bool | None:
         pid = int(pid_text)
     except (OSError, ValueError):
         return None
-    return _start_time(pid) == start
+    return start_time(pid) == start
 
 
 @dataclass(slots=True)
@@ -84,9 +77,15 @@ def stale_shm(root: Path = SHM, *, force: bool = False, now: float | None = None
     return stale, kept
 
 
-def sweep(*, force: bool = False, dry_run: bool = False, shm_root: Path = SHM, network: bool = True) -> Sweep:
-    """Remove what killed runs left behind: shared-memory directories, then network topologies (root only)."""
+def sweep(*, force: bool = False, dry_run: bool = False, shm_root: Path = SHM, network: bool = True,
+          processes: bool = True) -> Sweep:
+    """Remove what killed runs left behind: their processes, shared-memory directories, then network
+    topologies (root only)."""
     out = Sweep()
+    for token, pids in sorted(orphaned().items()) if processes else ():
+        if not dry_run:
+            stop_owned(token)
+        out.removed.append(f"processes of a killed run ({token[:12]}): pids {', '.join(map(str, sorted(pids)))}")
     stale, out.kept = stale_shm(shm_root, force=force)
     for path in stale:
         if not dry_run:

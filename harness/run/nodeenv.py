@@ -10,6 +10,8 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.run.processes import OWNER_VARIABLE, TOKEN_VARIABLE, owner_value
+
 if TYPE_CHECKING:
     from injectors.network import Topology
 
@@ -20,7 +22,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_env(node: int, topology: Topology | None = None) -> dict[str, str]:
+def worker_env(node: int, topology: Topology | None = None, token: str | None = None) -> dict[str, str]:
+    """The environment of node ``node``'s processes; ``token`` marks them as one launch's (see
+    :mod:`harness.run.processes`)."""
     env = dict(os.environ)
     env.update(
         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
@@ -31,6 +35,9 @@ def worker_env(node: int, topology: Topology | None = None) -> dict[str, str]:
         BAFT_NODE_INDEX=str(node),
         PYTHONUNBUFFERED="1",
     )
+    if token is not None:
+        env[TOKEN_VARIABLE] = token
+        env[OWNER_VARIABLE] = owner_value()
     # The workload must import this checkout even when run from another cwd.
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -14,6 +14,7 @@ under a hash of both and reused across scenarios.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from analysis.journal import Journal
+from analysis.journal import Journal, JournalWriter, launcher_journal
 from analysis.metrics import fault_target as target
 from analysis.report import run_report
 from analysis.verdict import judge
@@ -33,7 +34,7 @@ from analysis.verdict import judge
 from injectors.network import Topology
 from injectors.storage import DiskFullConfig, mount_private, unmount_private
 
-from harness.errors import LaunchError
+from harness.errors import Cancelled, LaunchError
 from harness.run.launcher import launch
 from harness.run.leftovers import claim_shm
 from harness.scenario import Scenario
@@ -41,8 +42,18 @@ from harness.run.storefleet import StoreSpec
 from harness.schema import to_plain
 from harness.worker.workload import WorkloadConfig
 
-#: Files whose code determines a reference run's journal.
-_TRAINING_CODE = ("harness/worker/workload.py", "harness/worker/models.py", "harness/worker/data.py", "baft/state.py")
+#: The code that determines a reference run's journal: all a worker runs (the worker room, the
+#: checkpointing library, the spec's schema) and the journal writer; folders are hashed file by file.
+_TRAINING_CODE = ("harness/worker", "baft", "harness/schema.py", "harness/errors.py", "analysis/journal.py")
+
+
+def training_code(root: Path) -> list[Path]:
+    """The files of :data:`_TRAINING_CODE`, in a stable order."""
+    files: list[Path] = []
+    for rel in _TRAINING_CODE:
+        p = root / rel
+        files.extend(sorted(p.rglob("*.py")) if p.is_dir() else [p])
+    return files
 
 
 def default_cache_dir() -> Path:
@@ -61,12 +72,14 @@ def script_command(workload: WorkloadConfig) -> list[str] | None:
     return [workload.script, *workload.args] if workload.script is not None else None
 
 
-def reference_key(workload: WorkloadConfig) -> str:
-    root = Path(__file__).resolve().parents[2]
+def reference_key(workload: WorkloadConfig, root: Path | None = None) -> str:
+    """The cache key of ``workload``'s reference: its config, torch's version, the training code under
+    ``root`` (this checkout by default) and the user's script."""
+    root = root or Path(__file__).resolve().parents[2]
     h = hashlib.sha256(json.dumps(_reference_workload(workload), sort_keys=True).encode())
     h.update(torch.__version__.encode())
-    for rel in _TRAINING_CODE:
-        h.update((root / rel).read_bytes())
+    for f in training_code(root):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     if workload.script is not None:
         h.update(Path(workload.script).read_bytes())
     return h.hexdigest()[:20]
@@ -80,21 +93,39 @@ class Reference:
 
 
 def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> Reference:
-    """The reference run of ``workload``, from the cache or run now."""
+    """The reference run of ``workload``, from the cache or run now.
+
+    Safe to share between processes (pytest workers, two ``baft run``): a lock per key lets one of
+    them run it while the others wait, and a reference appears only complete, by a rename, and
+    is never removed once it is there (a reader may be copying it)."""
     final = cache / "reference" / reference_key(workload)
     if (final / "complete").is_file():
-        return Reference(run_dir=final, cached=True, seconds=float((final / "complete").read_text() or 0))
-    tmp = final.with_name(final.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    spec = {"workload": _reference_workload(workload), "checkpoint": {"strategy": "none"}, "faults": []}
-    result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0, timeout=timeout,
-                    script=script_command(workload))
-    if not result.ok:
-        raise LaunchError(f"the reference run failed (exit codes {result.returncodes}, timed out: {result.timed_out}); logs in {tmp / 'logs'}")
-    (tmp / "complete").write_text(f"{result.seconds:.3f}")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+        return _cached(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.with_name(final.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on a signal
+        if (final / "complete").is_file():
+            return _cached(final)  # another process ran it while this one waited
+        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        spec = {"workload": _reference_workload(workload), "checkpoint": {"strategy": "none"}, "faults": []}
+        try:
+            result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0,
+                            timeout=timeout, script=script_command(workload))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a reference cut short is never cached, nor left behind
+            raise
+        if not result.ok:
+            raise LaunchError(f"the reference run failed (exit codes {result.returncodes}, timed out: "
+                              f"{result.timed_out}); logs in {tmp / 'logs'}")
+        (tmp / "complete").write_text(f"{result.seconds:.3f}")
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete one (none is ever renamed there)
+        os.replace(tmp, final)
     return Reference(run_dir=final, cached=False, seconds=result.seconds)
+
+
+def _cached(final: Path) -> Reference:
+    return Reference(run_dir=final, cached=True, seconds=float((final / "complete").read_text() or 0))
 
 
 def keep_copy(tier: Path) -> None:
@@ -116,7 +147,13 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
         shutil.rmtree(out / sub, ignore_errors=True)
     if scenario.source and Path(scenario.source).is_file():
         shutil.copyfile(scenario.source, out / "scenario.yaml")
-    ref = ensure_reference(scenario.workload, cache, scenario.run.timeout)
+    try:
+        ref = ensure_reference(scenario.workload, cache, scenario.run.timeout)
+    except Cancelled as c:
+        journal = JournalWriter(launcher_journal(out / "faulted"))
+        journal.write("aborted", signal=c.name, during="reference")
+        journal.close()
+        raise
     shutil.copytree(ref.run_dir / "journal", out / "reference" / "journal")
 
     faulted = out / "faulted"

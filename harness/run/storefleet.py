@@ -42,8 +42,10 @@ class StoreFleet:
     """One store per node, monitored."""
 
     def __init__(self, spec: StoreSpec, nodes: int, run_dir: Path, journal: JournalWriter,
-                 topology: Topology | None = None) -> None:
+                 topology: Topology | None = None, *, token: str | None = None) -> None:
         self.spec, self.nodes, self.run_dir, self.journal, self.topology = spec, nodes, run_dir, journal, topology
+        self.token = token
+        """The launch's process token, in every store's environment."""
         hosts = [topology.address(i) if topology else "127.0.0.1" for i in range(nodes)]
         self.addresses = [f"{hosts[i]}:{free_port()}" for i in range(nodes)]
         self.procs: list[subprocess.Popen | None] = [None] * nodes
@@ -64,7 +66,7 @@ class StoreFleet:
         if self.topology is not None:
             cmd = self.topology.exec_prefix(node) + cmd  # the store lives on its node's network
         log = open(self.run_dir / "logs" / f"store-node{node}.log", "ab")
-        self.procs[node] = subprocess.Popen(cmd, env=worker_env(node, self.topology), stdout=log,
+        self.procs[node] = subprocess.Popen(cmd, env=worker_env(node, self.topology, self.token), stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self.journal.write("store_start", node=f"node{node}", pid=self.procs[node].pid, address=self.addresses[node])
@@ -100,10 +102,14 @@ class StoreFleet:
                         continue
                     self._start(node)  # the replacement node's store, with whatever memory is left
 
-    def stop(self) -> None:
+    def stop_monitor(self) -> None:
+        """Replace no store from now on (the run is ending: a store that exits stays gone)."""
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=2)
+
+    def stop(self) -> None:
+        self.stop_monitor()
         for p in self.procs:
             if p is not None and p.poll() is None:
                 try:

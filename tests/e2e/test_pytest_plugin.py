@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+import yaml
+
+from tests.e2e.conftest import ROOT, kill_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -17,11 +19,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def test_pytest_runs_scenario_files_and_reports_verdicts(tmp_path: Path, ref_cache: Path) -> None:
     d = tmp_path / "scenarios"
     d.mkdir()
-    good = (ROOT / "scenarios" / "smoke" / "kill-rank.yaml").read_text()
-    (d / "good.yaml").write_text(good + "marks: [slow]\n")
-    bad = good.replace("name: kill-rank1-step17", "name: no-rng").replace(
-        "checkpoint: {strategy: sync, every: 5}", "checkpoint: {strategy: sync, every: 5, omit: [rng]}")
-    (d / "no-rng.yaml").write_text(bad)
+    good, bad = kill_pair()
+    (d / "good.yaml").write_text(yaml.safe_dump({**good, "marks": ["slow"]}))
+    (d / "no-rng.yaml").write_text(yaml.safe_dump({**bad, "name": "no-rng"}))
     (d / "broken.yaml").write_text("name: broken\nworkload: {stages: 0}\n")
     junit = tmp_path / "junit.xml"
     proc = subprocess.run(
@@ -32,12 +32,12 @@ def test_pytest_runs_scenario_files_and_reports_verdicts(tmp_path: Path, ref_cac
     assert proc.returncode == 1, out
     assert "2 failed, 1 passed" in out
     # the failure is the verdict's summary, not a traceback
-    assert "first divergence step 15, rng / " in out and "no-rng: FAILED" in out and "Traceback" not in out
+    assert "first divergence step 10, rng / " in out and "no-rng: FAILED" in out and "Traceback" not in out
     assert "broken.yaml: workload.stages: expected an integer >= 1, found 0" in out
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
-    assert set(cases) == {"kill-rank1-step17", "no-rng", "broken"}
-    assert cases["kill-rank1-step17"].find("failure") is None and cases["no-rng"].find("failure") is not None
-    assert (tmp_path / "runs" / "kill-rank1-step17" / "report.html").is_file()
+    assert set(cases) == {"kill-rank0-step12", "no-rng", "broken"}
+    assert cases["kill-rank0-step12"].find("failure") is None and cases["no-rng"].find("failure") is not None
+    assert (tmp_path / "runs" / "kill-rank0-step12" / "report.html").is_file()
 
 
 def test_scenario_marks_select_items(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, run_cli
+from tests.e2e.conftest import ROOT, kill_pair, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -50,15 +50,11 @@ def test_kill_between_checkpoints_resumes_bitwise(tmp_path: Path, ref_cache: Pat
     assert v["lost_steps"] == at_step % every
 
 
-@pytest.mark.parametrize("component", ["rng", "data"])
+@pytest.mark.parametrize("component", ["data"])  # the rng control runs in test_suite (kill_pair)
 def test_negative_control_names_the_missing_component(tmp_path: Path, ref_cache: Path, component: str) -> None:
-    scenario = {
-        "name": f"negative-{component}",
-        "workload": {"model": "gpt-tiny", "stages": 2, "steps": 20},
-        "checkpoint": {"strategy": "sync", "every": 5, "omit": [component]},
-        "faults": [{"kill": {"rank": 0, "at_step": 12}}],
-        "expect": {"bitwise": True},
-    }
+    good, _ = kill_pair()
+    scenario = {**good, "name": f"negative-{component}", "expect": {"bitwise": True},
+                "checkpoint": {**good["checkpoint"], "omit": [component]}}
     rc, out, v = run_cli(scenario, tmp_path / "out", ref_cache)
     assert rc == 1, out
     assert v is not None and not v["passed"] and not v["bitwise_equal"]

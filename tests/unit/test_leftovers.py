@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main as cli_main
-from harness.run.leftovers import OWNER, UNOWNED_AGE, _start_time, claim_shm, owner_alive, stale_shm, sweep
+from harness.run.processes import start_time as _start_time
+from harness.run.leftovers import OWNER, UNOWNED_AGE, claim_shm, owner_alive, stale_shm, sweep
 
 
 def _dead_pid() -> tuple[int, str]:
@@ -40,9 +41,9 @@ def test_a_dead_owners_directory_is_removed_with_what_it_holds(tmp_path: Path) -
     pid, start = _dead_pid()
     (path / OWNER).write_text(f"{pid} {start}\n")
     assert owner_alive(path) is False
-    dry = sweep(shm_root=tmp_path, network=False, dry_run=True)
+    dry = sweep(shm_root=tmp_path, network=False, processes=False, dry_run=True)
     assert dry.removed == [str(path)] and path.is_dir()  # a dry run removes nothing
-    done = sweep(shm_root=tmp_path, network=False)
+    done = sweep(shm_root=tmp_path, network=False, processes=False)
     assert done.removed == [str(path)] and not path.exists() and done.errors == []
 
 
@@ -72,7 +73,7 @@ def test_force_takes_live_runs_too_and_nothing_else_is_touched(tmp_path: Path) -
     (tmp_path / "baft-link").symlink_to(target)  # a link is never followed nor removed
     (tmp_path / "baft-file").write_text("")
     assert stale_shm(tmp_path, force=True)[0] == [live]
-    sweep(shm_root=tmp_path, network=False, force=True)
+    sweep(shm_root=tmp_path, network=False, processes=False, force=True)
     assert not live.exists() and other.is_dir() and target.is_dir() and (tmp_path / "baft-link").is_symlink()
 
 
