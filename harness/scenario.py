@@ -25,7 +25,7 @@ from baft.strategies import CHECKPOINT_PHASES, REGISTRY
 from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
 from harness.errors import ConfigValueError, ScenarioError
-from harness.schema import build, found_repr, to_plain
+from harness.schema import build, found_repr
 from harness.worker.spec import FaultSpec, WorkloadConfig
 
 
@@ -83,10 +83,6 @@ class Scenario:
     def lost_nodes(self) -> list[int]:
         """Nodes a fault takes away for good (no replacement comes)."""
         return sorted({f.config.node for f in self.faults if getattr(f.config, "replacement", True) is False})
-
-    def fault_plan(self) -> list[dict[str, Any]]:
-        """Faults as plain data for the worker spec."""
-        return [{"kind": f.kind, "config": to_plain(f.config)} for f in self.faults]
 
 
 _SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks"}

@@ -324,7 +324,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     from baft.store import ReplicationConfig
 
     from harness.errors import LaunchError
-    from harness.run.launcher import launch
+    from harness.run.launcher import LaunchConfig, launch
     from harness.run.storefleet import StoreSpec
 
     out.mkdir(parents=True, exist_ok=True)
@@ -345,8 +345,9 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
                 topology.throttle(n, rate)
             link = {"rate_bit": rate, "measured_bit": measure_throttle(topology, 0, 1, rate)}
         try:
-            result = launch(out, BenchSpec(bench=cfg, shm_dir=str(shm)).plain(), nodes=cfg.nodes, world_size=cfg.stages,
-                            max_restarts=0, timeout=timeout, module="harness.bench.bench", stores=stores, topology=topology)
+            result = launch(out, BenchSpec(bench=cfg, shm_dir=str(shm)),
+                            LaunchConfig(nodes=cfg.nodes, world_size=cfg.stages, max_restarts=0, timeout=timeout,
+                                         module="harness.bench.bench", stores=stores, topology=topology))
         finally:
             shutil.rmtree(shm, ignore_errors=True)
             shutil.rmtree(out / "checkpoints", ignore_errors=True)

@@ -36,7 +36,7 @@ from baft import CheckpointConfig
 from harness.errors import ScenarioError
 from harness.worker.spec import SPEC_VARIABLE, Placement, WorkerSpec
 
-__all__ = ["SPEC_VARIABLE", "Session", "place_on_node"]
+__all__ = ["Session", "place_on_node"]
 
 
 class Session:

@@ -138,9 +138,6 @@ class WorkloadConfig:
         return self.microbatches * self.microbatch_size * self.data_parallel
 
 
-
-
-
 @dataclass(kw_only=True, slots=True)
 class FaultSpec:
     """One fault of the run: its kind (the scenario's YAML key) and its config."""
