@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .journal import Journal
+from .record import Record
 
 #: Mirrors ``baft.state.COMPONENTS`` (analysis reads journals, it does not import baft);
 #: unknown components sort after these.
@@ -24,15 +25,22 @@ COMPONENT_ORDER = ("model", "optimizer", "scheduler", "rng", "data", "scaler", "
 
 
 @dataclass(frozen=True, slots=True)
-class Divergence:
-    """Where two runs first differ, and (for a floating tensor) by how much."""
+class Divergence(Record):
+    """Where two runs first differ, and (for a floating tensor) by how much; in ``verdict.json``
+    (``first_divergence``) with its :attr:`relative_norm_change`."""
 
     step: int
+    """The step boundary of the state record (or the iteration of the loss record)."""
     component: str
+    """The state component (:data:`COMPONENT_ORDER`), or ``loss``."""
     key: str
+    """The leaf within the component (``loss`` for a loss record)."""
     rank: int
+    """The rank whose record differs."""
     reference: str | None
+    """The reference's fingerprint (None: the reference lacks the key)."""
     found: str | None
+    """The run's fingerprint (None: the run lacks the key)."""
     reference_norm: float | None = None
     """L2 norm of the reference's tensor; None where not journaled (older journals, non-float leaves)."""
     found_norm: float | None = None
@@ -54,10 +62,9 @@ class Divergence:
         comp = COMPONENT_ORDER.index(self.component) if self.component in COMPONENT_ORDER else len(COMPONENT_ORDER)
         return (self.step, 1 if self.component == "loss" else 0, comp, self.key, self.rank)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "component": self.component, "key": self.key, "rank": self.rank,
-                "reference": self.reference, "found": self.found, "reference_norm": self.reference_norm,
-                "found_norm": self.found_norm, "relative_norm_change": self.relative_norm_change}
+    def to_json(self) -> dict[str, Any]:
+        """The fields and the relative norm change (read back, it is computed again)."""
+        return {**Record.to_json(self), "relative_norm_change": self.relative_norm_change}
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ from typing import Any
 from .benchstats import bootstrap_ci
 from .errors import ConfigFieldError
 from .journal import Journal
+from .record import Record, known, optional
 
 
 @dataclass(kw_only=True, slots=True)
@@ -74,18 +75,82 @@ def loss_curve(journal: Journal) -> dict[int, float]:
     return {s: v for s, (_, v) in sorted(out.items())}
 
 
-def compare_curves(reference: dict[int, float], run: dict[int, float], cfg: LossExpect) -> dict[str, Any]:
-    """The loss verdict as a JSON-ready dict; ``passed`` is True when every configured check holds."""
+@dataclass(kw_only=True, slots=True)
+class WorstWindow(Record):
+    """The window of steps whose mean loss is furthest off, relative to its tolerance."""
+
+    steps: list[int]
+    """Its first and last step."""
+    reference: float
+    """The reference's mean loss over it."""
+    run: float
+    """The run's mean loss over it."""
+    deviation: float
+    """``|run - reference|``."""
+    tolerance: float
+    """``atol + rtol * |reference|``."""
+    score: float
+    """Deviation over tolerance (above 1: out of tolerance)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Equivalence(Record):
+    """The equivalence test (TOST as a bootstrap interval) of the mean relative difference."""
+
+    mean_relative_difference: float
+    """Mean over the steps judged of ``(run - reference) / |reference|``."""
+    interval: list[float]
+    """The ``1 - 2·alpha`` block-bootstrap interval of that mean, [low, high]."""
+    margin: float
+    """The equivalence margin asked for."""
+    alpha: float
+    """The level of each one-sided test."""
+    equivalent: bool
+    """The interval lies inside ``±margin``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class LossVerdict(Record):
+    """The loss-curve verdict (``loss_curve`` in ``verdict.json``)."""
+
+    from_step: int | None
+    """The first step judged (None: the curves never differ)."""
+    steps_compared: int
+    """Steps of both curves from ``from_step`` on."""
+    window: int
+    """Steps per window."""
+    rtol: float
+    """Relative tolerance of a window's mean loss."""
+    atol: float
+    """Absolute tolerance added to it."""
+    missing_steps: list[int]
+    """Reference steps the run has no loss for."""
+    worst_window: WorstWindow | None
+    """The window furthest off (None: no window to judge)."""
+    equivalence: Equivalence | None
+    """The equivalence test (None: no ``margin`` asked)."""
+    failures: list[str]
+    """What did not hold, in words."""
+    passed: bool
+    """Every configured check held."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LossVerdict:
+        return cls(**{**known(cls, data), "worst_window": optional(WorstWindow, data["worst_window"]),
+                      "equivalence": optional(Equivalence, data["equivalence"])})
+
+
+def compare_curves(reference: dict[int, float], run: dict[int, float], cfg: LossExpect) -> LossVerdict:
+    """The loss verdict; ``passed`` is True when every configured check holds."""
     common = sorted(set(reference) & set(run))
     first_diff = next((s for s in common if run[s] != reference[s]), None)
     start = cfg.from_step if cfg.from_step is not None else first_diff
     steps = [s for s in common if start is not None and s >= start]
-    out: dict[str, Any] = {"from_step": start, "steps_compared": len(steps), "window": cfg.window,
-                           "rtol": cfg.rtol, "atol": cfg.atol, "missing_steps": sorted(set(reference) - set(run))}
+    missing = sorted(set(reference) - set(run))
     failures: list[str] = []
-    if out["missing_steps"]:
-        failures.append(f"no loss for {len(out['missing_steps'])} reference steps (first {out['missing_steps'][0]})")
-    worst: dict[str, Any] | None = None
+    if missing:
+        failures.append(f"no loss for {len(missing)} reference steps (first {missing[0]})")
+    worst: WorstWindow | None = None
     for i in range(len(steps) - cfg.window + 1):
         win = steps[i : i + cfg.window]
         ref = sum(reference[s] for s in win) / len(win)
@@ -93,24 +158,22 @@ def compare_curves(reference: dict[int, float], run: dict[int, float], cfg: Loss
         tol = cfg.atol + cfg.rtol * abs(ref)
         dev = abs(got - ref)
         score = dev / tol if tol > 0 else (0.0 if dev == 0 else float("inf"))
-        if worst is None or score > worst["score"]:
-            worst = {"steps": [win[0], win[-1]], "reference": ref, "run": got, "deviation": dev, "tolerance": tol,
-                     "score": score}
-    out["worst_window"] = worst
-    if worst is not None and worst["score"] > 1:
-        failures.append(f"mean loss of steps {worst['steps'][0]}-{worst['steps'][1]} is {worst['run']:.6g}, reference "
-                        f"{worst['reference']:.6g}: off by {worst['deviation']:.3g}, tolerance {worst['tolerance']:.3g}")
-    out["equivalence"] = None
+        if worst is None or score > worst.score:
+            worst = WorstWindow(steps=[win[0], win[-1]], reference=ref, run=got, deviation=dev, tolerance=tol,
+                                score=score)
+    if worst is not None and worst.score > 1:
+        failures.append(f"mean loss of steps {worst.steps[0]}-{worst.steps[1]} is {worst.run:.6g}, reference "
+                        f"{worst.reference:.6g}: off by {worst.deviation:.3g}, tolerance {worst.tolerance:.3g}")
+    equivalence = None
     if cfg.margin is not None and steps:
         rel = [(run[s] - reference[s]) / abs(reference[s]) if reference[s] else 0.0 for s in steps]
         mean = sum(rel) / len(rel)
         lo, hi = bootstrap_ci(rel, stat=lambda xs: sum(xs) / len(xs), level=1 - 2 * cfg.alpha, block=cfg.window)
-        equivalent = -cfg.margin < lo and hi < cfg.margin
-        out["equivalence"] = {"mean_relative_difference": mean, "interval": [lo, hi], "margin": cfg.margin,
-                              "alpha": cfg.alpha, "equivalent": equivalent}
-        if not equivalent:
+        equivalence = Equivalence(mean_relative_difference=mean, interval=[lo, hi], margin=cfg.margin,
+                                  alpha=cfg.alpha, equivalent=-cfg.margin < lo and hi < cfg.margin)
+        if not equivalence.equivalent:
             failures.append(f"not shown equivalent: the {100 * (1 - 2 * cfg.alpha):.0f}% interval of the mean relative "
                             f"difference [{lo:.2%}, {hi:.2%}] is not inside ±{cfg.margin:.2%}")
-    out["failures"] = failures
-    out["passed"] = not failures
-    return out
+    return LossVerdict(from_step=start, steps_compared=len(steps), window=cfg.window, rtol=cfg.rtol, atol=cfg.atol,
+                       missing_steps=missing, worst_window=worst, equivalence=equivalence, failures=failures,
+                       passed=not failures)

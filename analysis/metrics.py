@@ -2,30 +2,32 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .journal import Journal
+from .record import Record, known
 
 
 @dataclass(frozen=True, slots=True)
-class Recovery:
-    """What one fault cost.
-
-    ``progress_before``: completed steps (the furthest any rank got) when the fault fired.
-    ``restored_step``: the step the job resumed from (0 without a checkpoint).
-    ``lost_steps``: steps executed twice, ``progress_before - restored_step``.
-    ``recovery_seconds``: from the fault to the moment every rank completed its first
-    iteration after the restore; ``None`` if the job never got that far.
-    """
+class Recovery(Record):
+    """What one fatal fault cost (an entry of ``recoveries`` in ``verdict.json``)."""
 
     fault: dict[str, Any]
+    """The ``fault`` event as journaled (:mod:`analysis.journal`), without its time ``t``."""
     progress_before: int
+    """Completed steps (the furthest any rank got) when the fault fired."""
     restored_step: int
+    """The step the job resumed from (0 without a checkpoint)."""
     restored_tier: str | None
+    """The tier(s) the ranks restored from (``shm``, ``persistent``, ``a+b`` when they differ); None: none."""
     lost_steps: int
+    """Steps executed twice: ``progress_before - restored_step``."""
     recovery_seconds: float | None
+    """From the fault to the moment every rank completed its first iteration after the restore;
+    None if the job never got that far."""
     restore_seconds: float | None
+    """The slowest rank's time to load the checkpoint; None without a restore."""
     detection_seconds: float | None = None
     """For a stall (hang, partition): from the fault to the watchdog's ``hang_detected``."""
     phases: dict[str, float | None] | None = None
@@ -33,20 +35,6 @@ class Recovery:
     journal does not tell."""
     caught_up_seconds: float | None = None
     """From the fault until the job had again completed every step it had completed before it."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "fault": {k: v for k, v in self.fault.items() if k not in ("t",)},
-            "progress_before": self.progress_before,
-            "restored_step": self.restored_step,
-            "restored_tier": self.restored_tier,
-            "lost_steps": self.lost_steps,
-            "recovery_seconds": self.recovery_seconds,
-            "restore_seconds": self.restore_seconds,
-            "detection_seconds": self.detection_seconds,
-            "phases": self.phases,
-            "caught_up_seconds": self.caught_up_seconds,
-        }
 
 
 #: Faults that stall the job rather than end a process: the watchdog detects them.
@@ -136,7 +124,7 @@ def recoveries(run: Journal) -> list[Recovery]:
                              else (None, None))
         out.append(
             Recovery(
-                fault=fault,
+                fault={k: v for k, v in fault.items() if k != "t"},
                 progress_before=progress,
                 restored_step=restored,
                 restored_tier="+".join(sorted({e["tier"] for e in restores})) or None,
@@ -161,30 +149,50 @@ EFFECTS = ("jitter_summary", "straggler_summary", "slow_storage_summary", "fault
 _BOOKKEEPING = {"t", "event", "id", "rank", "attempt", "incarnation"}
 
 
-def windows(run: Journal) -> list[dict[str, Any]]:
-    """One entry per non-fatal fault (a window: jitter, straggler, link): where it began and
-    ended and what it did, summed over ranks and restarts."""
-    out: dict[Any, dict[str, Any]] = {}
+@dataclass(kw_only=True, slots=True)
+class Window(Record):
+    """A non-fatal fault (jitter, straggler, a throttled link): where it was active and what it did."""
+
+    fault: str
+    """The fault's kind."""
+    id: int | None
+    """Its index in the scenario's ``faults``."""
+    target: str
+    """What it hit, in words (:func:`fault_target`)."""
+    from_step: int | None
+    """The first step it was active in."""
+    to_step: int | None
+    """The step it was rolled back at (None: active to the end)."""
+    effects: dict[str, float] = field(default_factory=dict)
+    """The numbers its events journaled (:data:`EFFECTS`): summaries summed over ranks and restarts,
+    states the latest."""
+    effect: str = "no effect journaled"
+    """The effects in words."""
+
+
+def windows(run: Journal) -> list[Window]:
+    """One :class:`Window` per non-fatal fault that has a start, summed over ranks and restarts."""
+    out: dict[Any, Window] = {}
     for e in run.events("fault"):
         if e.get("fatal", True) or ("from_step" not in e and "from_time" not in e):
             continue
-        w = out.setdefault(e.get("id"), {"fault": e["fault"], "id": e.get("id"), "target": fault_target(e),
-                                         "from_step": e.get("step"), "to_step": None, "effects": {}})
-        w["from_step"] = min(w["from_step"], e.get("step", w["from_step"]))
+        w = out.setdefault(e.get("id"), Window(fault=e["fault"], id=e.get("id"), target=fault_target(e),
+                                               from_step=e.get("step"), to_step=None))
+        w.from_step = min(w.from_step, e.get("step", w.from_step))  # type: ignore[type-var]
     everything = [ev for evs in run.ranks.values() for ev in evs] + run.launcher
     for e in sorted(everything, key=lambda ev: ev["t"]):
-        w = out.get(e.get("id"))
-        if w is None:
+        found = out.get(e.get("id"))
+        if found is None:
             continue
         if e["event"] == "fault_rollback":
-            w["to_step"] = e.get("step") if w["to_step"] is None else max(w["to_step"], e.get("step", 0))
+            found.to_step = e.get("step") if found.to_step is None else max(found.to_step, e.get("step", 0))
         elif e["event"] in EFFECTS:
             for k, v in e.items():
                 if k not in _BOOKKEEPING and isinstance(v, (int, float)) and not isinstance(v, bool):
                     # summaries add up over ranks and restarts; other effects are states: keep the latest
-                    w["effects"][k] = round(w["effects"].get(k, 0) + v, 4) if e["event"].endswith("_summary") else v
+                    found.effects[k] = round(found.effects.get(k, 0) + v, 4) if e["event"].endswith("_summary") else v
     for w in out.values():
-        w["effect"] = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in w["effects"].items()) or "no effect journaled"
+        w.effect = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in w.effects.items()) or "no effect journaled"
     return list(out.values())
 
 
@@ -213,16 +221,71 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def efficiency(reference: Journal, run: Journal, steps: int) -> dict[str, Any]:
-    """What the faults and the checkpointing cost the run as a whole.
+@dataclass(kw_only=True, slots=True)
+class Paired(Record):
+    """One measure of both runs."""
 
-    ``goodput``: useful steps per wall second (steps redone after a restore are not useful),
-    and its ratio to the reference's; ``iteration_seconds``: median per run (every rank's
-    records, steps of fault windows included) and ``iteration_overhead`` = run / reference - 1;
-    ``checkpoint``: persistent checkpoints written and their mean write time, baft's snapshot
-    stall per iteration; ``bubbles``: per rank, the mean share of the idle windows baft's copy
-    used and the share of its bytes copied inside them.
-    """
+    reference: float | None
+    """The reference's (None: its journal does not tell)."""
+    faulted: float | None
+    """The faulted run's (None: its journal does not tell)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointCost(Record):
+    """What checkpointing cost the faulted run."""
+
+    persistent_saved: int
+    """Persistent checkpoints written."""
+    persistent_mean_seconds: float | None
+    """Their mean write time (None: none written)."""
+    snapshot_stall_ms_per_iteration: float | None
+    """baft's snapshot stall on the training thread, per executed iteration (None: no snapshots)."""
+    snapshots: int
+    """baft snapshots taken (every rank's)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BubbleUse(Record):
+    """One rank's pipeline bubbles and baft's copy inside them, means per iteration."""
+
+    utilisation: float
+    """The share of the idle time the copy used."""
+    in_window_fraction: float
+    """The share of the copied bytes copied inside idle windows."""
+    idle_ms: float
+    """Idle milliseconds per iteration."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Efficiency(Record):
+    """What the faults and the checkpointing cost the run as a whole (``metrics`` in ``verdict.json``)."""
+
+    wall_seconds: Paired
+    """From the first worker start to the last ``finish``."""
+    goodput_steps_per_second: Paired
+    """Useful steps per wall second (steps redone after a restore are not useful)."""
+    goodput_ratio: float | None
+    """The faulted run's goodput over the reference's."""
+    iteration_seconds: Paired
+    """Median iteration time (every rank's records, steps of fault windows included)."""
+    iteration_overhead: float | None
+    """Faulted over reference median iteration time, minus 1."""
+    checkpoint: CheckpointCost
+    """Persistent checkpoints and baft's snapshot stall."""
+    bubbles: dict[str, BubbleUse]
+    """Per rank (as a string), the bubbles and baft's use of them."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Efficiency:
+        return cls(**{**known(cls, data), **{k: Paired.from_json(data[k]) for k in
+                                             ("wall_seconds", "goodput_steps_per_second", "iteration_seconds")},
+                      "checkpoint": CheckpointCost.from_json(data["checkpoint"]),
+                      "bubbles": {r: BubbleUse.from_json(b) for r, b in data["bubbles"].items()}})
+
+
+def efficiency(reference: Journal, run: Journal, steps: int) -> Efficiency:
+    """What the faults and the checkpointing cost the run as a whole (:class:`Efficiency`)."""
     wall_ref, wall_run = _wall(reference), _wall(run)
     good_ref = steps / wall_ref if wall_ref else None
     good_run = steps / wall_run if wall_run else None
@@ -231,27 +294,27 @@ def efficiency(reference: Journal, run: Journal, steps: int) -> dict[str, Any]:
     saved = {e["step"]: e for e in run.events("checkpoint_saved") if e.get("tier") == "persistent"}
     snaps = run.events("snapshot")
     executed = len(run.events("step"))
-    bubbles: dict[str, dict[str, float]] = {}
+    bubbles: dict[str, BubbleUse] = {}
     for rank in sorted(run.ranks):
         evs = run.events("bubbles", rank)
         if evs:
-            bubbles[str(rank)] = {
-                "utilisation": sum(e["utilisation"] for e in evs) / len(evs),
-                "in_window_fraction": sum(e["in_window_fraction"] for e in evs) / len(evs),
-                "idle_ms": 1e3 * sum(e["idle_seconds"] for e in evs) / len(evs),
-            }
-    return {
-        "wall_seconds": {"reference": wall_ref, "faulted": wall_run},
-        "goodput_steps_per_second": {"reference": good_ref, "faulted": good_run},
-        "goodput_ratio": (good_run / good_ref) if good_ref and good_run else None,
-        "iteration_seconds": {"reference": it_ref, "faulted": it_run},
-        "iteration_overhead": (it_run / it_ref - 1) if it_ref and it_run else None,
-        "checkpoint": {
-            "persistent_saved": len(saved),
-            "persistent_mean_seconds": (sum(e["seconds"] for e in saved.values()) / len(saved)) if saved else None,
-            "snapshot_stall_ms_per_iteration": (1e3 * sum(e.get("stall_seconds", 0.0) for e in snaps) / executed)
+            bubbles[str(rank)] = BubbleUse(
+                utilisation=sum(e["utilisation"] for e in evs) / len(evs),
+                in_window_fraction=sum(e["in_window_fraction"] for e in evs) / len(evs),
+                idle_ms=1e3 * sum(e["idle_seconds"] for e in evs) / len(evs),
+            )
+    return Efficiency(
+        wall_seconds=Paired(reference=wall_ref, faulted=wall_run),
+        goodput_steps_per_second=Paired(reference=good_ref, faulted=good_run),
+        goodput_ratio=(good_run / good_ref) if good_ref and good_run else None,
+        iteration_seconds=Paired(reference=it_ref, faulted=it_run),
+        iteration_overhead=(it_run / it_ref - 1) if it_ref and it_run else None,
+        checkpoint=CheckpointCost(
+            persistent_saved=len(saved),
+            persistent_mean_seconds=(sum(e["seconds"] for e in saved.values()) / len(saved)) if saved else None,
+            snapshot_stall_ms_per_iteration=(1e3 * sum(e.get("stall_seconds", 0.0) for e in snaps) / executed)
             if snaps and executed else None,
-            "snapshots": len(snaps),
-        },
-        "bubbles": bubbles,
-    }
+            snapshots=len(snaps),
+        ),
+        bubbles=bubbles,
+    )

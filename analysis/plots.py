@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .journal import Journal  # noqa: E402
 from .metrics import RECOVERY_PHASES, fault_target  # noqa: E402
+from .verdict import Verdict  # noqa: E402
 
 REFERENCE = "#4c72b0"
 FAULTED = "#dd8452"
@@ -44,7 +45,7 @@ def _fault_marks(run: Journal) -> list[dict[str, Any]]:
     return marks
 
 
-def loss_figure(reference: Journal, run: Journal, verdict: dict[str, Any], path: Path) -> Path | None:
+def loss_figure(reference: Journal, run: Journal, verdict: Verdict, path: Path) -> Path | None:
     """Loss per step: the reference, each incarnation of the faulted run (so redone steps show),
     a red line where each fatal fault fired, a green marker where the job resumed, shaded
     spans for window faults."""
@@ -66,20 +67,20 @@ def loss_figure(reference: Journal, run: Journal, verdict: dict[str, Any], path:
                         ha="right", fontsize=7, color=FAULT)
         elif not m["fatal"] and m["id"] not in seen:
             seen.add(m["id"])
-    for w in verdict.get("windows", []):
-        hi = w["to_step"] if w["to_step"] is not None else max((p[0] for pts in runs.values() for p in pts), default=0)
-        ax.axvspan(w["from_step"], hi, color=WINDOW, alpha=0.12)
-        ax.annotate(f"{w['fault']} {w['target']}", (w["from_step"], 0.02), xycoords=("data", "axes fraction"),
+    for w in verdict.windows:
+        hi = w.to_step if w.to_step is not None else max((p[0] for pts in runs.values() for p in pts), default=0)
+        ax.axvspan(w.from_step, hi, color=WINDOW, alpha=0.12)
+        ax.annotate(f"{w.fault} {w.target}", (w.from_step, 0.02), xycoords=("data", "axes fraction"),
                     fontsize=7, color=WINDOW)
-    for r in verdict.get("recoveries", []):
-        inc_pts = [p for pts in runs.values() for p in pts if p[0] == r["restored_step"]]
+    for r in verdict.recoveries:
+        inc_pts = [p for pts in runs.values() for p in pts if p[0] == r.restored_step]
         y = inc_pts[-1][1] if inc_pts else None
         if y is not None:
-            ax.plot([r["restored_step"]], [y], marker="^", ms=9, color=RESTORE, ls="none")
-            ax.annotate(f"resumed at {r['restored_step']} ({r['restored_tier'] or 'scratch'})", (r["restored_step"], y),
+            ax.plot([r.restored_step], [y], marker="^", ms=9, color=RESTORE, ls="none")
+            ax.annotate(f"resumed at {r.restored_step} ({r.restored_tier or 'scratch'})", (r.restored_step, y),
                         xytext=(6, 8), textcoords="offset points", fontsize=7, color=RESTORE)
-    status = "PASSED" if verdict.get("passed") else "FAILED"
-    ax.set_title(f"{verdict.get('scenario', '')}: loss per step ({status})", fontsize=10)
+    status = "PASSED" if verdict.passed else "FAILED"
+    ax.set_title(f"{verdict.scenario}: loss per step ({status})", fontsize=10)
     ax.set_ylabel("training loss")
     # below: how far each step's last execution is from the reference (0 = bit for bit the same)
     ref_loss = {p[0]: p[1] for pts in ref.values() for p in pts}
@@ -106,7 +107,7 @@ def loss_figure(reference: Journal, run: Journal, verdict: dict[str, Any], path:
     return path
 
 
-def progress_figure(reference: Journal, run: Journal, verdict: dict[str, Any], path: Path) -> Path | None:
+def progress_figure(reference: Journal, run: Journal, verdict: Verdict, path: Path) -> Path | None:
     """Steps completed against wall time for both runs: a fault shows as a stall, a restore as
     a drop back to the restored step, the lost work as the climb back."""
     def curve(j: Journal) -> tuple[list[float], list[int]]:
@@ -133,13 +134,12 @@ def progress_figure(reference: Journal, run: Journal, verdict: dict[str, Any], p
             ax.axvline(m["t"] - t0, color=FAULT, lw=1.2, ls=":")
             ax.annotate(m["label"], (m["t"] - t0, 1), xycoords=("data", "axes fraction"), rotation=90, va="top",
                         ha="right", fontsize=7, color=FAULT)
-    for r in verdict.get("recoveries", []):
-        if r.get("recovery_seconds") is not None:
-            t_f = next((m["t"] for m in _fault_marks(run) if m["id"] == r["fault"].get("id")
-                        and m["step"] == r["fault"].get("step")), None)
+    for r in verdict.recoveries:
+        if r.recovery_seconds is not None:
+            t_f = next((m["t"] for m in _fault_marks(run) if m["id"] == r.fault.get("id")
+                        and m["step"] == r.fault.get("step")), None)
             if t_f is not None:
-                ax.axvspan(t_f - t0, t_f - t0 + (r.get("caught_up_seconds") or r["recovery_seconds"]), color=FAULT,
-                           alpha=0.08)
+                ax.axvspan(t_f - t0, t_f - t0 + (r.caught_up_seconds or r.recovery_seconds), color=FAULT, alpha=0.08)
     ax.set_xlabel("seconds since the first worker started")
     ax.set_ylabel("steps completed")
     ax.set_title("progress over wall time (shaded: from the fault until the lost work was redone)", fontsize=10)
@@ -194,22 +194,22 @@ def timeline_figure(run: Journal, path: Path) -> Path | None:
 _PHASE_COLORS = dict(zip(RECOVERY_PHASES, ("#c44e52", "#dd8452", "#ccb974", "#8172b3", "#55a868", "#4c72b0", "#64b5cd")))
 
 
-def recovery_figure(verdict: dict[str, Any], path: Path) -> Path | None:
+def recovery_figure(verdict: Verdict, path: Path) -> Path | None:
     """Where each recovery's time went, phase by phase (stacked bars, one per fatal fault)."""
-    recs = [r for r in verdict.get("recoveries", []) if r.get("phases")]
+    recs = [r for r in verdict.recoveries if r.phases]
     if not recs:
         return None
     fig, ax = plt.subplots(figsize=(9, 1.8 + 0.5 * len(recs)), dpi=DPI)
     for y, r in enumerate(recs):
-        left = 0.0
+        left, phases = 0.0, r.phases or {}
         for phase in RECOVERY_PHASES:
-            v = r["phases"].get(phase)
+            v = phases.get(phase)
             if v:
                 ax.barh(y, v, left=left, color=_PHASE_COLORS[phase], label=phase)
                 if v > 0.6:
                     ax.text(left + v / 2, y, f"{v:.1f}", ha="center", va="center", fontsize=7, color="white")
                 left += v
-    ax.set_yticks(range(len(recs)), [f"{r['fault']['fault']} {fault_target(r['fault'])} @ {r['fault'].get('step')}"
+    ax.set_yticks(range(len(recs)), [f"{r.fault['fault']} {fault_target(r.fault)} @ {r.fault.get('step')}"
                                      for r in recs], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the fault")

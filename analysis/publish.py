@@ -43,12 +43,14 @@ from .errors import AnalysisError
 from .journal import Journal
 from .losscurve import loss_curve
 from .metrics import fault_target
+from .record import plain
+from .verdict import load_verdict
 
 INSTALL_HINT = "pip install 'baft-harness[wandb]'"
 MODES = ("offline", "online")
 #: Files of a run directory the report artifact carries when they exist (plus every ``*.png``).
 REPORT_FILES = ("verdict.json", "scenario.yaml", "report.html", "report.md")
-#: Verdict keys copied into the run's summary (and into config under ``verdict``).
+#: Verdict fields copied into the run's summary (and into config under ``verdict``).
 SUMMARY_KEYS = ("passed", "bitwise_equal", "lost_steps", "recovery_seconds", "faults_fired", "faults_declared",
                 "completed", "failures")
 DEFAULT_HOST = "https://api.wandb.ai"
@@ -244,13 +246,10 @@ def _settings(wandb: Any, mode: str) -> Any:
 
 def _collect(run_dir: Path) -> _Payload:
     """Read the verdict, the scenario and both journals into what is published."""
-    verdict_path = run_dir / "verdict.json"
-    if not verdict_path.is_file():
-        raise PublishError(f"{run_dir}: no verdict.json (not a `baft run` output directory?)")
     try:
-        verdict = json.loads(verdict_path.read_text())
-    except json.JSONDecodeError as e:
-        raise PublishError(f"{verdict_path}: not valid JSON: {e}") from None
+        verdict = load_verdict(run_dir)
+    except AnalysisError as e:
+        raise PublishError(str(e)) from None
     scenario: dict[str, Any] = {}
     if (run_dir / "scenario.yaml").is_file():
         try:
@@ -258,16 +257,16 @@ def _collect(run_dir: Path) -> _Payload:
         except yaml.YAMLError as e:
             raise PublishError(f"{run_dir / 'scenario.yaml'}: not valid YAML: {e}") from None
         scenario = loaded if isinstance(loaded, dict) else {}
-    name = str(verdict.get("scenario") or scenario.get("name") or run_dir.name)
+    name = str(verdict.scenario or scenario.get("name") or run_dir.name)
     reference, faulted = Journal.load(run_dir / "reference"), Journal.load(run_dir / "faulted")
 
-    summary = {k: verdict[k] for k in SUMMARY_KEYS if k in verdict}
-    if verdict.get("loss_curve") is not None:
-        summary["loss_curve"] = verdict["loss_curve"]
+    summary = {k: plain(getattr(verdict, k)) for k in SUMMARY_KEYS}
+    if verdict.loss_curve is not None:
+        summary["loss_curve"] = verdict.loss_curve.to_json()
     headline = {k: v for k, v in summary.items() if k not in ("failures", "loss_curve")}
     for k in ("world_size", "wall_seconds"):
-        if verdict.get(k) is not None:
-            headline[k] = verdict[k]
+        if getattr(verdict, k) is not None:
+            headline[k] = plain(getattr(verdict, k))
 
     faults = [[e.get("step"), e.get("fault"), fault_target(e), e.get("phase"), bool(e.get("fatal", True))]
               for e in faulted.events("fault")]
@@ -275,11 +274,9 @@ def _collect(run_dir: Path) -> _Payload:
     for e in faulted.events("checkpoint_restored"):
         restores.setdefault((e.get("step"), e.get("tier"), e.get("incarnation")), set()).add(e.get("rank"))
     recoveries = []
-    for r in verdict.get("recoveries") or []:
-        f = r.get("fault") or {}
-        recoveries.append([f"{f.get('fault')} {fault_target(f)}", f.get("step"), r.get("restored_step"),
-                           r.get("restored_tier"), r.get("lost_steps"), r.get("recovery_seconds"),
-                           r.get("detection_seconds")])
+    for r in verdict.recoveries:
+        recoveries.append([f"{r.fault.get('fault')} {fault_target(r.fault)}", r.fault.get("step"), r.restored_step,
+                           r.restored_tier, r.lost_steps, r.recovery_seconds, r.detection_seconds])
     files = [run_dir / f for f in REPORT_FILES if (run_dir / f).is_file()]
     files += sorted(p for p in run_dir.glob("*.png") if p.is_file())
     return _Payload(

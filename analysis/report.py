@@ -24,7 +24,9 @@ from typing import Any
 from .advisor import advise, measured_cost
 from .errors import AnalysisError
 from .journal import Journal
-from .metrics import RECOVERY_PHASES, fault_target
+from .metrics import RECOVERY_PHASES, Efficiency, Recovery, fault_target
+from .summary import count
+from .verdict import load_verdict
 
 #: Failure rates the interval advice is given for (mean time between failures, hours).
 MTBF_HOURS = (1.0, 6.0, 24.0)
@@ -56,13 +58,6 @@ def _pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:+.2f}%"
 
 
-def load_verdict(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "verdict.json"
-    if not path.is_file():
-        raise AnalysisError(f"{run_dir}: no verdict.json (not a run directory of `baft run`?)")
-    return json.loads(path.read_text())
-
-
 def _scenario_every(run_dir: Path) -> int | None:
     import yaml
 
@@ -91,17 +86,17 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
     v = load_verdict(run_dir)
     reference, run = Journal.load(run_dir / "reference"), Journal.load(run_dir / "faulted")
     steps = max((e["step"] for e in reference.events("finish")), default=0)
-    eff = v.get("metrics") or efficiency(reference, run, steps)
+    eff = v.metrics or efficiency(reference, run, steps)
     figures = [f for f in (
         loss_figure(reference, run, v, run_dir / "loss.png"),
         progress_figure(reference, run, v, run_dir / "progress.png"),
         recovery_figure(v, run_dir / "recovery.png"),
         timeline_figure(run, run_dir / "timeline.png"),
     ) if f is not None]
-    status = "PASSED" if v["passed"] else "FAILED"
-    blocks: list[Block] = [("h1", f"{v['scenario']}: {status}")]
-    if v["failures"]:
-        blocks.append(("p", "Why it failed: " + "; ".join(v["failures"])))
+    status = "PASSED" if v.passed else "FAILED"
+    blocks: list[Block] = [("h1", f"{v.scenario}: {status}")]
+    if v.failures:
+        blocks.append(("p", "Why it failed: " + "; ".join(v.failures)))
     captions = {
         "loss.png": "Loss per step of the reference (blue) and the faulted run (orange; dashed after each restart). "
                     "Red dotted lines: fatal faults; green triangles: where the job resumed; shaded: window faults.",
@@ -114,31 +109,30 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
     }
     for f in figures[:1]:
         blocks.append(("img", (f, captions[f.name])))
-    div = v.get("first_divergence")
-    occurrences = v.get("fault_occurrences", v["faults_fired"])
+    div = v.first_divergence
     rows = [
-        ["bitwise equal", _fmt(v["bitwise_equal"]) + f" ({v['states_compared']} state, {v['losses_compared']} loss records)"],
-        ["first divergence", "none" if not div else
-         f"step {div['step']}, {div['component']} / {div['key']} (rank {div['rank']})"],
-        ["faults fired", f"{v['faults_fired']}/{v['faults_declared']} ({occurrences} occurrence{'s' * (occurrences != 1)})"],
-        ["lost steps (worst)", _fmt(v["lost_steps"])],
-        ["recovery seconds (worst)", _fmt(v["recovery_seconds"])],
-        ["completed", _fmt(v["completed"])],
+        ["bitwise equal", _fmt(v.bitwise_equal) + f" ({v.states_compared} state, {v.losses_compared} loss records)"],
+        ["first divergence", "none" if div is None else
+         f"step {div.step}, {div.component} / {div.key} (rank {div.rank})"],
+        ["faults fired", f"{v.faults_fired}/{v.faults_declared} ({count(v.fault_occurrences, 'occurrence')})"],
+        ["lost steps (worst)", _fmt(v.lost_steps)],
+        ["recovery seconds (worst)", _fmt(v.recovery_seconds)],
+        ["completed", _fmt(v.completed)],
     ]
-    ws = v.get("world_size")
-    if ws and ws["reference"] != ws["final"]:
-        rows.append(["world size", f"{ws['reference']} → {ws['final']} ({v.get('resized_records', 0)} records judged by the loss curve)"])
+    ws = v.world_size
+    if ws is not None and ws.reference != ws.final:
+        rows.append(["world size", f"{ws.reference} → {ws.final} ({v.resized_records} records judged by the loss curve)"])
     blocks += [("h2", "Verdict"), ("table", (["", ""], rows))]
-    recs = v.get("recoveries", [])
+    recs = v.recoveries
     if recs:
         blocks.append(("h2", "Recoveries"))
         head = ["fault", "step", "restored", "tier", "lost", "recovered s", "caught up s"] + list(RECOVERY_PHASES)
         body = []
         for r in recs:
-            ph = r.get("phases") or {}
-            body.append([f"{r['fault']['fault']} {fault_target(r['fault'])}", _fmt(r["fault"].get("step")),
-                         _fmt(r["restored_step"]), r["restored_tier"] or "none", _fmt(r["lost_steps"]),
-                         _fmt(r["recovery_seconds"]), _fmt(r.get("caught_up_seconds"))]
+            ph = r.phases or {}
+            body.append([f"{r.fault['fault']} {fault_target(r.fault)}", _fmt(r.fault.get("step")),
+                         _fmt(r.restored_step), r.restored_tier or "none", _fmt(r.lost_steps),
+                         _fmt(r.recovery_seconds), _fmt(r.caught_up_seconds)]
                         + [_fmt(ph.get(p), 2) for p in RECOVERY_PHASES])
         blocks.append(("table", (head, body)))
         blocks.append(("p", "Phases (seconds, each ending when the last rank got there): " + "; ".join([
@@ -147,69 +141,68 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
             "first_step: → every rank finished a step", "catch_up: → the pre-fault step is done again"])))
     for f in figures[1:3]:
         blocks.append(("img", (f, captions[f.name])))
-    cluster = v.get("cluster")
-    if cluster:  # a run on a cluster: what the harness did with Chaos Mesh, firing by firing
+    cluster = v.cluster
+    if cluster is not None:  # a run on a cluster: what the harness did with Chaos Mesh, firing by firing
         blocks += [("h2", "On the cluster"),
-                   ("p", f"Namespace {cluster['namespace']}, run id {cluster['run_id']}, steps read from "
-                         + (f"the W&B run {cluster['wandb_run']}" if cluster.get("wandb_run")
-                            else f"the journal in {cluster['job_dir']}") + ". Steps: the one the scenario asked for, the one the harness had read "
+                   ("p", f"Namespace {cluster.namespace}, run id {cluster.run_id}, steps read from "
+                         + (f"the W&B run {cluster.wandb_run}" if cluster.wandb_run
+                            else f"the journal in {cluster.job_dir}") + ". Steps: the one the scenario asked for, the one the harness had read "
                          "when it created the objects, the one the job had reached once Chaos Mesh confirmed them."),
                    ("table", (["fault", "occurrence", "status", "due step", "fired at", "injected by", "inject s",
                                "deleted at", "recovered s", "objects / why"], [
-                       [f"faults[{f['id']}] {f['fault']}", _fmt(f["occurrence"]), f["status"], _fmt(f["due_step"]),
-                        _fmt(f["step"]), _fmt(f["injected_step"]), _fmt(f["inject_seconds"]), _fmt(f["deleted_step"]),
-                        _fmt(f["recover_seconds"]), f["why"] or ", ".join(f["objects"])]
-                       for f in cluster.get("firings", [])]))]
-    if v.get("windows"):
+                       [f"faults[{f.id}] {f.fault}", _fmt(f.occurrence), f.status, _fmt(f.due_step),
+                        _fmt(f.step), _fmt(f.injected_step), _fmt(f.inject_seconds), _fmt(f.deleted_step),
+                        _fmt(f.recover_seconds), f.why or ", ".join(f.objects)]
+                       for f in cluster.firings]))]
+    if v.windows:
         blocks += [("h2", "Window faults"), ("table", (["fault", "target", "from step", "to step", "effect"], [
-            [w["fault"], w["target"], _fmt(w["from_step"]), _fmt(w["to_step"]) if w["to_step"] is not None else "end",
-             w["effect"]] for w in v["windows"]]))]
-    bad = [("rejected", c) for c in v.get("checkpoints_rejected", [])] + [("write failed", c) for c in v.get("checkpoints_failed", [])]
+            [w.fault, w.target, _fmt(w.from_step), _fmt(w.to_step) if w.to_step is not None else "end",
+             w.effect] for w in v.windows]))]
+    bad = [("rejected", c) for c in v.checkpoints_rejected] + [("write failed", c) for c in v.checkpoints_failed]
     if bad:
         blocks += [("h2", "Checkpoints rejected or failed"), ("table", (["what", "step", "tier", "reason"], [
-            [k, _fmt(c["step"]), c["tier"], c["reason"]] for k, c in bad]))]
-    lc = v.get("loss_curve")
-    if lc:
-        worst = lc.get("worst_window") or {}
-        eq = lc.get("equivalence")
+            [k, _fmt(c.step), c.tier, c.reason] for k, c in bad]))]
+    lc = v.loss_curve
+    if lc is not None:
+        worst, eq = lc.worst_window, lc.equivalence
         blocks += [("h2", "Loss curve"), ("table", (["", ""], [
-            ["judged", "passed" if lc["passed"] else "FAILED: " + "; ".join(lc["failures"])],
-            ["steps compared", f"{lc['steps_compared']} from step {lc['from_step']}, windows of {lc['window']}"],
-            ["worst window", f"steps {worst.get('steps')}: run {_fmt(worst.get('run'), 6)}, reference "
-                             f"{_fmt(worst.get('reference'), 6)}, off {_fmt(worst.get('deviation'))}, tolerance "
-                             f"{_fmt(worst.get('tolerance'))}" if worst else "identical"],
-            ["equivalence", "not asked" if not eq else
-             f"{'shown' if eq['equivalent'] else 'NOT shown'}: mean relative difference {_pct(eq['mean_relative_difference'])}, "
-             f"interval [{_pct(eq['interval'][0])}, {_pct(eq['interval'][1])}], margin ±{100 * eq['margin']:.2f}%"],
+            ["judged", "passed" if lc.passed else "FAILED: " + "; ".join(lc.failures)],
+            ["steps compared", f"{lc.steps_compared} from step {lc.from_step}, windows of {lc.window}"],
+            ["worst window", f"steps {worst.steps}: run {_fmt(worst.run, 6)}, reference "
+                             f"{_fmt(worst.reference, 6)}, off {_fmt(worst.deviation)}, tolerance "
+                             f"{_fmt(worst.tolerance)}" if worst else "identical"],
+            ["equivalence", "not asked" if eq is None else
+             f"{'shown' if eq.equivalent else 'NOT shown'}: mean relative difference {_pct(eq.mean_relative_difference)}, "
+             f"interval [{_pct(eq.interval[0])}, {_pct(eq.interval[1])}], margin ±{100 * eq.margin:.2f}%"],
         ]))]
     blocks.append(("h2", "Cost"))
-    g, it, ck = eff["goodput_steps_per_second"], eff["iteration_seconds"], eff["checkpoint"]
+    g, it, ck = eff.goodput_steps_per_second, eff.iteration_seconds, eff.checkpoint
     blocks.append(("table", (["", "reference", "faulted run", ""], [
-        ["wall seconds", _fmt(eff["wall_seconds"]["reference"]), _fmt(eff["wall_seconds"]["faulted"]), ""],
-        ["goodput (steps/s)", _fmt(g["reference"]), _fmt(g["faulted"]), f"ratio {_fmt(eff['goodput_ratio'])}"],
-        ["median iteration (s)", _fmt(it["reference"]), _fmt(it["faulted"]), f"overhead {_pct(eff['iteration_overhead'])}"],
-        ["persistent checkpoints", "", _fmt(ck["persistent_saved"]), f"mean write {_fmt(ck['persistent_mean_seconds'])} s"],
-        ["snapshot stall per iteration (ms)", "", _fmt(ck["snapshot_stall_ms_per_iteration"]), f"{ck['snapshots']} snapshots"],
+        ["wall seconds", _fmt(eff.wall_seconds.reference), _fmt(eff.wall_seconds.faulted), ""],
+        ["goodput (steps/s)", _fmt(g.reference), _fmt(g.faulted), f"ratio {_fmt(eff.goodput_ratio)}"],
+        ["median iteration (s)", _fmt(it.reference), _fmt(it.faulted), f"overhead {_pct(eff.iteration_overhead)}"],
+        ["persistent checkpoints", "", _fmt(ck.persistent_saved), f"mean write {_fmt(ck.persistent_mean_seconds)} s"],
+        ["snapshot stall per iteration (ms)", "", _fmt(ck.snapshot_stall_ms_per_iteration), f"{ck.snapshots} snapshots"],
     ])))
-    if eff.get("bubbles"):
+    if eff.bubbles:
         blocks += [("h2", "Bubbles"), ("table", (["rank", "mean idle ms / iteration", "share of idle time used by the copy",
                                                   "bytes copied inside bubbles"], [
-            [r, _fmt(b["idle_ms"]), _pct(b["utilisation"]).lstrip("+"), _pct(b["in_window_fraction"]).lstrip("+")]
-            for r, b in eff["bubbles"].items()]))]
+            [r, _fmt(b.idle_ms), _pct(b.utilisation).lstrip("+"), _pct(b.in_window_fraction).lstrip("+")]
+            for r, b in eff.bubbles.items()]))]
     for f in figures[3:]:
         blocks.append(("img", (f, captions[f.name])))
     blocks += advice_blocks(run, eff, mtbf_hours, _current_every(run, run_dir), recs)
     return blocks, figures
 
 
-def advice_blocks(run: Journal, eff: dict[str, Any], mtbf_hours: tuple[float, ...], every: int | None,
-                  recs: list[dict[str, Any]]) -> list[Block]:
+def advice_blocks(run: Journal, eff: Efficiency, mtbf_hours: tuple[float, ...], every: int | None,
+                  recs: list[Recovery]) -> list[Block]:
     """The Young/Daly checkpoint-interval table for this run's measured costs."""
     cost, how = measured_cost(run)
-    iteration = eff["iteration_seconds"]["faulted"]
+    iteration = eff.iteration_seconds.faulted
     if cost is None or not iteration:
         return [("h2", "Checkpoint interval advice"), ("p", f"Not available: {how}.")]
-    restart = max((r["recovery_seconds"] for r in recs if r.get("recovery_seconds") is not None), default=0.0)
+    restart = max((r.recovery_seconds for r in recs if r.recovery_seconds is not None), default=0.0)
     rows = []
     for h in mtbf_hours:
         a = advise(cost, h * 3600, iteration, restart, every)
@@ -316,13 +309,13 @@ def suite_report(suite_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) ->
         v = load_verdict(d)
         try:
             run_report(d, mtbf_hours)
-            link = f"[{v['scenario']}]({d.name}/report.html)"
+            link = f"[{v.scenario}]({d.name}/report.html)"
         except AnalysisError:
-            link = v["scenario"]  # a run that left no journal still gets its row
-        passed += bool(v["passed"])
-        rows.append([link, "PASSED" if v["passed"] else "FAILED", _fmt(v.get("bitwise_equal")),
-                     f"{v.get('faults_fired')}/{v.get('faults_declared')}", _fmt(v.get("lost_steps")),
-                     _fmt(v.get("recovery_seconds")), "; ".join(v.get("failures", []))[:200]])
+            link = v.scenario  # a run that left no journal still gets its row
+        passed += v.passed
+        rows.append([link, "PASSED" if v.passed else "FAILED", _fmt(v.bitwise_equal),
+                     f"{v.faults_fired}/{v.faults_declared}", _fmt(v.lost_steps),
+                     _fmt(v.recovery_seconds), "; ".join(v.failures)[:200]])
     try:  # the scenario directory's name, as `baft suite` recorded it
         name = json.loads((suite_dir / "suite.json").read_text())["suite"]
     except (OSError, ValueError, KeyError):

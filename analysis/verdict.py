@@ -1,18 +1,25 @@
-"""Judge a faulted run against its reference and the scenario's expectations."""
+"""Judge a faulted run against its reference and the scenario's expectations: the :class:`Verdict`.
+
+``verdict.json`` is the verdict's serialisation (:meth:`Verdict.to_json`, :func:`load_verdict`);
+:func:`analysis.summary.format_summary` shows it on a terminal, :mod:`analysis.report` as a report.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .compare import compare
-from .errors import ConfigFieldError
+from .compare import Divergence, compare
+from .errors import AnalysisError, ConfigFieldError
 from .journal import Journal
-from .losscurve import LossExpect, compare_curves, loss_curve
-from .metrics import efficiency, final_step, recoveries, windows
+from .losscurve import LossExpect, LossVerdict, compare_curves, loss_curve
+from .metrics import Efficiency, Recovery, Window, efficiency, final_step, recoveries, windows
+from .record import Record, known, optional
 
 
 @dataclass(kw_only=True, slots=True)
-class CaughtExpect:
+class CaughtExpect(Record):
     """For a run with a planted bug (``workload.mutant``): how the verdict must catch it."""
 
     component: str | None = None
@@ -51,10 +58,258 @@ class ExpectConfig:
             raise ConfigFieldError("max_recovery_seconds", "a number > 0", self.max_recovery_seconds)
 
 
+@dataclass(kw_only=True, slots=True)
+class Caught(Record):
+    """For a run with a planted bug: whether the verdict caught it the way the scenario expects."""
+
+    expected: CaughtExpect
+    """How it had to show (``expect.caught``)."""
+    caught: bool
+    """The other expectations failed, naming the component and saying the text expected."""
+    evidence: list[str]
+    """The failures the other expectations gave (they do not fail the run when the bug is caught)."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Caught:
+        return cls(**{**known(cls, data), "expected": CaughtExpect.from_json(data["expected"])})
+
+
+@dataclass(kw_only=True, slots=True)
+class WorldSize(Record):
+    """The ranks of the reference and of the faulted run as it ended (fewer after an elastic restart)."""
+
+    reference: int
+    """Ranks of the reference."""
+    final: int
+    """Ranks of the faulted run's last incarnation."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointIssue(Record):
+    """A checkpoint that was rejected or whose write failed (the first reason any rank gave)."""
+
+    step: int | None
+    """The step it was for."""
+    tier: str | None
+    """The tier (``shm``, ``replica``, ``persistent``)."""
+    reason: str | None
+    """Why, as journaled."""
+
+
+@dataclass(kw_only=True, slots=True)
+class WallSeconds(Record):
+    """How long the runs took, as the harness timed them."""
+
+    reference: float | None
+    """The reference run's seconds (also when it came from the cache: the time it took then); None on
+    a cluster, where the reference is a journal the user gave."""
+    reference_cached: bool
+    """The reference came from the cache."""
+    faulted: float
+    """Seconds of the faulted run (on a cluster: of following the job)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ChaosFiring(Record):
+    """One occurrence of one fault on a cluster: what the harness did with its Chaos Mesh objects."""
+
+    id: int | None
+    """The fault's index in the scenario's ``faults``."""
+    fault: str | None
+    """The fault's kind."""
+    occurrence: int | None
+    """Which occurrence of the fault (0: the first)."""
+    status: str
+    """``injected``, ``not injected`` or ``skipped``."""
+    due_step: int | None
+    """The step the scenario asked for (None: a time trigger)."""
+    step: int | None
+    """The job's step when the harness fired it (or skipped it)."""
+    injected_step: int | None
+    """The job's step once Chaos Mesh confirmed every target injected."""
+    inject_seconds: float | None
+    """From creating the objects to that confirmation."""
+    deleted_step: int | None
+    """The job's step when the objects were deleted."""
+    recover_seconds: float | None
+    """From the delete until Chaos Mesh had undone the fault (the slowest object)."""
+    objects: list[str]
+    """The names of its Chaos Mesh objects."""
+    why: str | None
+    """Why it was not injected or was skipped."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterFacts(Record):
+    """Where a run on a cluster (``baft run --target k8s``) ran and what it did there."""
+
+    namespace: str
+    """The job's namespace."""
+    run_id: str
+    """The id in the objects' names and their ``baft.dev/run`` label."""
+    job_dir: str | None
+    """The job's run directory on the shared volume (None: steps read from W&B)."""
+    wandb_run: str | None
+    """The job's W&B run the steps were read from (None: from ``job_dir``)."""
+    firings: list[ChaosFiring]
+    """Every firing, by fault and occurrence."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterFacts:
+        return cls(**{**known(cls, data), "firings": [ChaosFiring.from_json(f) for f in data["firings"]]})
+
+
+#: Fields written only when set (a local run has no cluster, a cluster run no agents), after the
+#: judgement; the value here (their default) means "not there".
+_WHEN_SET: dict[str, Any] = {"target": "local", "wall_seconds": None, "agents_returncodes": None, "cluster": None}
+#: Fields a verdict without a comparison (``note``) has besides those.
+_UNCOMPARED = ("scenario", "passed", "failures")
+
+
+@dataclass(kw_only=True, slots=True)
+class Verdict(Record):
+    """Whether a faulted run held every expectation of its scenario, and the facts it was judged on.
+
+    ``verdict.json`` is its serialisation, a key per field. Fields added over time have defaults, so
+    older files still load: what they lack reads as none of it (no windows, no loss curve, no metrics).
+    """
+
+    scenario: str = ""
+    """The scenario's name."""
+    passed: bool
+    """Every expectation held (with a planted bug: the bug was caught as expected)."""
+    failures: list[str]
+    """Why not, one sentence each (empty when passed)."""
+    caught: Caught | None = None
+    """With a planted bug (``expect.caught``): whether it was caught."""
+    bitwise_equal: bool = False
+    """Every state and loss record of the run equals the reference's of the same rank and step."""
+    first_divergence: Divergence | None = None
+    """The earliest record that differs (None: none does)."""
+    divergent_records: int = 0
+    """Fingerprints (component, key) and losses that differ, over every record."""
+    states_compared: int = 0
+    """State records compared bit for bit."""
+    resized_records: int = 0
+    """Records written at another world size than the reference's (the loss curve judges them)."""
+    world_size: WorldSize | None = None
+    """Ranks of the reference and of the run as it ended."""
+    loss_curve: LossVerdict | None = None
+    """The loss-curve verdict (with ``expect.loss``)."""
+    losses_compared: int = 0
+    """Loss records compared bit for bit."""
+    lost_steps: int = 0
+    """The most steps any one fault made the job execute twice."""
+    recovery_seconds: float | None = None
+    """The slowest recovery (None: no fault needed one, or none completed)."""
+    faults_fired: int = 0
+    """Faults of the scenario that fired at least once."""
+    fault_occurrences: int = 0
+    """Firings: every occurrence of every fault (files from before it: ``faults_fired``)."""
+    faults_declared: int = 0
+    """Faults the scenario declares."""
+    completed: bool = False
+    """Every rank of the job as it ended finished the scenario's steps."""
+    recoveries: list[Recovery] = field(default_factory=list)
+    """What each fatal fault cost, in the order they fired."""
+    windows: list[Window] = field(default_factory=list)
+    """The non-fatal faults: where they were active and what they did."""
+    checkpoints_rejected: list[CheckpointIssue] = field(default_factory=list)
+    """Checkpoints a tier refused, one per step and tier."""
+    checkpoints_failed: list[CheckpointIssue] = field(default_factory=list)
+    """Checkpoint writes that failed, one per step and tier."""
+    metrics: Efficiency | None = None
+    """Goodput, iteration overhead, checkpoint cost and bubble use (None in files from before them)."""
+    target: str = "local"
+    """Where the job ran: ``local`` (not written) or ``k8s``."""
+    wall_seconds: WallSeconds | None = None
+    """How long the runs took (filled in by whoever ran them, not by :func:`judge`)."""
+    agents_returncodes: list[int] | None = None
+    """A local run: the exit status of each node's torchrun agent."""
+    cluster: ClusterFacts | None = None
+    """A run on a cluster: where, and each firing of its faults."""
+    note: str | None = None
+    """Set when nothing was compared (a run on a cluster without a reference): why. The file then holds
+    ``"reference": null`` and this note in place of the judgement (``caught`` to ``metrics``)."""
+
+    @property
+    def compared(self) -> bool:
+        """The run was judged against a reference: the judgement fields tell something."""
+        return self.note is None
+
+    def to_json(self) -> dict[str, Any]:
+        """The mapping ``verdict.json`` holds."""
+        out: dict[str, Any] = {}
+        for name, value in Record.to_json(self).items():
+            if name in _WHEN_SET:
+                if getattr(self, name) != _WHEN_SET[name]:
+                    out[name] = value
+            elif name in _UNCOMPARED or (self.compared and name != "note"):
+                out[name] = value
+            if name == "failures" and not self.compared:
+                out.update(reference=None, note=self.note)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        """The verdict a ``verdict.json`` of any version holds."""
+        return cls(**{
+            **known(cls, data),
+            "fault_occurrences": data.get("fault_occurrences", data.get("faults_fired", 0)),
+            "caught": optional(Caught, data.get("caught")),
+            "first_divergence": optional(Divergence, data.get("first_divergence")),
+            "world_size": optional(WorldSize, data.get("world_size")),
+            "loss_curve": optional(LossVerdict, data.get("loss_curve")),
+            "recoveries": [Recovery.from_json(r) for r in data.get("recoveries", [])],
+            "windows": [Window.from_json(w) for w in data.get("windows", [])],
+            "checkpoints_rejected": [CheckpointIssue.from_json(c) for c in data.get("checkpoints_rejected", [])],
+            "checkpoints_failed": [CheckpointIssue.from_json(c) for c in data.get("checkpoints_failed", [])],
+            "metrics": optional(Efficiency, data.get("metrics")),
+            "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
+            "cluster": optional(ClusterFacts, data.get("cluster")),
+        })
+
+    def write(self, run_dir: Path) -> Path:
+        """Write ``run_dir/verdict.json``; returns its path."""
+        path = run_dir / "verdict.json"
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return path
+
+
+def load_verdict(run_dir: Path) -> Verdict:
+    """The verdict of a run directory (its ``verdict.json``); :class:`AnalysisError` when it has none."""
+    path = Path(run_dir) / "verdict.json"
+    if not path.is_file():
+        raise AnalysisError(f"{run_dir}: no verdict.json (not a run directory of `baft run`?)")
+    try:
+        return Verdict.from_json(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise AnalysisError(f"{path}: not a verdict ({type(e).__name__}: {e})") from None
+
+
+@dataclass(kw_only=True, slots=True)
+class NotRun(Record):
+    """A scenario of a suite that the harness could not run (the reference failed, a timeout): no verdict."""
+
+    scenario: str
+    """The scenario's name."""
+    error: str
+    """What went wrong."""
+
+    @property
+    def passed(self) -> bool:
+        """Never: a scenario that did not run did not pass."""
+        return False
+
+    def to_json(self) -> dict[str, Any]:
+        return {**Record.to_json(self), "passed": False}
+
+
 def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int, faults_declared: int,
-          launch_failures: list[str] | None = None) -> dict[str, Any]:
-    """The verdict as a JSON-ready dict; ``passed`` is True only if every expectation holds.
-    ``launch_failures``: what went wrong outside the journals (agents that exited badly, a timeout)."""
+          launch_failures: list[str] | None = None) -> Verdict:
+    """The verdict; ``passed`` is True only if every expectation holds. ``launch_failures``: what went
+    wrong outside the journals (agents that exited badly, a timeout). The scenario's name, the wall
+    times and where it ran are for the caller to fill in."""
     cmp = compare(reference, run)
     recs = recoveries(run)
     finished = final_step(run)
@@ -69,7 +324,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
                         f"{reference.world_size}); judging them needs expect.loss")
     loss = compare_curves(loss_curve(reference), loss_curve(run), expect.loss) if expect.loss is not None else None
     if loss is not None:
-        failures.extend(f"loss curve: {f}" for f in loss["failures"])
+        failures.extend(f"loss curve: {f}" for f in loss.failures)
     fault_events = run.events("fault")
     fired = len({e.get("id") for e in fault_events})
     if fired < faults_declared:
@@ -97,42 +352,41 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         named = c.component is None or (first is not None and first.component == c.component
                                         and (c.key is None or first.key.startswith(c.key)))
         said = c.failure is None or any(c.failure in f for f in failures)
-        caught = {"expected": {"component": c.component, "key": c.key, "failure": c.failure},
-                  "caught": bool(failures) and named and said,
-                  "evidence": failures}
-        failures = [] if caught["caught"] else [
+        caught = Caught(expected=c, caught=bool(failures) and named and said, evidence=failures)
+        failures = [] if caught.caught else [
             "the planted bug was not caught as expected (" + (f"first divergence in {c.component}" if c.component else "")
             + (" and " if c.component and c.failure else "") + (f"a failure saying {c.failure!r}" if c.failure else "")
             + "); the verdict said: " + ("; ".join(failures) or "nothing wrong")]
-    return {
-        "passed": not failures,
-        "failures": failures,
-        "caught": caught,
-        "bitwise_equal": cmp.equal,
-        "first_divergence": None if first is None else first.as_dict(),
-        "divergent_records": len(cmp.divergences),
-        "states_compared": cmp.states_compared,
-        "resized_records": cmp.resized,
-        "world_size": {"reference": reference.world_size, "final": run.world_size},
-        "loss_curve": loss,
-        "losses_compared": cmp.losses_compared,
-        "lost_steps": lost,
-        "recovery_seconds": worst,
-        "faults_fired": fired,
-        "fault_occurrences": len(fault_events),
-        "faults_declared": faults_declared,
-        "completed": completed,
-        "recoveries": [r.as_dict() for r in recs],
-        "windows": windows(run),
-        "checkpoints_rejected": _by_step(run.events("checkpoint_rejected")),
-        "checkpoints_failed": _by_step(run.events("checkpoint_failed")),
-        "metrics": efficiency(reference, run, steps),
-    }
+    return Verdict(
+        passed=not failures,
+        failures=failures,
+        caught=caught,
+        bitwise_equal=cmp.equal,
+        first_divergence=first,
+        divergent_records=len(cmp.divergences),
+        states_compared=cmp.states_compared,
+        resized_records=cmp.resized,
+        world_size=WorldSize(reference=reference.world_size, final=run.world_size),
+        loss_curve=loss,
+        losses_compared=cmp.losses_compared,
+        lost_steps=lost,
+        recovery_seconds=worst,
+        faults_fired=fired,
+        fault_occurrences=len(fault_events),
+        faults_declared=faults_declared,
+        completed=completed,
+        recoveries=recs,
+        windows=windows(run),
+        checkpoints_rejected=_by_step(run.events("checkpoint_rejected")),
+        checkpoints_failed=_by_step(run.events("checkpoint_failed")),
+        metrics=efficiency(reference, run, steps),
+    )
 
 
-def _by_step(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _by_step(evs: list[dict[str, Any]]) -> list[CheckpointIssue]:
     """One entry per (step, tier) with the first reason given (every rank reports its own)."""
-    out: dict[tuple[Any, Any], dict[str, Any]] = {}
+    out: dict[tuple[Any, Any], CheckpointIssue] = {}
     for e in evs:
-        out.setdefault((e.get("step"), e.get("tier")), {"step": e.get("step"), "tier": e.get("tier"), "reason": e.get("reason")})
-    return sorted(out.values(), key=lambda d: (d["step"] is None, d["step"]))
+        out.setdefault((e.get("step"), e.get("tier")),
+                       CheckpointIssue(step=e.get("step"), tier=e.get("tier"), reason=e.get("reason")))
+    return sorted(out.values(), key=lambda c: (c.step is None, c.step))

@@ -13,10 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import Cancelled, HarnessError, ScenarioError
+from harness.cliconfig import add_config_arguments, config_from_args, flag_error
+from harness.errors import Cancelled, HarnessError, UsageError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``baft``. The flags that come from a component's config dataclass (``bench``,
+    ``deploy``) are added for that ``command`` only: reading the config imports the component, and
+    with it torch, which the other commands need not wait for."""
     p = argparse.ArgumentParser(prog="baft", description="Fault-injection harness for distributed PyTorch training.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario against its reference and print the verdict")
@@ -49,23 +53,18 @@ def _parser() -> argparse.ArgumentParser:
                           "clock runs them; step triggers need the harness following the journal)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="k8s: print every object it would create as YAML documents (kubectl apply -f -); touch no cluster")
+    run.add_argument("--crds", type=Path, metavar="DIR",
+                     help="k8s, with --dry-run: directory of the Chaos Mesh CRDs (YAML) to validate against (default "
+                          "$BAFT_CHAOS_CRDS); on a cluster the CRDs it serves are read")
     run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
     run.add_argument("--wandb-online", dest="wandb_online", action="store_true", help="publish online (needs WANDB_API_KEY)")
     dep = sub.add_parser("deploy", help="print Kubernetes manifests running the scenario's workload with baft in a "
                                         "cluster (and, with --harness, the harness with its RBAC)")
     dep.add_argument("scenario", type=Path, help="scenario YAML file (its workload, checkpoint policy, faults)")
-    dep.add_argument("--namespace", required=True, help="namespace of the job, the claim and the harness")
-    dep.add_argument("--image", required=True, help="container image with baft-harness[k8s] installed")
-    dep.add_argument("--claim", required=True, help="ReadWriteMany PersistentVolumeClaim shared by all pods")
-    dep.add_argument("--name", default="baft-train", help="job name prefix and pods' app label (default baft-train)")
-    dep.add_argument("--run", default="faulted", help="run name: /shared/RUN on the volume (default faulted)")
-    dep.add_argument("--harness", action="store_true",
-                     help="also the harness: ServiceAccount, Role, RoleBinding and a Job driving the faults")
-    dep.add_argument("--reference-run", dest="reference_run",
-                     help="with --harness: the run to judge against (deployed before, without --harness)")
-    dep.add_argument("--cpu", default="2", help="trainer CPU request/limit (default 2)")
-    dep.add_argument("--memory", default="4Gi", help="trainer memory request/limit (default 4Gi)")
-    dep.add_argument("--shm", default="2Gi", help="size of each pod's /dev/shm (default 2Gi)")
+    if command == "deploy":
+        from harness.cluster.deploy import DeployConfig
+
+        add_config_arguments(dep, DeployConfig)
     suite = sub.add_parser("suite", help="run every scenario of a directory; write suite.json, junit.xml and a report")
     suite.add_argument("directory", type=Path, help="directory of scenario YAML files")
     suite.add_argument("--out", type=Path, help="output directory (default runs/suite-DIR-TIMESTAMP)")
@@ -99,30 +98,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="also what live runs own (stop every baft run first)")
     bench = sub.add_parser("bench", help="measure each checkpointing strategy's cost against none (paired)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"), help="output directory (default runs/bench)")
-    bench.add_argument("--model", help="gpt-tiny (default), gpt-small or mlp")
-    bench.add_argument("--stages", type=int)
-    bench.add_argument("--nodes", type=int, help="hosts for the ranks (default 1; 2+ also times restores from a peer)")
-    bench.add_argument("--microbatches", type=int)
-    bench.add_argument("--microbatch-size", type=int, dest="microbatch_size")
-    bench.add_argument("--schedule", help="1f1b (default) or gpipe")
-    bench.add_argument("--strategies", help="comma-separated (default: none,sync,async-dcp,checkfreq,baft)")
-    bench.add_argument("--cycles", type=int, help="paired cycles (default 30)")
-    bench.add_argument("--block", type=int, help="iterations per block (default 4)")
-    bench.add_argument("--warmup", type=int, help="untimed cycles first (default 2)")
-    bench.add_argument("--persist-every", type=int, dest="persist_every", help="baft: persist every K iterations (default 20)")
-    bench.add_argument("--replicate-every", type=int, dest="replicate_every", help="baft, 2+ nodes: replicate every K versions (default 1)")
-    bench.add_argument("--baft-copier", dest="baft_copier", help="baft: inline (default) or thread")
-    bench.add_argument("--link-rate", dest="link_rate", help="2+ nodes: nodes in network namespaces, links throttled to this tc rate (e.g. 50mbit; needs root)")
-    bench.add_argument("--no-replication-yield", dest="replication_yield", action="store_const", const=False,
-                       help="2+ nodes: stores send replicas even while pipeline traffic is in flight")
-    bench.add_argument("--seed", type=int)
+    if command == "bench":
+        from harness.bench.bench import BenchConfig
+
+        add_config_arguments(bench, BenchConfig)
     bench.add_argument("--digest", type=float, metavar="GB",
                        help="instead: time the state fingerprint (xxh3-128 + norms vs blake2b) over GB of float32 tensors")
     return p
-
-
-_BENCH_FIELDS = ("model", "stages", "nodes", "microbatches", "microbatch_size", "schedule", "strategies", "cycles", "block",
-                 "warmup", "persist_every", "replicate_every", "baft_copier", "link_rate", "replication_yield", "seed")
 
 
 def _digest_bench(gigabytes: float, out: Path) -> int:
@@ -134,8 +116,7 @@ def _digest_bench(gigabytes: float, out: Path) -> int:
     try:
         result = digest_benchmark(gigabytes)
     except ConfigValueError as e:
-        print(f"baft: error: --digest: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--digest: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     (out / "digest.json").write_text(json.dumps(result, indent=2) + "\n")
     print(digest_table(result))
@@ -145,19 +126,10 @@ def _digest_bench(gigabytes: float, out: Path) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from harness.bench.bench import BenchConfig, run_bench, table
-    from harness.schema import build
 
     if args.digest is not None:
         return _digest_bench(args.digest, args.out)
-
-    given = {k: getattr(args, k) for k in _BENCH_FIELDS if getattr(args, k) is not None}
-    if "strategies" in given:
-        given["strategies"] = [x.strip() for x in given["strategies"].split(",") if x.strip()]
-    try:
-        cfg = build(BenchConfig, given, "<command line>", "bench")
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+    cfg = config_from_args(BenchConfig, args)
     print(f"baft: bench {cfg.model}, {cfg.stages} stages, {cfg.microbatches} microbatches, {cfg.schedule}; "
           f"{cfg.cycles} cycles x {len(cfg.strategies)} strategies x {cfg.block} iterations -> {args.out}", flush=True)
     try:
@@ -170,16 +142,15 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hours(text: str) -> tuple[float, ...] | None:
-    """``--mtbf`` as hours; None (after saying why) when it is not a list of numbers > 0."""
+def _hours(text: str) -> tuple[float, ...]:
+    """``--mtbf`` as hours; :class:`UsageError` when it is not a list of numbers > 0."""
     try:
         hours = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         hours = ()
     if hours and all(h > 0 for h in hours):
         return hours
-    print(f"baft: error: --mtbf: expected hours > 0, comma-separated, found {text!r}", file=sys.stderr)
-    return None
+    raise UsageError(f"--mtbf: expected hours > 0, comma-separated, found {text!r}")
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -187,13 +158,10 @@ def _report(args: argparse.Namespace) -> int:
     from analysis.report import report
 
     hours = _hours(args.mtbf)
-    if hours is None:
-        return 2
     try:
         r = report(args.path, hours)
     except AnalysisError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     print(f"{r.html}\n{r.markdown}" + "".join(f"\n{f}" for f in r.figures))
     return 0
 
@@ -202,24 +170,20 @@ def _advise(args: argparse.Namespace) -> int:
     from analysis.advisor import advise, measured_cost
     from analysis.errors import AnalysisError
     from analysis.journal import Journal
-    from analysis.report import load_verdict
+    from analysis.verdict import load_verdict
 
     hours = _hours(args.mtbf)
-    if hours is None:
-        return 2
     try:
         v = load_verdict(args.path)
         run = Journal.load(args.path / "faulted")
         cost, how = measured_cost(run)
     except AnalysisError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     steps = [e["seconds"] for e in run.events("step") if e.get("seconds") is not None]
     iteration = statistics.median(steps) if steps else None
     if cost is None or not iteration:
-        print(f"baft: error: {args.path}: no measured checkpoint cost ({how})", file=sys.stderr)
-        return 2
-    restart = args.restart if args.restart is not None else (v.get("recovery_seconds") or 0.0)
+        raise UsageError(f"{args.path}: no measured checkpoint cost ({how})")
+    restart = args.restart if args.restart is not None else (v.recovery_seconds or 0.0)
     print(f"checkpoint cost {cost * 1e3:.2f} ms ({how}), iteration {iteration * 1e3:.1f} ms, restart {restart:.1f} s")
     print(f"{'MTBF h':>8} {'Daly s':>9} {'Young s':>9} {'every':>6} {'waste':>8}")
     for h in hours:
@@ -235,8 +199,7 @@ def _publish(path: Path, online: bool, project: str = "baft-harness", entity: st
     try:
         r = publish(path, PublishConfig(project=project, entity=entity, mode="online" if online else "offline"))
     except AnalysisError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     print(f"wandb: {r.mode} run {r.run_id} -> {r.url or r.wandb_dir}")
     return 0
 
@@ -245,14 +208,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     from harness.campaign.fuzz import fuzz
 
     if args.budget < 1 or args.max_faults < 1 or (args.shrink_budget is not None and args.shrink_budget < 0):
-        print("baft: error: --budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)", file=sys.stderr)
-        return 2
+        raise UsageError("--budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)")
     out = args.out or Path("runs") / f"fuzz-{args.scenario.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget)
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+    r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget)
     failed = sum(not t.passed for t in r.trials)
     print(f"{len(r.trials)} trials, {failed} failed; fuzz.json: {out / 'fuzz.json'}")
     if r.minimal_file is None:
@@ -265,38 +223,42 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
     against the job on the cluster (:mod:`harness.cluster.run`)."""
-    from injectors.chaosmesh.manifests import ClusterTarget, Unmappable, to_yaml, validate
+    from injectors.chaosmesh.manifests import ClusterTarget, CrdUnavailable, Crds, Unmappable, to_yaml, validate
     from injectors.chaosmesh.schema import ManifestInvalid
+    from analysis.summary import format_summary
     from injectors.errors import InjectorError
 
-    from harness.cluster.run import ClusterConfig, ClusterRunError, cluster_summary, plan, run_on_cluster
+    from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
 
     if not args.namespace or not args.selector:
-        print("baft: error: --target k8s needs --namespace and --selector k=v[,k=v]", file=sys.stderr)
-        return 2
+        raise UsageError("--target k8s needs --namespace and --selector k=v[,k=v]")
     if not args.dry_run and args.job_dir is None and args.wandb_run is None:
-        print("baft: error: --target k8s needs --job-dir: the job's run directory on a volume shared with this "
-              "process (the ranks' journal/rank-*/events.jsonl, from which the harness reads the steps); or "
-              "--wandb-run ENTITY/PROJECT/RUN_ID to read them from the job's W&B run; or --dry-run to print the "
-              "objects", file=sys.stderr)
-        return 2
+        raise UsageError("--target k8s needs --job-dir: the job's run directory on a volume shared with this "
+                         "process (the ranks' journal/rank-*/events.jsonl, from which the harness reads the steps); or "
+                         "--wandb-run ENTITY/PROJECT/RUN_ID to read them from the job's W&B run; or --dry-run to "
+                         "print the objects")
     if args.reference is not None and args.job_dir is None and not args.dry_run:
-        print("baft: error: --reference needs --job-dir: the verdict compares the job's journal with the "
-              "reference's", file=sys.stderr)
-        return 2
+        raise UsageError("--reference needs --job-dir: the verdict compares the job's journal with the reference's")
     if args.wandb_run is not None:
         from harness.cluster.wandbprogress import check_run_path
 
         try:
             check_run_path(args.wandb_run)
         except ValueError as e:
-            print(f"baft: error: --wandb-run: {e}", file=sys.stderr)
-            return 2
+            raise UsageError(f"--wandb-run: {e}") from None
     try:
         selector = dict(kv.split("=", 1) for kv in args.selector.split(",") if kv)
     except ValueError as e:
-        print(f"baft: error: --selector: expected k=v[,k=v], found {args.selector!r} ({e})", file=sys.stderr)
-        return 2
+        raise UsageError(f"--selector: expected k=v[,k=v], found {args.selector!r} ({e})") from None
+    if args.crds is not None and not args.dry_run:
+        raise UsageError("--crds is for --dry-run: on a cluster the objects are validated against the CRDs the "
+                         "cluster serves")
+    crds = None  # on a cluster: the ones it serves, read through the client (ClusterRun validates against them)
+    if args.dry_run:
+        try:
+            crds = Crds.from_user(args.crds)
+        except CrdUnavailable as e:
+            raise UsageError(str(e)) from None
     run_id = time.strftime("%m%d%H%M%S")
     try:
         extra = {"rank_label": args.rank_label} if args.rank_label else {}
@@ -304,32 +266,28 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         w = scenario.workload
         target = ClusterTarget(namespace=args.namespace, selector=selector, ranks_per_pod=w.world_size // w.nodes,
                                **extra)
-        firings = plan(scenario, target, run_id)
+        firings = plan(scenario, target, run_id, crds)
     except (Unmappable, ManifestInvalid, InjectorError) as e:
-        print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"{scenario.source}: {e}") from None
     if args.workflow:
         from injectors.chaosmesh.workflow import workflow_manifest
 
         if not args.dry_run:
-            print("baft: error: --workflow prints one Chaos Mesh Workflow for the time-triggered faults; it needs "
-                  "--dry-run (apply it with kubectl when the job starts: its clock starts at creation)", file=sys.stderr)
-            return 2
+            raise UsageError("--workflow prints one Chaos Mesh Workflow for the time-triggered faults; it needs "
+                             "--dry-run (apply it with kubectl when the job starts: its clock starts at creation)")
         try:
             workflow = workflow_manifest([(i, f.kind, f.config) for i, f in enumerate(scenario.faults)], target, run_id)
-            validate(workflow)
+            validate(workflow, crds)
         except (Unmappable, ManifestInvalid, InjectorError) as e:
-            print(f"baft: error: {scenario.source}: {e}", file=sys.stderr)
-            return 2
+            raise UsageError(f"{scenario.source}: {e}") from None
         sys.stdout.write(to_yaml([workflow]))
         return 0
     if args.dry_run:
         sys.stdout.write(to_yaml(obj for f in firings for obj in f.objects))
         return 0
     if args.reference is not None and not (args.reference / "journal").is_dir():
-        print(f"baft: error: --reference {args.reference}: expected a run directory with a journal/ (an "
-              "uninterrupted run of the same job), found none", file=sys.stderr)
-        return 2
+        raise UsageError(f"--reference {args.reference}: expected a run directory with a journal/ (an "
+                         "uninterrupted run of the same job), found none")
     from injectors.chaosmesh.client import ChaosClient
 
     out = args.out or Path("runs") / f"{scenario.name}-k8s-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -342,16 +300,13 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
         print(f"baft: following {source} ({len(firings)} firings on namespace {args.namespace}) -> {out}", flush=True)
         verdict = run_on_cluster(scenario, client, target, config, out, run_id, args.reference, report=args.report)
     except (ClusterRunError, InjectorError) as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     except ValueError as e:  # ClusterConfig's fields are the --*-timeout flags
-        print(f"baft: error: --{str(e).replace('_', '-')}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--{str(e).replace('_', '-')}") from None
     except OSError as e:
-        print(f"baft: error: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    print(cluster_summary(verdict, out))
-    return 0 if verdict["passed"] else 1
+        raise UsageError(f"{e.filename or out}: {e.strerror or e}") from None
+    print(format_summary(verdict, out))
+    return 0 if verdict.passed else 1
 
 
 def _deploy(args: argparse.Namespace) -> int:
@@ -361,35 +316,27 @@ def _deploy(args: argparse.Namespace) -> int:
     from harness.errors import ConfigValueError
     from harness.scenario import load
 
+    scenario = load(args.scenario, host=False)
+    cfg = config_from_args(DeployConfig, args)
     try:
-        scenario = load(args.scenario, host=False)
-        cfg = DeployConfig(namespace=args.namespace, image=args.image, claim=args.claim, name=args.name, run=args.run,
-                           harness=args.harness, reference_run=args.reference_run, cpu=args.cpu, memory=args.memory,
-                           shm=args.shm)
         objects = deployment(scenario, cfg)
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
-    except ConfigValueError as e:
-        print(f"baft: error: --{e.field.replace('_', '-')}: expected {e.expected}, found {e.found!r}", file=sys.stderr)
-        return 2
+    except ConfigValueError as e:  # what the scenario asks of the config (a reference run for the harness)
+        raise flag_error(e) from None
     sys.stdout.write(to_yaml(objects))
     return 0
 
 
 def _suite(args: argparse.Namespace) -> int:
-    from harness.campaign.suite import run_suite, table
+    from analysis.summary import format_table
+
+    from harness.campaign.suite import run_suite
 
     out = args.out or Path("runs") / f"suite-{args.directory.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        results = run_suite(args.directory, out, args.cache, report=args.report)
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
-    print(table(results))
+    results = run_suite(args.directory, out, args.cache, report=args.report)
+    print(format_table(results))
     print(f"suite.json: {out / 'suite.json'}\njunit.xml:  {out / 'junit.xml'}"
           + (f"\nreport:     {out / 'report.html'}" if args.report else ""))
-    return 0 if all(r.get("passed") for r in results) else 1
+    return 0 if all(r.passed for r in results) else 1
 
 
 def _cleanup(args: argparse.Namespace) -> int:
@@ -409,19 +356,26 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; SIGINT/SIGTERM stop everything it started and exit 130/143."""
+    """Run one command. Bad input: one line, exit 2. SIGINT/SIGTERM: everything the command started is
+    stopped and undone, exit 130/143."""
     from harness.run.processes import cancellation
 
+    argv = sys.argv[1:] if argv is None else argv
+    # The command is the first word that is not an option (``baft`` itself has none but --help).
+    args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     try:
         with cancellation():
-            return _command(argv)
+            return _command(args)
+    except UsageError as e:  # bad input, a scenario file's included: one line, no traceback
+        print(f"baft: error: {e}", file=sys.stderr)
+        return 2
     except Cancelled as c:
         print(f"baft: {c}; stopped what the run had started", file=sys.stderr)
         return c.exit_code
 
 
-def _command(argv: list[str] | None) -> int:
-    args = _parser().parse_args(argv)
+def _command(args: argparse.Namespace) -> int:
+    """Run the command ``args`` names; bad input raises :class:`UsageError`."""
     if args.command == "bench":
         return _bench(args)
     if args.command == "report":
@@ -440,20 +394,18 @@ def _command(argv: list[str] | None) -> int:
         return _cleanup(args)
     from harness.scenario import load
 
-    try:
-        if args.command == "validate":
-            for f in args.scenarios:
-                s = load(f)
-                print(f"{f}: ok ({s.name}: {s.workload.world_size} ranks, {len(s.faults)} faults)")
-            return 0
-        # On a cluster Chaos Mesh injects the faults: this host need not be able to (root, tc, netem).
-        scenario = load(args.scenario, host=args.target == "local")
-    except ScenarioError as e:
-        print(f"baft: error: {e}", file=sys.stderr)
-        return 2
+    if args.command == "validate":
+        for f in args.scenarios:
+            s = load(f)
+            print(f"{f}: ok ({s.name}: {s.workload.world_size} ranks, {len(s.faults)} faults)")
+        return 0
+    # On a cluster Chaos Mesh injects the faults: this host need not be able to (root, tc, netem).
+    scenario = load(args.scenario, host=args.target == "local")
     if args.target == "k8s":
         return _k8s(scenario, args)
-    from harness.run.runner import run_scenario, summary
+    from analysis.summary import format_summary
+
+    from harness.run.runner import run_scenario
 
     out = args.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"baft: running {scenario.name} ({scenario.workload.world_size} ranks on {scenario.workload.nodes} node(s)) -> {out}", flush=True)
@@ -462,12 +414,10 @@ def _command(argv: list[str] | None) -> int:
     except HarnessError as e:
         print(f"baft: error: {e}", file=sys.stderr)
         return 1
-    print(summary(verdict, out))
+    print(format_summary(verdict, out))
     if args.wandb or args.wandb_online:
-        rc = _publish(out, args.wandb_online)
-        if rc:
-            return rc
-    return 0 if verdict["passed"] else 1
+        _publish(out, args.wandb_online)
+    return 0 if verdict.passed else 1
 
 
 def entry() -> None:

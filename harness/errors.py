@@ -1,4 +1,4 @@
-"""The root exception of the harness and the error for bad scenario input."""
+"""The root exception of the harness, and the errors for bad input (command line, scenario) and failed launches."""
 from __future__ import annotations
 
 
@@ -6,11 +6,17 @@ class HarnessError(Exception):
     """Anything the harness raises on purpose derives from this."""
 
 
-class ScenarioError(HarnessError):
-    """Bad input: names the file, the key path, what was expected and what was found.
+class UsageError(HarnessError):
+    """Bad input to the command line: a flag, a file or a directory that cannot be used.
 
-    The CLI prints ``str(error)`` and exits 2; no traceback.
+    ``baft`` catches it in one place, prints ``baft: error: <message>`` to stderr and exits 2; no
+    traceback. Raised before anything starts.
     """
+
+
+class ScenarioError(UsageError):
+    """Bad input in a scenario (or config) file: names the file, the key path, what was expected and what
+    was found."""
 
     def __init__(self, file: str, path: str, expected: str, found: object) -> None:
         self.file, self.path, self.expected, self.found = file, path, expected, found

@@ -71,8 +71,10 @@ class ScenarioItem(pytest.Item):
     def runtest(self) -> None:
         if self.error is not None:
             raise ScenarioUnusable(self.error)
+        from analysis.summary import format_summary
+
         from harness.errors import HarnessError
-        from harness.run.runner import run_scenario, summary
+        from harness.run.runner import run_scenario
 
         if self.scenario.uses_netns and os.geteuid() != 0:
             pytest.skip("needs root: the scenario runs nodes in network namespaces")
@@ -85,8 +87,8 @@ class ScenarioItem(pytest.Item):
         except HarnessError as e:
             raise ScenarioUnusable(f"{self.scenario.name}: {e}") from None
         self.user_properties.append(("verdict", str(out / "verdict.json")))
-        if not verdict["passed"]:
-            raise ScenarioFailed(summary(verdict, out))
+        if not verdict.passed:
+            raise ScenarioFailed(format_summary(verdict, out))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, (ScenarioFailed, ScenarioUnusable)):

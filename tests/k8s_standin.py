@@ -19,12 +19,16 @@ version ``v1alpha1``:
   more GETs, then is gone (404).
 * ``GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v,...``: the pods of ``pod_list``
   (``{"name": ..., "labels": {...}}``) in that namespace whose labels match every ``k=v``.
+* ``GET    /apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}``: the CRD of ``crds``
+  (name -> document; by default every CRD in ``../shared/chaos-mesh-crds``, :mod:`tests.crds`), 404 for
+  one it lacks (a cluster without Chaos Mesh), 403 for all with ``forbid_crds`` (no ClusterRole).
 
 Knobs (attributes; change them between requests): ``inject_after_gets``, ``pods``,
 ``never_inject`` (the status stays ``AllInjected=False`` with every record ``Not Injected``),
 ``fail_record`` (the last record stays ``Not Injected`` while ``AllInjected`` claims ``True``:
 inconsistent on purpose, to show the client checks the records itself), ``recover_after_gets``
-(``None``: a delete removes at once), ``pod_list``. Every request is recorded in ``requests`` as
+(``None``: a delete removes at once), ``pod_list``, ``crds`` (delete one to uninstall it),
+``forbid_crds``. Every request is recorded in ``requests`` as
 ``(method, path)`` and every POSTed body in ``created``; ``deleted`` lists ``(namespace, plural,
 name)`` in the order deletes were asked for.
 """
@@ -41,8 +45,11 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.crds import CRDS, shared_documents
+
 PREFIX = "/apis/chaos-mesh.org/v1alpha1/namespaces/"
 CORE = "/api/v1/namespaces/"
+CRD_PREFIX = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
 KINDS = {"podchaos": "PodChaos", "networkchaos": "NetworkChaos", "stresschaos": "StressChaos",
          "iochaos": "IOChaos", "timechaos": "TimeChaos", "schedules": "Schedule", "workflows": "Workflow"}
 
@@ -52,8 +59,11 @@ class StandIn:
 
     def __init__(self, *, inject_after_gets: int = 0, pods: int = 1, never_inject: bool = False,
                  fail_record: bool = False, recover_after_gets: int | None = None,
-                 pod_list: list[dict[str, Any]] | None = None) -> None:
+                 pod_list: list[dict[str, Any]] | None = None, crds: dict[str, dict[str, Any]] | None = None,
+                 forbid_crds: bool = False) -> None:
         self.inject_after_gets, self.pods = inject_after_gets, pods
+        self.crds: dict[str, dict[str, Any]] = dict(shared_documents() if crds is None else crds)
+        self.forbid_crds = forbid_crds
         self.never_inject, self.fail_record = never_inject, fail_record
         self.recover_after_gets = recover_after_gets
         self.pod_list: list[dict[str, Any]] = pod_list or []
@@ -102,6 +112,8 @@ class StandIn:
             self.requests.append((method, path))
             if path.startswith(CORE) and path.endswith("/pods") and method == "GET":
                 return self._pods(path[len(CORE):-len("/pods")], query)
+            if path.startswith(CRD_PREFIX) and method == "GET":
+                return self._crd(path[len(CRD_PREFIX):])
             if not path.startswith(PREFIX):
                 return _status(404, "NotFound", f"the server could not find the requested resource ({path})")
             parts = path[len(PREFIX):].split("/")
@@ -165,6 +177,17 @@ class StandIn:
         return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": str(self._version)},
                      "items": items}
 
+    def _crd(self, name: str) -> tuple[int, dict[str, Any]]:
+        what = f'customresourcedefinitions.apiextensions.k8s.io "{name}"'
+        if self.forbid_crds:
+            return _status(403, "Forbidden", f'{what} is forbidden: User "system:serviceaccount:train:baft-harness" '
+                                             'cannot get resource "customresourcedefinitions" in API group '
+                                             '"apiextensions.k8s.io" at the cluster scope')
+        if name not in self.crds:
+            return _status(404, "NotFound", f"{what} not found", name, "customresourcedefinitions",
+                           group="apiextensions.k8s.io")
+        return 200, self.crds[name]
+
     def _create(self, namespace: str, plural: str, body: Any) -> tuple[int, dict[str, Any]]:
         if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
             return _status(400, "BadRequest", "the body is not an object with metadata")
@@ -188,8 +211,9 @@ class StandIn:
 
 @contextlib.contextmanager
 def connected(server: StandIn, request_timeout: float = 5) -> Iterator[Any]:
-    """The real client (a :class:`injectors.chaosmesh.client.ChaosClient`) pointed at ``server``; on the way
-    out, every object that reached the server must be one a real cluster would accept."""
+    """The real client (a :class:`injectors.chaosmesh.client.ChaosClient`) pointed at ``server``, validating
+    against the CRDs the server serves; on the way out, every object that reached the server must be one a
+    real cluster would accept (checked against the CRD files themselves, not what the server served)."""
     import kubernetes
 
     from injectors.chaosmesh.client import ChaosClient
@@ -201,7 +225,7 @@ def connected(server: StandIn, request_timeout: float = 5) -> Iterator[Any]:
     finally:
         api.close()
         for body in server.created:
-            validate(body)
+            validate(body, CRDS)
 
 
 def _now() -> str:
@@ -209,12 +233,12 @@ def _now() -> str:
 
 
 def _status(code: int, reason: str, message: str, name: str = "", plural: str = "",
-            outcome: str = "Failure") -> tuple[int, dict[str, Any]]:
+            outcome: str = "Failure", group: str = "chaos-mesh.org") -> tuple[int, dict[str, Any]]:
     status: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": outcome, "code": code}
     if outcome != "Success":
         status.update(message=message, reason=reason)
     if name:
-        status["details"] = {"name": name, "group": "chaos-mesh.org", "kind": plural}
+        status["details"] = {"name": name, "group": group, "kind": plural}
     return code, status
 
 

@@ -120,7 +120,7 @@ def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None,
         run_dir = out / f"trial-{n:03d}"
         try:
             v = run_scenario(scenario, run_dir, cache, report=False)
-            trial = Trial(schedule, bool(v["passed"]), run_dir, list(v["failures"]))
+            trial = Trial(schedule, v.passed, run_dir, list(v.failures))
         except HarnessError as e:
             trial = Trial(schedule, False, run_dir, [f"harness error: {e}"])
         trials.append(trial)

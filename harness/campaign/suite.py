@@ -13,9 +13,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from analysis.junit import write_junit
+from analysis.verdict import NotRun, Verdict
 
 from harness.errors import HarnessError, ScenarioError
 from harness.scenario import Scenario, load
@@ -51,45 +51,33 @@ def bar(done: int, total: int, width: int = 24) -> str:
 
 def run_suite(directory: Path, out: Path, cache: Path | None = None,
               echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
-              report: bool = True) -> list[dict[str, Any]]:
-    """Run the suite; returns one entry per scenario (its verdict, or ``{"scenario", "error"}``)."""
+              report: bool = True) -> list[Verdict | NotRun]:
+    """Run the suite; returns one entry per scenario: its verdict, or why it could not run."""
     from analysis.report import suite_report
 
     from harness.run.runner import run_scenario
 
     scenarios = load_all(discover(directory))
     out.mkdir(parents=True, exist_ok=True)
-    results: list[dict[str, Any]] = []
+    results: list[Verdict | NotRun] = []
     t0 = time.monotonic()
     for i, s in enumerate(scenarios):
         echo(f"{bar(i, len(scenarios))} {s.name} ...")
         t = time.monotonic()
+        v: Verdict | NotRun
         try:
             v = run_scenario(s, out / s.name, cache, report=report)
         except HarnessError as e:
-            v = {"scenario": s.name, "error": str(e), "passed": False}
+            v = NotRun(scenario=s.name, error=str(e))
         results.append(v)
-        verdict = "ERROR" if "error" in v else "PASSED" if v["passed"] else "FAILED"
+        verdict = "ERROR" if isinstance(v, NotRun) else "PASSED" if v.passed else "FAILED"
         echo(f"{bar(i + 1, len(scenarios))} {s.name}: {verdict} ({time.monotonic() - t:.0f} s)")
     suite = directory.resolve().name
     (out / "suite.json").write_text(json.dumps({"suite": suite, "directory": str(directory), "seconds": time.monotonic() - t0,
-                                                "passed": all(r.get("passed") for r in results), "scenarios": results},
+                                                "passed": all(r.passed for r in results),
+                                                "scenarios": [r.to_json() for r in results]},
                                                indent=2) + "\n")
     write_junit(out / "junit.xml", suite, results)
     if report:
         suite_report(out)
     return results
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    """The suite's summary for the terminal."""
-    rows = [("scenario", "verdict", "bitwise", "lost", "recovery s", "why")]
-    for r in results:
-        if "error" in r:
-            rows.append((r["scenario"], "ERROR", "-", "-", "-", r["error"][:60]))
-            continue
-        rec = r.get("recovery_seconds")
-        rows.append((r["scenario"], "PASSED" if r["passed"] else "FAILED", "yes" if r["bitwise_equal"] else "NO",
-                     str(r["lost_steps"]), f"{rec:.1f}" if rec is not None else "-", "; ".join(r["failures"])[:60]))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)

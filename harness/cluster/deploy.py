@@ -19,13 +19,15 @@ prints them as YAML for ``kubectl apply -f -``. The layout, one pod per scenario
   scenario file.
 * with ``--harness``: the harness's **ServiceAccount**, a **Role** allowing exactly what
   :mod:`harness.cluster.run` does (create, get and delete the Chaos Mesh kinds the faults map to;
-  list pods) and its **RoleBinding**, and a **Job** running
+  list pods) and its **RoleBinding**; a **ClusterRole** and **ClusterRoleBinding** letting it get
+  exactly the CustomResourceDefinitions of those kinds (a CRD is cluster-scoped; the harness
+  validates every object against the schema the cluster serves); and a **Job** running
   ``baft run /etc/baft/scenario.yaml --target k8s ...`` in the cluster, following
   ``/shared/{run}`` and judging it against ``/shared/{reference_run}``.
 
 Unverified: no cluster has run these (see README). Tests check every object against the
 kubernetes client's models (an unknown or misspelt field fails), the spec against the
-harness's own schema, and the Role against the requests the harness makes.
+harness's own schema, and the Role and ClusterRole against the requests the harness makes.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from baft.strategies import REGISTRY
-from injectors.chaosmesh.schema import GROUP, PLURALS
+from injectors.chaosmesh.crds import GROUP, PLURALS, crd_name
 
 from harness.errors import ConfigValueError
 from harness.scenario import Scenario
@@ -49,6 +51,7 @@ SHM = "/dev/shm"
 #: What the harness does on the cluster (:mod:`harness.cluster.run`): the verbs per resource.
 CHAOS_VERBS = ["create", "get", "delete"]
 POD_VERBS = ["list"]
+CRD_VERBS = ["get"]
 #: The Chaos Mesh kinds a fault maps to (not Schedule or Workflow: those are printed, kubectl applies them).
 HARNESS_KINDS = ("PodChaos", "NetworkChaos", "StressChaos", "IOChaos", "TimeChaos")
 
@@ -79,13 +82,17 @@ class DeployConfig:
     """The run: ``/shared/{run}`` on the volume, label ``baft.dev/run``. Deploy once with a reference run
     (no harness) and once with the faulted run (``--harness``)."""
     harness: bool = False
-    """Also the harness: its ServiceAccount, Role, RoleBinding and a Job that drives the faults."""
+    """Also the harness: its ServiceAccount, Role, RoleBinding, ClusterRole (reading the Chaos Mesh CRDs),
+    ClusterRoleBinding and a Job that drives the faults."""
     reference_run: str | None = None
     """With ``harness``: the run the harness judges against (``/shared/{reference_run}``)."""
     service_account: str = "baft-harness"
-    """Name of the harness's ServiceAccount (and Role, RoleBinding)."""
+    """Name of the harness's ServiceAccount (and Role, RoleBinding; the cluster-wide ClusterRole and
+    ClusterRoleBinding are ``{service_account}-{namespace}-crds``)."""
     rendezvous_port: int = 29400
+    """Port of the c10d rendezvous that pod 0's torchrun agent hosts (through the headless Service)."""
     store_port: int = 29500
+    """Port each pod's baft store listens on for its peers' replicas."""
     cpu: str = "2"
     """CPU request and limit of the trainer container (size ``ClusterTarget.cpus_per_pod`` to match)."""
     memory: str = "4Gi"
@@ -211,16 +218,26 @@ def _scenario_text(scenario: Scenario) -> str:
 
 
 def rbac(cfg: DeployConfig) -> list[dict[str, Any]]:
-    """The harness's ServiceAccount, a Role with exactly what it does, and the binding."""
+    """The harness's ServiceAccount, a Role and a ClusterRole with exactly what it does, and their bindings."""
     meta = cfg.meta(cfg.service_account)
+    subjects = [{"kind": "ServiceAccount", "name": cfg.service_account, "namespace": cfg.namespace}]
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
             "rules": [{"apiGroups": [GROUP], "resources": sorted(PLURALS[k] for k in HARNESS_KINDS),
                        "verbs": CHAOS_VERBS},
                       {"apiGroups": [""], "resources": ["pods"], "verbs": POD_VERBS}]}
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": cfg.service_account},
-               "subjects": [{"kind": "ServiceAccount", "name": cfg.service_account, "namespace": cfg.namespace}]}
-    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}, role, binding]
+               "subjects": subjects}
+    # Cluster-scoped (no namespace), one per harness namespace: a binding names its subjects' namespace.
+    cluster = {k: v for k, v in cfg.meta(f"{cfg.service_account}-{cfg.namespace}-crds").items() if k != "namespace"}
+    crds = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": cluster,
+            "rules": [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                       "resourceNames": sorted(crd_name(k) for k in HARNESS_KINDS), "verbs": CRD_VERBS}]}
+    crds_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": cluster,
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": cluster["name"]},
+                    "subjects": subjects}
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}, role, binding, crds, crds_binding]
 
 
 def harness_job(scenario: Scenario, cfg: DeployConfig) -> dict[str, Any]:

@@ -30,6 +30,7 @@ against a local stand-in (see README).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -39,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from analysis.journal import Journal, JournalWriter, launcher_journal, read_events
-from analysis.verdict import judge
+from analysis.verdict import ChaosFiring, ClusterFacts, Verdict, WallSeconds, judge
 from injectors.chaosmesh.client import Cancelled
-from injectors.chaosmesh.manifests import ClusterTarget, Unmappable, manifests, validate
+from injectors.chaosmesh.manifests import ClusterTarget, Crds, Unmappable, manifests, validate
 from injectors.chaosmesh.formats import parse_go_duration
 from injectors.trigger import PointFault, WindowFault
 from injectors.worker import describe
@@ -144,12 +145,13 @@ class Firing:
         return f"faults[{self.fault_id}] ({self.kind}" + (f", occurrence {self.occurrence})" if self.occurrence else ")")
 
 
-def plan(scenario: Scenario, target: ClusterTarget, run_id: str) -> list[Firing]:
-    """Every firing of the scenario's faults, its objects built and validated; raises before anything runs.
+def plan(scenario: Scenario, target: ClusterTarget, run_id: str, crds: Crds | None) -> list[Firing]:
+    """Every firing of the scenario's faults, its objects built and validated against ``crds``; raises before
+    anything runs (``crds`` None: built only, for a caller that validates them later against the cluster's).
 
     :class:`~injectors.chaosmesh.manifests.Unmappable` for a fault Chaos Mesh cannot express or a trigger
     the cluster cannot honour (a phase inside an iteration), ``ManifestInvalid`` for an object
-    the CRDs would refuse.
+    the CRDs would refuse, ``CrdUnavailable`` for a CRD ``crds`` lacks.
     """
     out: list[Firing] = []
     for i, f in enumerate(scenario.faults):
@@ -171,9 +173,9 @@ def plan(scenario: Scenario, target: ClusterTarget, run_id: str) -> list[Firing]
         else:
             out.append(Firing(fault_id=i, kind=f.kind, config=c, occurrence=0,
                               objects=manifests(f.kind, c, i, target, run_id)))
-    for firing in out:
-        for obj in firing.objects:
-            validate(obj)
+    if crds is not None:
+        for obj in (o for firing in out for o in firing.objects):
+            validate(obj, crds)
     return out
 
 
@@ -194,7 +196,7 @@ class ClusterRun:
                  run_id: str) -> None:
         self.scenario, self.client, self.target, self.config = scenario, client, target, config
         self.out, self.run_id = out, run_id
-        self.firings = plan(scenario, target, run_id)
+        self.firings = plan(scenario, target, run_id, client.crds)  # the CRDs the cluster serves
         self.progress: Progress
         if config.wandb_run is not None:
             from harness.cluster.wandbprogress import WandbProgress
@@ -411,7 +413,7 @@ class ClusterRun:
                              step=firing.end_step, reason=firing.reason)
 
 
-def firings(launcher: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def firings(launcher: list[dict[str, Any]]) -> list[ChaosFiring]:
     """What the harness did on the cluster, one entry per firing (``status``: injected, not injected,
     skipped): the step the scenario asked for, the step polled when it was fired, the step the job had
     reached once Chaos Mesh confirmed it, how long injecting and recovering took."""
@@ -423,35 +425,13 @@ def firings(launcher: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rollback = next((r for r in launcher if r["event"] == "fault_rollback"
                          and (r.get("id"), r.get("occurrence")) == key), None)
         recovered = [r.get("waited_s") for r in launcher if r["event"] == "chaos_recovered" and r.get("name") in names]
-        out.append({"id": e.get("id"), "fault": e.get("fault"), "occurrence": e.get("occurrence"),
-                    "status": status[e["event"]], "due_step": e.get("due_step"), "step": e.get("step"),
-                    "injected_step": e.get("injected_step"), "inject_seconds": e.get("inject_seconds"),
-                    "deleted_step": rollback.get("step") if rollback else None,
-                    "recover_seconds": max(recovered) if recovered else None, "objects": sorted(names),
-                    "why": e.get("error") or e.get("reason")})
-    return sorted(out, key=lambda f: (f["id"], f["occurrence"]))
-
-
-def cluster_summary(verdict: dict[str, Any], out: Path) -> str:
-    """The terminal lines of a run on a cluster: each firing, then the verdict (with a reference)."""
-    from harness.run.runner import summary
-
-    lines = []
-    for f in verdict["cluster"]["firings"]:
-        what = f"faults[{f['id']}] {f['fault']}" + (f" #{f['occurrence']}" if f["occurrence"] else "")
-        due = f"step {f['due_step']}" if f["due_step"] is not None else "its time"
-        if f["status"] != "injected":
-            lines.append(f"  {what}: {f['status'].upper()} (due {due}, job at step {f['step']}): {f['why']}")
-            continue
-        rec = f", recovered {f['recover_seconds']:.1f} s after delete" if f["recover_seconds"] is not None else ""
-        lines.append(f"  {what}: due {due}, fired at step {f['step']}, injected by step {f['injected_step']} "
-                     f"({f['inject_seconds']:.1f} s), deleted at step {f['deleted_step']}{rec}")
-    if verdict.get("reference", True) is None:
-        head = [f"{verdict['scenario']}: {'PASSED' if verdict['passed'] else 'FAILED'} (on the cluster; "
-                f"{verdict['note']})"]
-        tail = [f"  FAIL: {f}" for f in verdict["failures"]] + [f"  verdict          {out / 'verdict.json'}"]
-        return "\n".join(head + lines + tail)
-    return summary(verdict, out) + "\n  on the cluster:\n" + "\n".join("  " + line for line in lines)
+        out.append(ChaosFiring(id=e.get("id"), fault=e.get("fault"), occurrence=e.get("occurrence"),
+                               status=status[e["event"]], due_step=e.get("due_step"), step=e.get("step"),
+                               injected_step=e.get("injected_step"), inject_seconds=e.get("inject_seconds"),
+                               deleted_step=rollback.get("step") if rollback else None,
+                               recover_seconds=max(recovered) if recovered else None, objects=sorted(names),
+                               why=e.get("error") or e.get("reason")))
+    return sorted(out, key=lambda f: (f.id, f.occurrence))
 
 
 def collect(job_dir: Path, faulted: Path) -> None:
@@ -468,12 +448,12 @@ def collect(job_dir: Path, faulted: Path) -> None:
 
 
 def run_on_cluster(scenario: Scenario, client: Any, target: ClusterTarget, config: ClusterConfig, out: Path,
-                   run_id: str, reference: Path | None = None, report: bool = True) -> dict[str, Any]:
+                   run_id: str, reference: Path | None = None, report: bool = True) -> Verdict:
     """Drive the scenario's faults against the job, then judge it (with ``reference``) or summarise it.
 
-    Returns the verdict (with ``reference``: the same dict a local run writes to ``verdict.json``)
-    or, without one, ``{"passed": ..., "failures": [...], "cluster": {...}}`` — passed when every
-    fault was injected and recovered and the job finished.
+    Returns the verdict, written to ``verdict.json``: with ``reference`` judged like a local run's;
+    without one nothing is compared (``note`` says so) and it passed when every fault was injected
+    and recovered and the job finished.
     """
     out.mkdir(parents=True, exist_ok=True)
     if scenario.source and Path(scenario.source).is_file():
@@ -490,23 +470,21 @@ def run_on_cluster(scenario: Scenario, client: Any, target: ClusterTarget, confi
     if reference is None:
         fired = {e.get("id") for e in launcher if e["event"] == "fault"}
         failures += [f"faults[{i}] never fired" for i in range(len(scenario.faults)) if i not in fired]
-        verdict = {"scenario": scenario.name, "passed": not failures, "failures": failures,
-                   "reference": None, "note": "no --reference: no bitwise or loss comparison was made"}
+        verdict = Verdict(passed=not failures, failures=failures, note="no --reference: no bitwise or loss comparison was made")
     else:
         if config.job_dir is None:
             raise ClusterRunError("a verdict against --reference needs the job's journal: give --job-dir too")
         shutil.rmtree(out / "reference", ignore_errors=True)
         shutil.copytree(reference / "journal", out / "reference" / "journal")
-        verdict = {"scenario": scenario.name,
-                   **judge(Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
-                           steps=scenario.workload.steps, faults_declared=len(scenario.faults),
-                           launch_failures=failures)}
-    verdict["target"] = "k8s"
-    verdict["wall_seconds"] = {"reference": None, "reference_cached": False, "faulted": time.monotonic() - t0}
-    verdict["cluster"] = {"namespace": target.namespace, "run_id": run_id,
-                          "job_dir": str(config.job_dir) if config.job_dir else None, "wandb_run": config.wandb_run,
-                          "firings": firings(launcher)}
-    (out / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
+        verdict = judge(Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
+                        steps=scenario.workload.steps, faults_declared=len(scenario.faults), launch_failures=failures)
+    verdict = dataclasses.replace(
+        verdict, scenario=scenario.name, target="k8s",
+        wall_seconds=WallSeconds(reference=None, reference_cached=False, faulted=time.monotonic() - t0),
+        cluster=ClusterFacts(namespace=target.namespace, run_id=run_id,
+                             job_dir=str(config.job_dir) if config.job_dir else None, wandb_run=config.wandb_run,
+                             firings=firings(launcher)))
+    verdict.write(out)
     if report and reference is not None:
         from analysis.report import run_report
 

@@ -5,7 +5,7 @@ Output directory layout::
     OUT/scenario.yaml        the scenario as given
     OUT/reference/journal/   the reference run's journal (copied from the cache)
     OUT/faulted/             journal/, logs/, checkpoints/, faults/ of the run under test
-    OUT/verdict.json         the verdict (see ``analysis.verdict.judge``)
+    OUT/verdict.json         the verdict (``analysis.verdict.Verdict``)
 
 The reference is the same workload without faults or checkpoints. Its result
 depends only on the workload config and the code that trains, so it is cached
@@ -14,22 +14,21 @@ under a hash of both and reused across scenarios.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from analysis.journal import Journal, JournalWriter, launcher_journal
-from analysis.metrics import fault_target as target
 from analysis.report import run_report
-from analysis.verdict import judge
+from analysis.verdict import Verdict, WallSeconds, judge
 
 from baft import CheckpointConfig
 from baft.strategies import REGISTRY
@@ -67,7 +66,7 @@ def default_cache_dir() -> Path:
 def _reference_workload(workload: WorkloadConfig) -> WorkloadConfig:
     """The workload the reference runs: the same, without a planted bug (a mutant lives only in
     the faulted run)."""
-    return replace(workload, mutant=None)
+    return dataclasses.replace(workload, mutant=None)
 
 
 def script_command(workload: WorkloadConfig) -> list[str] | None:
@@ -141,7 +140,7 @@ def keep_copy(tier: Path) -> None:
     os.replace(saved, tier)
 
 
-def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, report: bool = True) -> dict[str, Any]:
+def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, report: bool = True) -> Verdict:
     """Run reference and faulted run, write ``verdict.json`` (and, with ``report``, ``report.html``,
     ``report.md`` and the plots) into ``out``, return the verdict."""
     cache = cache or default_cache_dir()
@@ -164,8 +163,8 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     # ends, whatever happened. baft gets a store per node for replicas and restores.
     shm = claim_shm()  # names this process, so `baft cleanup` can tell it from a killed run's
     given = scenario.checkpoint.dir  # a URL (object store) is the user's; a directory goes into the run
-    checkpoint = replace(scenario.checkpoint, shm_dir=str(shm),
-                         dir=given if "://" in given else str((faulted / "checkpoints").resolve()))
+    checkpoint = dataclasses.replace(scenario.checkpoint, shm_dir=str(shm),
+                                     dir=given if "://" in given else str((faulted / "checkpoints").resolve()))
     stores = (StoreSpec(base=shm, replication=checkpoint.replication)
               if REGISTRY[checkpoint.strategy].node_stores else None)
     spec = WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, faults=scenario.faults)
@@ -195,82 +194,11 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
         Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
         steps=scenario.workload.steps, faults_declared=len(scenario.faults), launch_failures=launch_failures,
     )
-    verdict = {
-        "scenario": scenario.name,
-        **verdict,
-        "wall_seconds": {"reference": ref.seconds, "reference_cached": ref.cached, "faulted": time.monotonic() - t0},
-        "agents_returncodes": result.returncodes,
-    }
-    (out / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
+    verdict = dataclasses.replace(
+        verdict, scenario=scenario.name, agents_returncodes=result.returncodes,
+        wall_seconds=WallSeconds(reference=ref.seconds, reference_cached=ref.cached, faulted=time.monotonic() - t0))
+    verdict.write(out)
     if report:
         run_report(out)
     return verdict
 
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def summary(verdict: dict[str, Any], out: Path) -> str:
-    """A few lines for the terminal."""
-    ok = verdict["passed"]
-    lines = [f"{verdict['scenario']}: {'PASSED' if ok else 'FAILED'}"]
-    bw = "yes" if verdict["bitwise_equal"] else "NO"
-    lines.append(f"  bitwise equal    {bw} ({verdict['states_compared']} state and {verdict['losses_compared']} loss records compared)")
-    ws = verdict.get("world_size") or {}
-    if ws and ws["reference"] != ws["final"]:
-        lines.append(f"  world size       {ws['reference']} -> {ws['final']} ranks ({verdict['resized_records']} records "
-                     "after the resize judged by the loss curve)")
-    lc = verdict.get("loss_curve")
-    if lc:
-        worst = lc["worst_window"]
-        where = (f"worst steps {worst['steps'][0]}-{worst['steps'][1]}: {worst['deviation']:.3g} off, tolerance "
-                 f"{worst['tolerance']:.3g}" if worst else "identical to the reference")
-        lines.append(f"  loss curve       {'within tolerance' if not lc['failures'] else 'OUT OF TOLERANCE'} "
-                     f"({lc['steps_compared']} steps from step {lc['from_step']}, window {lc['window']}; {where})")
-        eq = lc.get("equivalence")
-        if eq:
-            lines.append(f"  loss equivalence {'shown' if eq['equivalent'] else 'NOT shown'}: mean relative difference "
-                         f"{eq['mean_relative_difference']:+.3%}, {100 * (1 - 2 * eq['alpha']):.0f}% interval "
-                         f"[{eq['interval'][0]:+.3%}, {eq['interval'][1]:+.3%}] within ±{eq['margin']:.2%}")
-    if verdict["first_divergence"]:
-        d = verdict["first_divergence"]
-        rel = d.get("relative_norm_change")
-        size = ("" if rel is None else f", norm {d['reference_norm']:.6g} -> {d['found_norm']:.6g} ({rel:.2e} relative)"
-                if rel else ", norms equal (a change below what a norm resolves)")
-        lines.append(f"  first divergence step {d['step']}, {d['component']} / {d['key']} (rank {d['rank']}){size}")
-    lines.append(f"  faults fired     {verdict['faults_fired']}/{verdict['faults_declared']}"
-                 f" ({_count(verdict.get('fault_occurrences', verdict['faults_fired']), 'occurrence')})")
-    for r in verdict["recoveries"]:
-        f = r["fault"]
-        rec = f"{r['recovery_seconds']:.2f} s" if r["recovery_seconds"] is not None else "never"
-        phase = "" if f.get("phase") in (None, "iteration") else f" ({f['phase']})"
-        detect = f", hang detected after {r['detection_seconds']:.1f} s" if r.get("detection_seconds") is not None else ""
-        lines.append(
-            f"  {f['fault']} {target(f)} at step {f['step']}{phase}: restored step {r['restored_step']}"
-            f" ({r['restored_tier'] or 'no checkpoint'}), lost {_count(r['lost_steps'], 'step')}{detect}, recovered in {rec}"
-        )
-    for w in verdict.get("windows", []):
-        lines.append(f"  {w['fault']} {w['target']}: active from step {w['from_step']}"
-                     + (f" to step {w['to_step']}" if w["to_step"] is not None else " to the end") + f" ({w['effect']})")
-    w = verdict["wall_seconds"]
-    if w.get("reference") is None:  # a run on a cluster: the reference is a journal the user gave
-        lines.append(f"  wall time        {w['faulted']:.1f} s following the job on the cluster")
-    else:
-        lines.append(f"  wall time        reference {w['reference']:.1f} s{' (cached)' if w['reference_cached'] else ''}, "
-                     f"faulted {w['faulted']:.1f} s")
-    for kind, label in (("checkpoints_rejected", "rejected"), ("checkpoints_failed", "write failed")):
-        for c in verdict.get(kind, []):
-            lines.append(f"  checkpoint {label}: step {c['step']} ({c['tier']}): {c['reason']}")
-    c = verdict.get("caught")
-    if c is not None:
-        want = " / ".join(x for x in (c["expected"]["component"], c["expected"]["failure"]) if x)
-        lines.append(f"  planted bug      {'CAUGHT' if c['caught'] else 'NOT CAUGHT'} (expected: {want})")
-        for f in c["evidence"]:
-            lines.append(f"    evidence: {f}")
-    for f in verdict["failures"]:
-        lines.append(f"  FAIL: {f}")
-    lines.append(f"  verdict          {out / 'verdict.json'}")
-    if (out / "report.html").is_file():
-        lines.append(f"  report           {out / 'report.html'} (and report.md, plots *.png)")
-    return "\n".join(lines)

@@ -1,7 +1,8 @@
 """Apply Chaos Mesh objects to a live cluster, confirm they were injected, and always delete them.
 
-:mod:`injectors.chaosmesh.manifests` builds the objects and :mod:`injectors.chaosmesh.schema` checks them;
-this module is the only one that talks to a Kubernetes API server. It uses
+:mod:`injectors.chaosmesh.manifests` builds the objects and :mod:`injectors.chaosmesh.schema` checks them
+(against the CRDs the cluster serves, which :mod:`injectors.chaosmesh.crds` reads: the only other module
+that sends a request); this module is the one that changes anything on a Kubernetes API server. It uses
 ``kubernetes.client.CustomObjectsApi`` (group ``chaos-mesh.org``, version ``v1alpha1``),
 imported when a :class:`ChaosClient` is made, so a run that never targets a cluster
 never imports ``kubernetes``; a missing package says how to install it.
@@ -18,7 +19,6 @@ deleted in a ``finally``, and each step is written to the journal.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from injectors.chaosmesh.crds import Crds, api_reason
 from injectors.chaosmesh.schema import GROUP, PLURALS, VERSION, validate
 from injectors.errors import HostUnsupported, InjectorError
 
@@ -135,13 +136,15 @@ class ChaosClient:
 
     Give ``api_client`` (a ``kubernetes.client.ApiClient``, e.g. one pointed at a test server)
     or a ``kubeconfig`` path (``None``: ``$KUBECONFIG`` or ``~/.kube/config``) and optionally
-    its ``context``. ``check`` validates every object against the CRDs before sending it
-    (needs jsonschema and the CRDs; see :mod:`injectors.chaosmesh.schema`), so a mistake fails
-    before it reaches the cluster. ``request_timeout`` bounds each HTTP request in seconds.
+    its ``context``. ``check`` validates every object before sending it (needs jsonschema; see
+    :mod:`injectors.chaosmesh.schema`), so a mistake fails before it reaches the cluster, against
+    ``crds``: by default the CRDs this cluster serves (:meth:`Crds.from_cluster`, read when a kind
+    is first validated), so an object is checked against the schema the API server will apply.
+    ``request_timeout`` bounds each HTTP request in seconds.
     """
 
     def __init__(self, kubeconfig: str | None = None, *, context: str | None = None, api_client: Any = None,
-                 check: bool = True, request_timeout: float = 30.0) -> None:
+                 check: bool = True, request_timeout: float = 30.0, crds: Crds | None = None) -> None:
         k8s = _kubernetes()
         import urllib3  # the kubernetes client's transport: a refused or dropped connection is its error
 
@@ -153,6 +156,8 @@ class ChaosClient:
         self.core = k8s.client.CoreV1Api(api_client)
         self.check = check
         self.request_timeout = request_timeout
+        self.crds = crds if crds is not None else Crds.from_cluster(api_client, request_timeout)
+        """Where the objects' CRDs come from (see :mod:`injectors.chaosmesh.crds`)."""
 
     # --- one request each ----------------------------------------------------------------------
 
@@ -163,14 +168,14 @@ class ChaosClient:
         try:
             return method(GROUP, VERSION, namespace, PLURALS[kind], *args, _request_timeout=self.request_timeout)
         except self._rest as e:
-            raise ChaosApiError(action, obj, int(e.status or 0), _reason(e)) from None
+            raise ChaosApiError(action, obj, int(e.status or 0), api_reason(e)) from None
         except self._transport as e:
             raise ChaosApiError(action, obj, 0, f"no answer from the API server: {e}") from None
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create ``obj`` in its namespace and return the object as the server stored it."""
         if self.check:
-            validate(obj)
+            validate(obj, self.crds)
         return self._call("create", obj, self.api.create_namespaced_custom_object, obj)
 
     def get(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +240,7 @@ class ChaosClient:
                                                  _request_timeout=self.request_timeout)
         except self._rest as e:
             raise ChaosApiError("list pods", {"kind": "Pod", "metadata": {"name": selector, "namespace": namespace}},
-                                int(e.status or 0), _reason(e)) from None
+                                int(e.status or 0), api_reason(e)) from None
         except self._transport as e:
             raise ChaosApiError("list pods", {"kind": "Pod", "metadata": {"name": selector, "namespace": namespace}},
                                 0, f"no answer from the API server: {e}") from None
@@ -271,7 +276,7 @@ class ChaosClient:
         note: Journal = journal or (lambda event, payload: None)
         if self.check:
             for obj in todo:  # every object is checked before the first is created
-                validate(obj)
+                validate(obj, self.crds)
         created: list[dict[str, Any]] = []
         failing: BaseException | None = None
         try:
@@ -323,12 +328,3 @@ def _payload(obj: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "kind": kind, "namespace": namespace}
 
 
-def _reason(e: Any) -> str:
-    """The ``message`` of the Status the server sent back, else the HTTP reason."""
-    try:
-        body = json.loads(e.body or "")
-        if isinstance(body, dict) and body.get("message"):
-            return str(body["message"])
-    except (TypeError, ValueError):
-        pass
-    return str(e.reason or "no reason given")

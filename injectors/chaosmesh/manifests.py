@@ -38,8 +38,8 @@ apart); a periodic ``every_seconds`` trigger can instead become one
 :func:`schedule_manifest`. The time-triggered faults of a run can instead become one Workflow
 that the cluster times itself (:mod:`injectors.chaosmesh.workflow`).
 
-Validation against the real CRDs and the webhook's rules is in :mod:`injectors.chaosmesh.schema`
-(re-exported here). Nothing here talks to a cluster.
+Validation against the CRDs and the webhook's rules is in :mod:`injectors.chaosmesh.schema`, the
+CRDs' source in :mod:`injectors.chaosmesh.crds` (both re-exported here). Nothing here talks to a cluster.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ import yaml
 
 from injectors.chaosmesh.formats import (chaos_rate_bytes, format_chaos_rate, is_dns_label, is_label_key, is_label_value,
                            parse_go_duration)
-from injectors.chaosmesh.schema import API_VERSION, SCHEDULE_EMBEDS, ManifestInvalid, crd_schema, validate
+from injectors.chaosmesh.crds import CrdUnavailable, Crds
+from injectors.chaosmesh.schema import API_VERSION, SCHEDULE_EMBEDS, ManifestInvalid, validate
 from injectors.clock import ClockSkewConfig
 from injectors.compute import StragglerConfig
 from injectors.data import JitterConfig
@@ -65,8 +66,8 @@ from injectors.process import CrashConfig, HangConfig, KillConfig, NodeLossConfi
 from injectors.storage import CorruptConfig, DiskFullConfig, SlowStorageConfig
 from injectors.trigger import PointFault, WindowFault
 
-__all__ = ["ClusterTarget", "ManifestInvalid", "Unmappable", "chaos_rate", "crd_schema", "manifests", "object_name",
-           "schedule_manifest", "tc_rate", "to_yaml", "validate"]
+__all__ = ["ClusterTarget", "CrdUnavailable", "Crds", "ManifestInvalid", "Unmappable", "chaos_rate", "manifests",
+           "object_name", "schedule_manifest", "tc_rate", "to_yaml", "validate"]
 
 MANAGED_BY = "baft-harness"
 ENOSPC = 28
@@ -410,7 +411,7 @@ def manifests(kind: str, config: Any, fault_id: int, target: ClusterTarget, run_
     ``fault_id`` is the fault's index in the scenario and ``run_id`` the run's id; both name and
     label every object (see :func:`object_name`). Give ``occurrence`` when a point fault fires
     more than once, so each firing is a new object. The objects are not validated here (that needs
-    the optional jsonschema): pass each to :func:`validate` before applying it. Raises
+    the optional jsonschema and the CRDs): pass each to :func:`validate` before applying it. Raises
     :class:`Unmappable` for a fault Chaos Mesh cannot express and :class:`FaultConfigError` for
     values the mapping cannot use.
     """

@@ -1,11 +1,11 @@
 """Validate Chaos Mesh objects as a live cluster would: the CRD schemas, then the admission webhook's rules.
 
-The CRDs (``chaos-mesh.org`` ``v1alpha1``, v2.8 line) live in ``shared/chaos-mesh-crds``
-beside the repository (override with ``BAFT_CHAOS_CRDS``). An object is checked in
-three layers, and :func:`validate` reports every problem of every layer at once,
-each with its JSON path and where the rule comes from:
+The CRDs (``chaos-mesh.org`` ``v1alpha1``, v2.8 line) come from a :class:`~injectors.chaosmesh.crds.Crds`
+the caller passes: the cluster's own, or a directory the user names (:mod:`injectors.chaosmesh.crds`).
+An object is checked in three layers, and :func:`validate` reports every problem of every layer at
+once, each with its JSON path and where the rule comes from:
 
-* ``(schema)`` — ``spec.versions[0].schema.openAPIV3Schema`` with a Draft 7
+* ``(schema)`` — the served ``v1alpha1`` version's ``schema.openAPIV3Schema`` with a Draft 7
   validator. Two things are made strict on the way, because the API server would
   otherwise accept a mistake silently: an unknown field is an error (the server
   *prunes* it, so a misspelt field would just not happen), and ``format: int32`` /
@@ -35,29 +35,18 @@ and ours: deadlines parse (``time.ParseDuration``), chaos has one, children form
 """
 from __future__ import annotations
 
-import copy
 import functools
 import math
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from injectors.chaosmesh.crds import API_VERSION, GROUP, PLURALS, VERSION, Crds
 from injectors.chaosmesh.formats import (chaos_rate_bytes, check_cron, is_dns_label, is_dns_subdomain, is_label_key,
                            is_label_value, parse_go_duration)
 from injectors.errors import HostUnsupported, InjectorError
 
-GROUP = "chaos-mesh.org"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-
-#: Kind -> plural (the CRD file is ``chaos-mesh.org_<plural>.yaml``).
-PLURALS: dict[str, str] = {
-    "PodChaos": "podchaos", "NetworkChaos": "networkchaos", "StressChaos": "stresschaos",
-    "IOChaos": "iochaos", "TimeChaos": "timechaos", "Schedule": "schedules", "Workflow": "workflows",
-}
+__all__ = ["API_VERSION", "CLOCK_IDS", "GROUP", "IO_METHODS", "PLURALS", "SCHEDULE_EMBEDS", "VERSION", "WORKFLOW_EMBEDS",
+           "Crds", "ManifestInvalid", "validate"]
 
 #: Schedule ``type`` -> the spec field that embeds that kind (Chaos Mesh's ScheduleItem).
 SCHEDULE_EMBEDS: dict[str, str] = {
@@ -99,33 +88,6 @@ class ManifestInvalid(InjectorError):
 
 # --- the CRD schemas -----------------------------------------------------------------------------
 
-def crds_dir() -> Path:
-    """Where the CRD files are: ``$BAFT_CHAOS_CRDS``, else ``shared/chaos-mesh-crds`` beside the repository."""
-    env = os.environ.get("BAFT_CHAOS_CRDS")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "chaos-mesh-crds"
-
-
-@functools.lru_cache(maxsize=None)
-def _load_schema(directory: str, kind: str) -> dict[str, Any]:
-    path = Path(directory) / f"{GROUP}_{PLURALS[kind]}.yaml"
-    if not path.is_file():
-        raise HostUnsupported(f"the Chaos Mesh CRD of {kind} is missing: no {path} "
-                              "(point BAFT_CHAOS_CRDS at a directory of chaos-mesh.org_*.yaml files)")
-    with path.open() as f:
-        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: 5x faster on Schedule's
-    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-
-
-def crd_schema(kind: str) -> dict[str, Any]:
-    """The ``openAPIV3Schema`` of a Chaos Mesh kind ("PodChaos", "Schedule", ...), as the CRD file holds it.
-
-    Files are read once per directory and kind; each call returns a copy the caller may change.
-    """
-    if kind not in PLURALS:
-        raise ValueError(f"not a Chaos Mesh kind: {kind!r} (known: {', '.join(PLURALS)})")
-    return copy.deepcopy(_load_schema(str(crds_dir()), kind))
-
-
 def _draft7(node: Any) -> Any:
     """A copy of an OpenAPI 3.0 structural schema as a strict Draft 7 schema (see the module docstring)."""
     if isinstance(node, list):
@@ -145,8 +107,8 @@ def _draft7(node: Any) -> Any:
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _validator(directory: str, kind: str) -> Any:
+@functools.lru_cache(maxsize=64)  # per source and kind: a source reads each CRD once, its validator is kept
+def _validator(crds: Crds, kind: str) -> Any:
     try:
         import jsonschema
     except ImportError:
@@ -154,7 +116,7 @@ def _validator(directory: str, kind: str) -> Any:
     checker = jsonschema.FormatChecker(formats=())
     for fmt, bits in (("int32", 32), ("int64", 64)):
         checker.checks(fmt)(functools.partial(_fits_int, bits=bits))
-    return jsonschema.Draft7Validator(_draft7(_load_schema(directory, kind)), format_checker=checker)
+    return jsonschema.Draft7Validator(_draft7(crds.schema(kind)), format_checker=checker)
 
 
 def _fits_int(value: object, bits: int) -> bool:
@@ -163,8 +125,11 @@ def _fits_int(value: object, bits: int) -> bool:
 
 # --- validation ----------------------------------------------------------------------------------
 
-def validate(obj: dict[str, Any]) -> None:
-    """Raise :class:`ManifestInvalid` listing every reason the cluster would refuse ``obj`` (see module docstring)."""
+def validate(obj: dict[str, Any], crds: Crds) -> None:
+    """Raise :class:`ManifestInvalid` listing every reason the cluster would refuse ``obj`` (see module docstring).
+
+    ``crds``: where its kind's CRD comes from; a CRD it cannot give raises
+    :class:`~injectors.chaosmesh.crds.CrdUnavailable` naming it."""
     if not isinstance(obj, dict):
         raise ManifestInvalid("?", "?", [f"$: expected an object, found {type(obj).__name__}"])
     kind, meta = obj.get("kind"), obj.get("metadata")
@@ -175,7 +140,7 @@ def validate(obj: dict[str, Any]) -> None:
     if kind not in PLURALS:
         raise ManifestInvalid(str(kind), name, [f"$.kind: expected one of {', '.join(PLURALS)}, found {kind!r}"])
     errors = [f"{e.json_path}: {e.message} (schema)"
-              for e in sorted(_validator(str(crds_dir()), kind).iter_errors(obj), key=lambda e: list(map(str, e.path)))]
+              for e in sorted(_validator(crds, kind).iter_errors(obj), key=lambda e: list(map(str, e.path)))]
     errors += list(_meta_rules(meta))
     spec = obj.get("spec")
     if isinstance(spec, dict):

@@ -17,7 +17,7 @@ import yaml
 from analysis.journal import Journal
 from harness.cli import main as cli_main
 from tests.k8s_standin import StandIn
-from tests.unit.test_chaosmesh import needs_schema
+from tests.crds import needs_schema
 
 from .conftest import ROOT
 

@@ -149,7 +149,7 @@ def test_the_deployed_pods_train_and_match_the_reference(killed: int | None, tmp
     assert rc == 0, out
     verdict = judge(Journal.load(tmp_path / "ref" / "reference"), Journal.load(run_dir), scenario.expect,
                     steps=12, faults_declared=0)
-    assert verdict["passed"] and verdict["bitwise_equal"] and verdict["states_compared"] >= 4 * 12, verdict["failures"]
+    assert verdict.passed and verdict.bitwise_equal and verdict.states_compared >= 4 * 12, verdict.failures
     # Both stores journaled to the shared volume, and the snapshots went through them.
     assert sorted(p.name for p in (run_dir / "journal").glob("store-node*.jsonl")) == ["store-node0.jsonl",
                                                                                        "store-node1.jsonl"]

@@ -12,8 +12,10 @@ from injectors import FAULTS, HostUnsupported
 from injectors.process import KillConfig
 from injectors.chaosmesh.client import ChaosApiError, ChaosClient, NotInjected, injection_problems
 from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, manifests
-from tests.k8s_standin import PREFIX, StandIn, connected
-from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE, needs_schema
+from injectors.chaosmesh.crds import CrdUnavailable
+from tests.crds import CRDS, needs_schema
+from tests.k8s_standin import CRD_PREFIX, PREFIX, StandIn, connected
+from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE
 
 kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
 
@@ -27,6 +29,10 @@ POLL = 0.005
 def kill_object() -> dict[str, Any]:
     [obj] = manifests("kill", KillConfig(rank=1, at_step=3), 0, TARGET, "run-1")
     return obj
+
+
+#: The first request of a client: its kind's CRD, which the object is validated against (once per client).
+CRD = ("GET", f"{CRD_PREFIX}podchaos.chaos-mesh.org")
 
 
 def path(obj: dict[str, Any], name: bool = True) -> str:
@@ -65,7 +71,8 @@ def test_apply_wait_delete_round_trip(standin: StandIn, client: ChaosClient) -> 
     done = client.wait_injected(obj, timeout=2, poll=POLL)
     assert done["status"]["experiment"]["containerRecords"][0]["phase"] == "Injected"
     assert client.delete(obj) is True
-    assert standin.requests == [("POST", path(obj, name=False))] + [("GET", path(obj))] * 3 + [("DELETE", path(obj))]
+    assert standin.requests == [CRD, ("POST", path(obj, name=False))] + [("GET", path(obj))] * 3 + \
+        [("DELETE", path(obj))]
     assert standin.objects == {}
     assert standin.created == [obj]
 
@@ -157,7 +164,7 @@ def test_invalid_object_is_refused_before_any_request(standin: StandIn, client: 
     with pytest.raises(ManifestInvalid, match=r"\$\.spec\.mode"):
         with client.injected([kill_object(), bad], timeout=1, poll=POLL):
             pass
-    assert standin.requests == []
+    assert standin.requests == [CRD]  # only the schema it was refused by was read
 
 
 def test_server_refusal_names_the_object_and_the_reason(standin: StandIn, client: ChaosClient) -> None:
@@ -175,10 +182,14 @@ def test_unreachable_server_is_an_api_error_and_nothing_is_left_to_delete() -> N
     api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=host))
     journal = Journal()
     with pytest.raises(ChaosApiError, match="no answer from the API server") as info:
-        with ChaosClient(api_client=api, request_timeout=2).injected(kill_object(), timeout=1, journal=journal):
+        with ChaosClient(api_client=api, request_timeout=2, crds=CRDS).injected(kill_object(), timeout=1,
+                                                                                 journal=journal):
             pass
-    api.close()
     assert info.value.status == 0 and journal.events == []
+    with pytest.raises(CrdUnavailable, match="reading CustomResourceDefinition podchaos.chaos-mesh.org failed: no "
+                                             "answer from the API server"):  # the cluster's CRDs: the first request
+        ChaosClient(api_client=api, request_timeout=2).apply(kill_object())
+    api.close()
 
 
 @pytest.mark.parametrize("kind", MAPPABLE)
@@ -189,8 +200,9 @@ def test_every_fault_kind_goes_to_its_plural(standin: StandIn, client: ChaosClie
         pass
     plural = {"PodChaos": "podchaos", "NetworkChaos": "networkchaos", "StressChaos": "stresschaos",
               "IOChaos": "iochaos", "TimeChaos": "timechaos"}[chaos_kind]
-    assert [m for m, _ in standin.requests] == ["POST", "GET", "DELETE"]
-    assert standin.requests[0][1] == f"{PREFIX}train/{plural}"
+    assert [m for m, _ in standin.requests] == ["GET", "POST", "GET", "DELETE"]
+    assert standin.requests[0][1] == f"{CRD_PREFIX}{plural}.chaos-mesh.org"
+    assert standin.requests[1][1] == f"{PREFIX}train/{plural}"
 
 
 def test_client_from_a_kubeconfig_file(standin: StandIn, tmp_path: Path) -> None:
@@ -206,7 +218,7 @@ current-context: test
     obj = kill_object()
     with client.injected(obj, timeout=2, poll=POLL):
         assert standin.objects
-    assert standin.objects == {} and len(standin.requests) == 3
+    assert standin.objects == {} and standin.requests[0] == CRD and len(standin.requests) == 4
 
 
 def test_missing_kubernetes_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

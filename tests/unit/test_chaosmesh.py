@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import re
 from pathlib import Path
 from typing import Any
@@ -16,15 +15,12 @@ from injectors import FAULTS, FaultConfigError, HostUnsupported, RunShape, Worke
 from injectors.chaosmesh.manifests import (ClusterTarget, ManifestInvalid, Unmappable, manifests, object_name, schedule_manifest,
                                  to_yaml, validate)
 from injectors.chaosmesh.formats import check_cron, is_dns_label
-from injectors.chaosmesh.schema import CLOCK_IDS, crds_dir
+from injectors.chaosmesh.schema import CLOCK_IDS
 from injectors.clock import ClockSkewInjector
+from tests.crds import CRDS, needs_schema
 
-# jsonschema is optional (the k8s extra) and the CRDs live outside the repository: without them the
-# validating tests say so and skip; the mapping, unit and name tests below run everywhere.
-needs_crds = pytest.mark.skipif(not crds_dir().is_dir(), reason=f"no Chaos Mesh CRDs at {crds_dir()} (BAFT_CHAOS_CRDS)")
-needs_schema = pytest.mark.skipif(
-    importlib.util.find_spec("jsonschema") is None or not crds_dir().is_dir(),
-    reason="needs jsonschema (pip install 'baft-harness[k8s]') and the Chaos Mesh CRDs (BAFT_CHAOS_CRDS)")
+# jsonschema is optional (the k8s extra) and the CRDs live outside the repository (tests.crds): the validating
+# tests are marked; the mapping, unit and name tests below run everywhere.
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = ClusterTarget(namespace="train", selector={"training.kubeflow.org/job-name": "gpt"})
@@ -56,7 +52,7 @@ def build(kind: str, **fields: Any) -> list[dict[str, Any]]:
 
 def problems(obj: dict[str, Any]) -> str:
     with pytest.raises(ManifestInvalid) as info:
-        validate(obj)
+        validate(obj, CRDS)
     return str(info.value)
 
 
@@ -85,7 +81,7 @@ def test_every_mappable_kind_validates_against_the_real_crds(kind: str) -> None:
     objs = build(kind, **fields)
     assert len(objs) == 1
     obj = objs[0]
-    validate(obj)
+    validate(obj, CRDS)
     assert obj["apiVersion"] == "chaos-mesh.org/v1alpha1" and obj["kind"] == chaos_kind
     assert obj["spec"].get("action") == action
     assert obj["metadata"]["namespace"] == "train"
@@ -233,7 +229,7 @@ def test_generated_configs_always_give_valid_objects(data: st.DataObject, kind: 
                                                      run_id: str, fault_id: int, occurrence: int | None) -> None:
     config = FAULTS[kind][0](**data.draw(FIELDS[kind]))
     for obj in manifests(kind, config, fault_id, target, run_id, occurrence):
-        validate(obj)  # must not raise
+        validate(obj, CRDS)  # must not raise
         name = obj["metadata"]["name"]
         assert is_dns_label(name) and len(name) <= 63
         assert obj["metadata"]["labels"]["baft.dev/run"] == run_id
@@ -250,7 +246,7 @@ def periodic(kind: str, every: float, **fields: Any) -> Any:
 @needs_schema
 def test_schedule_of_a_periodic_kill() -> None:
     sched = schedule_manifest("kill", periodic("kill", 7, rank=1), 2, TARGET, "run-1")
-    validate(sched)
+    validate(sched, CRDS)
     assert sched["kind"] == "Schedule" and sched["spec"]["schedule"] == "@every 7s"
     assert sched["spec"]["type"] == "PodChaos" and sched["spec"]["podChaos"]["action"] == "pod-kill"
     assert sched["spec"]["concurrencyPolicy"] == "Forbid" and sched["spec"]["historyLimit"] == 5
@@ -265,7 +261,7 @@ def test_schedule_of_a_periodic_kill() -> None:
 @needs_schema
 def test_schedule_checks_the_embedded_spec_with_the_webhook_rules() -> None:
     sched = schedule_manifest("crash", periodic("crash", 60, rank=1), 2, TARGET, "run-1")
-    validate(sched)
+    validate(sched, CRDS)
     del sched["spec"]["podChaos"]["containerNames"]
     assert "$.spec.podChaos.containerNames" in problems(sched)
 
@@ -278,7 +274,7 @@ def test_schedule_limits() -> None:
         schedule_manifest("kill", FAULTS["kill"][0](rank=1, at_step=3, every=2, times=3), 0, TARGET, "r")
     with pytest.raises(FaultConfigError):  # a 10 min hang cannot repeat every 5 min
         schedule_manifest("hang", periodic("hang", 300, rank=1), 0, TARGET, "r")
-    validate(schedule_manifest("hang", periodic("hang", 3600, rank=1), 0, TARGET, "r"))
+    validate(schedule_manifest("hang", periodic("hang", 3600, rank=1), 0, TARGET, "r"), CRDS)
     with pytest.raises(Unmappable):
         schedule_manifest("corrupt", FAULTS["corrupt"][0](at_time=1, every_seconds=60, times=2), 0, TARGET, "r")
 
@@ -295,7 +291,7 @@ def test_cron_accepted(spec: str) -> None:
 def test_clock_skew_maps_to_time_chaos_and_bad_values_are_refused() -> None:
     skew, = build("clock_skew", node=2, offset="1h30m", clock_ids=["CLOCK_REALTIME", "CLOCK_MONOTONIC"], from_time=0,
                   duration=90)
-    validate(skew)
+    validate(skew, CRDS)
     assert skew["spec"] == {"mode": "all", "selector": {"namespaces": ["train"], "labelSelectors": {**JOB, IDX: "2"},
                                                          "podPhaseSelectors": ["Running"]},
                             "timeOffset": "1h30m", "clockIds": ["CLOCK_REALTIME", "CLOCK_MONOTONIC"],
@@ -374,7 +370,7 @@ def test_to_yaml_round_trips_and_is_multi_document() -> None:
     back = list(yaml.safe_load_all(text))
     assert back == objs
     for obj in back:
-        validate(obj)
+        validate(obj, CRDS)
 
 
 @needs_schema
@@ -390,6 +386,6 @@ def test_every_ci_scenario_fault_maps_or_says_why() -> None:
                 assert kind == "jitter" or (kind == "node_loss" and not fields.get("replacement", True)), e
                 continue
             for obj in objs:
-                validate(obj)
+                validate(obj, CRDS)
                 seen += 1
     assert seen >= 20

@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, HostUnsupported
 from injectors.chaosmesh import schema as chaosschema
-from injectors.chaosmesh.manifests import (ManifestInvalid, chaos_rate, crd_schema, go_duration, go_millis, schedule_manifest,
+from injectors.chaosmesh.crds import CRDS_ENV, CrdUnavailable, Crds, crd_name
+from injectors.chaosmesh.manifests import (ManifestInvalid, chaos_rate, go_duration, go_millis, schedule_manifest,
                                  straggler_workers, tc_rate, validate)
 from injectors.chaosmesh.formats import chaos_rate_bytes, parse_go_duration
 from injectors.network import parse_rate
-from tests.unit.test_chaosmesh import ROOT, TARGET, build, needs_crds, needs_schema, problems
+from tests.crds import CRDS, SHARED_CRDS, needs_crds, needs_schema, shared_documents, stricter_podchaos, write_crds
+from tests.unit.test_chaosmesh import TARGET, build, problems
 
 # --- units -------------------------------------------------------------------------------------------------
 
@@ -105,7 +107,7 @@ def test_every_problem_is_reported_at_once() -> None:
     kill["spec"].update(mode="sometimes", gracePeriod=-1, duration="soon")
     kill["metadata"]["name"] = "Not_A_Name"
     with pytest.raises(ManifestInvalid) as info:
-        validate(kill)
+        validate(kill, CRDS)
     assert len(info.value.errors) == 4 and info.value.kind == "PodChaos"
 
 
@@ -130,7 +132,7 @@ def test_direction_both_needs_a_target_unless_partition() -> None:
     assert "$.spec.direction: 'both' needs a target" in problems(slow)
     cut, = build("partition", link=[0, 1], from_step=1)
     del cut["spec"]["target"]
-    validate(cut)  # the webhook lets a partition go without one
+    validate(cut, CRDS)  # the webhook lets a partition go without one
 
 
 @needs_schema
@@ -182,11 +184,11 @@ def test_kind_specific_webhook_rules() -> None:
 def test_strict_schema_translates_openapi_booleans() -> None:
     sched = schedule_manifest("kill", FAULTS["kill"][0](rank=0, at_time=0, every_seconds=60, times=2), 0, TARGET, "r")
     sched["spec"]["startingDeadlineSeconds"] = 1  # exclusiveMinimum: true, minimum: 0 -> must be > 0
-    validate(sched)
+    validate(sched, CRDS)
     sched["spec"]["startingDeadlineSeconds"] = 0
     assert "$.spec.startingDeadlineSeconds" in problems(sched)
     sched["spec"]["startingDeadlineSeconds"] = None  # nullable: true
-    validate(sched)
+    validate(sched, CRDS)
 
 
 @needs_schema
@@ -200,22 +202,98 @@ def test_objects_that_are_not_chaos_mesh_are_refused() -> None:
 
 @needs_crds
 def test_crd_schema_is_the_file_and_a_copy() -> None:
-    schema = crd_schema("NetworkChaos")
+    schema = CRDS.schema("NetworkChaos")
     assert schema["properties"]["spec"]["properties"]["bandwidth"]["required"] == ["buffer", "limit", "rate"]
     schema["properties"].clear()
-    assert crd_schema("NetworkChaos")["properties"]
+    assert CRDS.schema("NetworkChaos")["properties"]
     with pytest.raises(ValueError):
-        crd_schema("ChaosMonkey")
+        CRDS.schema("ChaosMonkey")
+
+
+def docs(*kinds: str) -> list[dict[str, Any]]:
+    return [shared_documents()[crd_name(k)] for k in kinds]
+
+
+@needs_schema
+def test_a_directory_of_multi_document_files_gives_crds_by_name(tmp_path: Path) -> None:
+    # A release's crd.yaml: many documents in one file, not all CRDs; `kubectl get crd A B -o yaml`: one List.
+    write_crds(tmp_path, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "chaos-mesh"}},
+               *docs("NetworkChaos", "PodChaos"))
+    write_crds(tmp_path, {"apiVersion": "v1", "kind": "List", "items": docs("IOChaos")}, name="from-kubectl.yml")
+    (tmp_path / "notes.txt").write_text("not YAML: ignored")
+    crds = Crds.from_dir(tmp_path)
+    kill, = build("kill", rank=0, at_step=1)
+    validate(kill, crds)
+    validate(build("disk_full", from_time=5, duration=20)[0], crds)
+    with pytest.raises(ManifestInvalid, match=re.escape("$.spec.mode")):
+        validate({**kill, "spec": {**kill["spec"], "mode": "sometimes"}}, crds)  # a bad manifest is still refused
+    with pytest.raises(CrdUnavailable, match="no CustomResourceDefinition stresschaos.chaos-mesh.org in "
+                                             f"{re.escape(str(tmp_path))} \\(2 YAML files read\\).*kubectl get crd"):
+        validate(build("straggler", rank=1, factor=3.0, from_step=6)[0], crds)
+
+
+@needs_schema
+def test_the_source_given_is_the_one_used_each_read_once(tmp_path: Path) -> None:
+    write_crds(tmp_path, stricter_podchaos("pod-kill"))
+    reads: list[str] = []
+    strict = Crds.from_dir(tmp_path)
+    counted = Crds("counted", lambda name: reads.append(name) or shared_documents()[name])
+    kill, = build("kill", rank=0, at_step=1)
+    for _ in range(3):
+        validate(kill, counted)
+        with pytest.raises(ManifestInvalid, match=re.escape("$.spec.action: 'pod-kill' is not one of")):
+            validate(kill, strict)  # the other source's validator is not this one's: a cache per source
+    assert reads == ["podchaos.chaos-mesh.org"]
 
 
 @needs_crds
-def test_crds_dir_can_be_moved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("BAFT_CHAOS_CRDS", str(tmp_path))
-    with pytest.raises(HostUnsupported, match=re.escape(str(tmp_path))):
-        crd_schema("PodChaos")
-    src = ROOT.parent / "shared" / "chaos-mesh-crds" / "chaos-mesh.org_podchaos.yaml"
-    (tmp_path / src.name).write_text(src.read_text())
-    assert crd_schema("PodChaos")["properties"]["spec"]["required"] == ["action", "mode", "selector"]
+@pytest.mark.parametrize("change, says", [
+    (lambda v: v.update(served=False), "spec.versions: expected v1alpha1 served, found ['v1alpha1 (not served)']"),
+    (lambda v: v.update(name="v1beta1"), "spec.versions: expected v1alpha1 served, found ['v1beta1']"),
+    (lambda v: v.pop("schema"), "spec.versions[0].schema.openAPIV3Schema: expected an object, found None"),
+])
+def test_a_crd_without_a_served_v1alpha1_schema_is_refused(tmp_path: Path, change: Any, says: str) -> None:
+    crd = copy.deepcopy(shared_documents()["podchaos.chaos-mesh.org"])
+    change(crd["spec"]["versions"][0])
+    write_crds(tmp_path, crd)
+    with pytest.raises(CrdUnavailable) as info:
+        Crds.from_dir(tmp_path).schema("PodChaos")
+    assert str(info.value) == f"directory {tmp_path}: CRD podchaos.chaos-mesh.org: {says}"
+
+
+def test_a_directory_must_be_given_and_be_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CRDS_ENV, raising=False)
+    assert SHARED_CRDS.parent.is_dir()  # the package never looks beside the checkout, even where the folder is
+    with pytest.raises(CrdUnavailable) as info:
+        Crds.from_user(None)
+    message = str(info.value)
+    assert "\n" not in message and "kubectl get crd podchaos.chaos-mesh.org" in message
+    assert "https://mirrors.chaos-mesh.org/v2.8.0/crd.yaml" in message and "--crds DIR" in message
+    with pytest.raises(CrdUnavailable, match=f"--crds: expected a directory .*'{re.escape(str(tmp_path))}/nope' "
+                                             "\\(no such path\\)"):
+        Crds.from_user(tmp_path / "nope")
+    monkeypatch.setenv(CRDS_ENV, str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CrdUnavailable, match=f"{CRDS_ENV}: expected a directory .*\\(not a directory\\)"):
+        Crds.from_user(None)
+    monkeypatch.setenv(CRDS_ENV, str(tmp_path))
+    assert Crds.from_user(None).where == f"directory {tmp_path}"
+    with pytest.raises(CrdUnavailable, match=f"no CustomResourceDefinition podchaos.chaos-mesh.org in "
+                                             f"{re.escape(str(tmp_path))} \\(0 YAML files read\\)"):
+        Crds.from_user(None).schema("PodChaos")
+    with pytest.raises(CrdUnavailable, match="is not a directory"):
+        Crds.from_dir(tmp_path / "gone").schema("PodChaos")  # from_dir reads nothing until it must
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_tests_without_the_crds_fail_in_ci_and_skip_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              ci: str, outcome: type[BaseException]) -> None:
+    import tests.crds
+
+    monkeypatch.setattr(tests.crds, "SHARED_CRDS", tmp_path / "chaos-mesh-crds")
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match=re.escape(f"no Chaos Mesh CRDs at {tmp_path / 'chaos-mesh-crds'}")):
+        tests.crds.require_crds()
 
 
 def test_missing_jsonschema_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +302,7 @@ def test_missing_jsonschema_says_how_to_install(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "jsonschema", None)  # makes `import jsonschema` fail
     try:
         with pytest.raises(HostUnsupported, match=re.escape("pip install 'baft-harness[k8s]'")):
-            validate(kill)
+            validate(kill, CRDS)
     finally:
         chaosschema._validator.cache_clear()
 
@@ -239,9 +317,9 @@ def test_garbage_is_refused_not_crashed_on() -> None:
         for kind in ("PodChaos", "NetworkChaos", "IOChaos", "StressChaos", "Schedule"):
             garbage = {**kill, "kind": kind, "spec": spec, "metadata": {"name": "x", "labels": ["a"]}}
             with pytest.raises(ManifestInvalid):
-                validate(garbage)
+                validate(garbage, CRDS)
     with pytest.raises(ManifestInvalid):
-        validate([kill])  # type: ignore[arg-type]
+        validate([kill], CRDS)  # type: ignore[arg-type]
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=8),
@@ -260,6 +338,6 @@ spec_keys = st.sampled_from(["action", "mode", "value", "selector", "duration", 
            st.sampled_from(["name", "namespace", "labels"]), json_values, max_size=3))
 def test_validate_only_ever_raises_manifest_invalid(kind: str, spec: dict[str, Any], meta: dict[str, Any]) -> None:
     try:
-        validate({"apiVersion": "chaos-mesh.org/v1alpha1", "kind": kind, "metadata": meta, "spec": spec})
+        validate({"apiVersion": "chaos-mesh.org/v1alpha1", "kind": kind, "metadata": meta, "spec": spec}, CRDS)
     except ManifestInvalid as e:
         assert e.errors and all(line.startswith("$") for line in e.errors)

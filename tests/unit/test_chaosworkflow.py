@@ -9,17 +9,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, WindowFault
-from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, Unmappable, crd_schema, object_name, validate
+from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, Unmappable, object_name, validate
 from injectors.chaosmesh.formats import is_dns_label, parse_go_duration
 from injectors.chaosmesh.schema import WORKFLOW_EMBEDS
 from injectors.chaosmesh.workflow import ENTRY, MAX_TEMPLATE_NAME, POINT_DEADLINE, workflow_manifest
-from tests.unit.test_chaosmesh import FIELDS, JOB, TARGET, label_text, needs_crds, needs_schema, problems, targets
+from tests.crds import CRDS, needs_crds, needs_schema
+from tests.unit.test_chaosmesh import FIELDS, JOB, TARGET, label_text, problems, targets
 
 TRIGGERS = {"at_step", "every", "times", "at_time", "every_seconds", "mtbf", "seed", "from_step", "to_step",
             "from_time", "duration"}
 #: Every kind a Workflow can time (corrupt waits for a checkpoint phase; jitter has no mapping at all).
 TIMED = sorted(k for k in FIELDS if k != "corrupt")
 starts = st.one_of(st.just(0.0), st.floats(0, 1e4))
+#: Deadlines are whole milliseconds, rounded to the nearest (half to even: 62.5 ms is "62ms"), so a deadline is
+#: off by at most half a millisecond, that bound included, plus the float error of seconds -> ms.
+HALF_MS = 5e-4 + 1e-9
 
 
 def fault(kind: str, **fields: Any) -> Any:
@@ -88,7 +92,7 @@ def broken_copies(wf: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
 def test_generated_fault_lists_give_valid_workflows_with_the_right_timing(
         faults: list[tuple[int, str, Any]], target: ClusterTarget, run_id: str) -> None:
     wf = workflow_manifest(faults, target, run_id)
-    validate(wf)  # must not raise
+    validate(wf, CRDS)  # must not raise
     assert wf["metadata"]["name"] == object_name(target, run_id, None, "workflow")
     named = by_name(wf)
     assert len(named) == len(wf["spec"]["templates"])  # unique
@@ -103,10 +107,10 @@ def test_generated_fault_lists_give_valid_workflows_with_the_right_timing(
             *wait, (_, chaos) = [named[c] for c in serial["children"]]
             if wait:
                 assert wait[0][1]["templateType"] == "Suspend"
-                assert parse_go_duration(wait[0][1]["deadline"]) == pytest.approx(start, abs=5e-4)
+                assert parse_go_duration(wait[0][1]["deadline"]) == pytest.approx(start, abs=HALF_MS)
             else:
-                assert start < 5e-4
-            assert parse_go_duration(chaos["deadline"]) == pytest.approx(lasts, abs=5e-4)
+                assert start <= HALF_MS
+            assert parse_go_duration(chaos["deadline"]) == pytest.approx(lasts, abs=HALF_MS)
             embedded = chaos[WORKFLOW_EMBEDS[chaos["templateType"]]]
             assert "duration" not in embedded and embedded["selector"]["namespaces"] == [target.namespace]
     assert named[ENTRY][1] == {"name": ENTRY, "templateType": "Parallel", "children": branches}
@@ -125,7 +129,7 @@ def test_a_sequence_of_kill_hang_partition_and_clock_skew() -> None:
         (4, "partition", fault("partition", link=[0, 1], from_time=12.5, duration=20)),
         (5, "clock_skew", fault("clock_skew", node=1, offset="-5m", from_time=0, duration=60)),
     ], TARGET, "run-1")
-    validate(wf)
+    validate(wf, CRDS)
     assert wf["metadata"] == {"name": "baft-run-1-workflow", "namespace": "train", "labels": {
         "app.kubernetes.io/managed-by": "baft-harness", "baft.dev/run": "run-1", "baft.dev/fault-kind": "workflow"}}
     named = {t["name"]: t for t in wf["spec"]["templates"]}
@@ -179,7 +183,7 @@ def test_bad_input_is_refused(faults: list[tuple[int, str, Any]], name: str | No
 @needs_schema
 def test_a_given_name_is_used() -> None:
     wf = workflow_manifest([(3, "kill", fault("kill", rank=0, at_time=1))], TARGET, "r", "nightly-kills")
-    validate(wf)
+    validate(wf, CRDS)
     assert wf["metadata"]["name"] == "nightly-kills"
 
 
@@ -234,12 +238,12 @@ def test_the_entry_is_required_and_pod_failure_takes_its_duration_from_the_deadl
     assert "$.spec.entry: the entry of workflow is required" in problems(
         workflow({"name": "main", "templateType": "Suspend", "deadline": "1m"}, entry=""))
     validate(workflow({"name": "main", "templateType": "PodChaos", "deadline": "10m",
-                       "podChaos": {**KILL, "action": "pod-failure"}}))
+                       "podChaos": {**KILL, "action": "pod-failure"}}), CRDS)
 
 
 @needs_crds
 def test_embedded_chaos_fields_are_the_crds() -> None:
-    fields = crd_schema("Workflow")["properties"]["spec"]["properties"]["templates"]["items"]["properties"]
+    fields = CRDS.schema("Workflow")["properties"]["spec"]["properties"]["templates"]["items"]["properties"]
     assert {f for f in fields if f.endswith("Chaos")} == set(WORKFLOW_EMBEDS.values())
 
 
@@ -255,6 +259,6 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-9, 9) | st.s
 @given(spec=st.dictionaries(st.sampled_from(["entry", "templates"]), json_values, max_size=2))
 def test_validate_only_ever_raises_manifest_invalid(spec: dict[str, Any]) -> None:
     try:
-        validate({**workflow(), "spec": spec})
+        validate({**workflow(), "spec": spec}, CRDS)
     except ManifestInvalid as e:
         assert e.errors and all(line.startswith("$") for line in e.errors)

@@ -2,6 +2,7 @@
 and a job whose ranks append to their journals from a thread (the e2e test uses a real torchrun job)."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -16,9 +17,10 @@ from harness.cli import main as cli_main
 from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
 from harness.scenario import parse
 from injectors.chaosmesh.client import ChaosClient
-from injectors.chaosmesh.manifests import ClusterTarget, Unmappable
-from tests.k8s_standin import StandIn, connected
-from tests.unit.test_chaosmesh import needs_schema
+from injectors.chaosmesh.crds import CrdUnavailable
+from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, Unmappable
+from tests.crds import CRDS, needs_schema, stricter_podchaos
+from tests.k8s_standin import CRD_PREFIX, StandIn, connected
 
 kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
 pytestmark = [pytest.mark.k8s, needs_schema, pytest.mark.timeout(60)]
@@ -94,7 +96,7 @@ def events(out: Path, kind: str) -> list[dict[str, Any]]:
 def test_plan_gives_every_occurrence_its_own_object_and_holds_a_hang_for_its_duration() -> None:
     s = scenario([{"kill": {"rank": 1, "at_step": 3, "every": 4, "times": 3}}, {"hang": {"rank": 0, "at_step": 5}},
                   {"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 2, "to_step": 6}}])
-    firings = plan(s, TARGET, "r1")
+    firings = plan(s, TARGET, "r1", CRDS)
     assert [(f.fault_id, f.occurrence, f.at_step) for f in firings] == [(0, 0, 3), (0, 1, 7), (0, 2, 11), (1, 0, 5),
                                                                          (2, 0, None)]
     assert len({f.objects[0]["metadata"]["name"] for f in firings}) == 5
@@ -104,12 +106,12 @@ def test_plan_gives_every_occurrence_its_own_object_and_holds_a_hang_for_its_dur
 def test_a_phase_inside_an_iteration_cannot_be_targeted_on_a_cluster() -> None:
     s = scenario([{"kill": {"rank": 1, "at_step": 4, "phase": "backward"}}])
     with pytest.raises(Unmappable, match="phase 'backward'"):
-        plan(s, TARGET, "r1")
+        plan(s, TARGET, "r1", CRDS)
 
 
 def test_a_window_is_due_from_its_start_and_over_at_its_end() -> None:
     [f] = plan(scenario([{"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 2, "to_step": 6}}]),
-               TARGET, "r1")
+               TARGET, "r1", CRDS)
     assert not f.due(1, 0.0) and f.due(2, 0.0)
     f.began = 1.0
     assert not f.over(5, 9.0) and f.over(6, 1.5)
@@ -124,7 +126,7 @@ def test_faults_fire_at_their_steps_are_confirmed_deleted_and_recovered(standin:
     job = tmp_path / "job"
     with FakeJob(job, 14):
         verdict = run_on_cluster(s, client, TARGET, config(job), tmp_path / "out", "r1", report=False)
-    assert verdict["passed"], verdict
+    assert verdict.passed, verdict
     fired = {e["id"]: e for e in events(tmp_path / "out", "fault")}
     assert fired[0]["step"] >= 4 and fired[0]["injected_step"] >= fired[0]["step"]
     assert fired[1]["step"] >= 3 and fired[0]["objects"] and fired[0]["fatal"]
@@ -139,13 +141,22 @@ def test_faults_fire_at_their_steps_are_confirmed_deleted_and_recovered(standin:
     assert kinds["PodChaos"]["spec"]["selector"]["labelSelectors"]["apps.kubernetes.io/pod-index"] == "1"
     # The job's journal was collected: the faulted run directory reads like a local one.
     assert sorted(Journal.load(tmp_path / "out" / "faulted").ranks) == [0, 1]
-    assert [f["status"] for f in verdict["cluster"]["firings"]] == ["injected", "injected"]
+    assert verdict.cluster is not None and [f.status for f in verdict.cluster.firings] == ["injected", "injected"]
 
 
-def test_a_selector_matching_no_pod_fails_before_anything_is_created(standin: StandIn, client: ChaosClient,
-                                                                      tmp_path: Path) -> None:
-    standin.pod_list = PODS[:1]  # no pod with index 1
-    with FakeJob(tmp_path / "job", 6), pytest.raises(ClusterRunError, match="no running pod in namespace 'train'"):
+@pytest.mark.parametrize("change, error, says", [
+    (lambda s: setattr(s, "pod_list", PODS[:1]), ClusterRunError, "no running pod in namespace 'train'"),  # no index 1
+    # the cluster's own schema is the one applied, here stricter than the CRD files
+    (lambda s: s.crds.__setitem__("podchaos.chaos-mesh.org", stricter_podchaos("pod-kill")), ManifestInvalid,
+     re.escape("$.spec.action: 'pod-kill'")),
+    (lambda s: setattr(s, "forbid_crds", True), CrdUnavailable, "reading CustomResourceDefinition podchaos.chaos-mesh"
+     ".org failed: HTTP 403: .* is forbidden.*the ClusterRole of baft deploy --harness"),
+], ids=["selector-matches-no-pod", "cluster-schema-refuses", "crds-forbidden"])
+def test_what_the_cluster_refuses_fails_before_anything_is_created(standin: StandIn, client: ChaosClient,
+                                                                  tmp_path: Path, change: Any, error: type[Exception],
+                                                                  says: str) -> None:
+    change(standin)
+    with FakeJob(tmp_path / "job", 6), pytest.raises(error, match=says):
         run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 2}}]), client, TARGET, config(tmp_path / "job"),
                        tmp_path / "out", "r1", report=False)
     assert standin.created == []
@@ -157,9 +168,9 @@ def test_a_fault_that_never_injects_is_deleted_and_fails_the_run(standin: StandI
     with FakeJob(tmp_path / "job", 30):
         verdict = run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 2}}], steps=30), client, TARGET,
                                  config(tmp_path / "job", inject_timeout=0.3), tmp_path / "out", "r1", report=False)
-    assert not verdict["passed"]
-    assert any("was not injected" in f for f in verdict["failures"])
-    assert any("never fired" in f for f in verdict["failures"])
+    assert not verdict.passed
+    assert any("was not injected" in f for f in verdict.failures)
+    assert any("never fired" in f for f in verdict.failures)
     assert standin.objects == {} and len(standin.deleted) == 1
     assert events(tmp_path / "out", "fault") == [] and len(events(tmp_path / "out", "fault_not_injected")) == 1
 
@@ -168,7 +179,7 @@ def test_a_fault_whose_step_never_comes_is_reported(standin: StandIn, client: Ch
     with FakeJob(tmp_path / "job", 5):  # the job stops at step 5; the scenario says 14 steps
         verdict = run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 9}}]), client, TARGET,
                                  config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
-    assert not verdict["passed"] and "faults[0] never fired" in verdict["failures"]
+    assert not verdict.passed and "faults[0] never fired" in verdict.failures
     assert standin.created == [] and len(events(tmp_path / "out", "fault_skipped")) == 1
 
 
@@ -177,7 +188,7 @@ def test_a_fault_chaos_mesh_never_recovers_is_an_error(standin: StandIn, client:
     with FakeJob(tmp_path / "job", 8):
         verdict = run_on_cluster(scenario([{"kill": {"rank": 0, "at_step": 2}}], steps=8), client, TARGET,
                                  config(tmp_path / "job", recover_timeout=0.3), tmp_path / "out", "r1", report=False)
-    assert not verdict["passed"] and any("still there" in f for f in verdict["failures"])
+    assert not verdict.passed and any("still there" in f for f in verdict.failures)
     assert len(events(tmp_path / "out", "chaos_not_recovered")) == 1
 
 
@@ -217,6 +228,33 @@ def _launcher(out: Path) -> list[dict[str, Any]]:
     return list(read_events(launcher_journal(out / "faulted")))
 
 
+# --- the CRDs come from the cluster ---------------------------------------------------------------------
+
+def test_each_crd_is_read_from_the_cluster_once_and_only_those_needed(standin: StandIn, client: ChaosClient,
+                                                                        tmp_path: Path) -> None:
+    s = scenario([{"kill": {"rank": 1, "at_step": 2, "every": 3, "times": 3}},
+                  {"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 3, "to_step": 5}}])
+    with FakeJob(tmp_path / "job", 14):
+        assert run_on_cluster(s, client, TARGET, config(tmp_path / "job"), tmp_path / "out", "r1",
+                              report=False).passed
+    reads = [p[len(CRD_PREFIX):] for m, p in standin.requests if p.startswith(CRD_PREFIX)]
+    assert sorted(reads) == ["networkchaos.chaos-mesh.org", "podchaos.chaos-mesh.org"]
+    assert client.crds.where == f"the cluster at {standin.host}"
+
+
+def test_a_cluster_lacking_one_crd_fails_naming_it_before_anything_is_created(standin: StandIn, client: ChaosClient,
+                                                                              tmp_path: Path) -> None:
+    del standin.crds["networkchaos.chaos-mesh.org"]
+    s = scenario([{"kill": {"rank": 1, "at_step": 2}},
+                  {"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 3, "to_step": 5}}])
+    with FakeJob(tmp_path / "job", 6), pytest.raises(CrdUnavailable) as info:
+        run_on_cluster(s, client, TARGET, config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
+    assert info.value.name == "networkchaos.chaos-mesh.org"
+    assert "the cluster has no CustomResourceDefinition networkchaos.chaos-mesh.org" in str(info.value)
+    assert "helm install chaos-mesh" in str(info.value)
+    assert standin.created == [] and not (tmp_path / "out" / "faulted").exists()
+
+
 def test_the_job_never_starting_is_a_clear_error(client: ChaosClient, tmp_path: Path) -> None:
     with pytest.raises(ClusterRunError, match="no worker of the job journaled a start"):
         run_on_cluster(scenario([{"kill": {"rank": 1, "at_step": 2}}]), client, TARGET,
@@ -226,8 +264,8 @@ def test_the_job_never_starting_is_a_clear_error(client: ChaosClient, tmp_path: 
 
 # --- the CLI ------------------------------------------------------------------------------------------
 
-def test_cli_runs_against_a_kubeconfig_and_prints_each_firing(standin: StandIn, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def cli_run(standin: StandIn, tmp_path: Path, steps: int = 10) -> int:
+    """``baft run`` of a one-kill scenario against ``standin`` through a kubeconfig, a job of ``steps`` steps."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "standin",
@@ -235,19 +273,36 @@ def test_cli_runs_against_a_kubeconfig_and_prints_each_firing(standin: StandIn, 
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "u", "namespace": "train"}}]}))
     file = tmp_path / "s.yaml"
-    file.write_text(yaml.safe_dump({"name": "cli", "workload": {**WORKLOAD, "steps": 10},
+    file.write_text(yaml.safe_dump({"name": "cli", "workload": {**WORKLOAD, "steps": steps},
                                     "checkpoint": {"strategy": "sync", "every": 2},
                                     "faults": [{"kill": {"rank": 1, "at_step": 3}}],
                                     "expect": {"bitwise": True, "max_lost_steps": 2}}))
-    with FakeJob(tmp_path / "job", 10, period=0.15):
-        rc = cli_main(["run", str(file), "--target", "k8s", "--kubeconfig", str(kubeconfig), "--namespace", "train",
-                       "--selector", "app=gpt", "--rank-label", "apps.kubernetes.io/pod-index",
-                       "--job-dir", str(tmp_path / "job"), "--out", str(tmp_path / "out")])
+    with FakeJob(tmp_path / "job", steps, period=0.15):
+        return cli_main(["run", str(file), "--target", "k8s", "--kubeconfig", str(kubeconfig), "--namespace", "train",
+                         "--selector", "app=gpt", "--rank-label", "apps.kubernetes.io/pod-index",
+                         "--job-dir", str(tmp_path / "job"), "--out", str(tmp_path / "out")])
+
+
+def test_cli_runs_against_a_kubeconfig_and_prints_each_firing(standin: StandIn, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli_run(standin, tmp_path)
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "cli: PASSED (on the cluster; no --reference" in out
     assert "faults[0] kill: due step 3, fired at step" in out and "injected by step" in out
     assert standin.objects == {} and [m for m, _ in standin.requests].count("POST") == 1
+    assert ("GET", f"{CRD_PREFIX}podchaos.chaos-mesh.org") in standin.requests  # validated against the cluster's
+
+
+def test_cli_on_a_cluster_without_chaos_mesh_exits_2_in_one_line(standin: StandIn, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    standin.crds.clear()
+    assert cli_run(standin, tmp_path, steps=4) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "Traceback" not in out + err
+    assert err.startswith("baft: error: the cluster has no CustomResourceDefinition podchaos.chaos-mesh.org: "
+                          "Chaos Mesh is not installed there; install Chaos Mesh v2.8.0 (helm install chaos-mesh")
+    assert standin.created == []
 
 
 def test_cli_without_job_dir_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -282,7 +337,7 @@ def test_a_window_that_passed_between_two_polls_is_skipped_not_injected_late(sta
         verdict = run_on_cluster(s, client, TARGET, config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
     [skip] = events(tmp_path / "out", "fault_skipped")
     assert "opened and closed between two reads" in skip["reason"] and skip["due_step"] == 3
-    assert standin.created == [] and "faults[0] never fired" in verdict["failures"]
+    assert standin.created == [] and "faults[0] never fired" in verdict.failures
 
 
 def test_a_fault_the_job_outran_is_skipped_not_an_error(standin: StandIn, client: ChaosClient, tmp_path: Path) -> None:
@@ -292,7 +347,7 @@ def test_a_fault_the_job_outran_is_skipped_not_an_error(standin: StandIn, client
                                  config(tmp_path / "job"), tmp_path / "out", "r1", report=False)
     [skip] = events(tmp_path / "out", "fault_skipped")
     assert "finished before Chaos Mesh confirmed" in skip["reason"]
-    assert verdict["failures"] == ["faults[0] never fired"]
+    assert verdict.failures == ["faults[0] never fired"]
     assert [k[2] for k in standin.deleted] == [standin.created[0]["metadata"]["name"]]  # the object was deleted
 
 

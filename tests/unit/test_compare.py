@@ -42,7 +42,7 @@ def test_identical_runs(tmp_path: Path) -> None:
     c = compare(ref, run)
     assert c.equal and c.states_compared == 2 * (8 + 1 + 5)
     v = judge(ref, run, ExpectConfig(max_lost_steps=2), steps=10, faults_declared=1)
-    assert v["passed"] and v["lost_steps"] == 2 and v["faults_fired"] == 1
+    assert v.passed and v.lost_steps == 2 and v.faults_fired == 1
 
 
 def test_divergence_named(tmp_path: Path) -> None:
@@ -51,14 +51,14 @@ def test_divergence_named(tmp_path: Path) -> None:
     first = compare(ref, run).first
     assert first is not None and (first.step, first.component, first.key) == (5, "rng", "torch")
     v = judge(ref, run, ExpectConfig(), steps=10, faults_declared=1)
-    assert not v["passed"] and v["first_divergence"]["component"] == "rng"
+    assert not v.passed and v.first_divergence is not None and v.first_divergence.component == "rng"
 
 
 def test_lost_steps_over_limit_fails(tmp_path: Path) -> None:
     ref = write_run(tmp_path / "ref", 1, 10)
     run = write_run(tmp_path / "run", 1, 10, kill_at=9, restore=0)
     v = judge(ref, run, ExpectConfig(max_lost_steps=5), steps=10, faults_declared=1)
-    assert v["bitwise_equal"] and v["lost_steps"] == 9 and not v["passed"]
+    assert v.bitwise_equal and v.lost_steps == 9 and not v.passed
     assert recoveries(run)[0].restored_step == 0
 
 
@@ -66,14 +66,14 @@ def test_fault_that_never_fired_fails(tmp_path: Path) -> None:
     ref = write_run(tmp_path / "ref", 1, 5)
     run = write_run(tmp_path / "run", 1, 5)
     v = judge(ref, run, ExpectConfig(), steps=5, faults_declared=1)
-    assert not v["passed"] and any("fired" in f for f in v["failures"])
+    assert not v.passed and any("fired" in f for f in v.failures)
 
 
 def test_incomplete_run_fails(tmp_path: Path) -> None:
     ref = write_run(tmp_path / "ref", 1, 5)
     run = write_run(tmp_path / "run", 1, 3)
     v = judge(ref, run, ExpectConfig(), steps=5, faults_declared=0)
-    assert not v["passed"] and not v["completed"]
+    assert not v.passed and not v.completed
 
 
 def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
@@ -103,9 +103,9 @@ def test_divergence_carries_norms_and_relative_change(tmp_path: Path) -> None:
     w = by_key["w"]
     assert (w.step, w.reference_norm, w.found_norm) == (1, 4.0, 5.0)
     assert w.relative_norm_change == 0.25
-    d = w.as_dict()
+    d = w.to_json()
     assert (d["reference_norm"], d["found_norm"], d["relative_norm_change"]) == (4.0, 5.0, 0.25)
-    n = by_key["n"].as_dict()  # an integer leaf: digests differ, no norm journaled
+    n = by_key["n"].to_json()  # an integer leaf: digests differ, no norm journaled
     assert (n["reference_norm"], n["found_norm"], n["relative_norm_change"]) == (None, None, None)
 
 
@@ -122,7 +122,7 @@ def test_old_journals_without_norms_still_compare(tmp_path: Path) -> None:
     ref = write_run(tmp_path / "ref", 1, 4)
     run = write_run(tmp_path / "run", 1, 4, kill_at=3, restore=2, bad_rng_after=True)
     first = compare(ref, run).first
-    assert first is not None and first.as_dict()["relative_norm_change"] is None and first.found_norm is None
+    assert first is not None and first.to_json()["relative_norm_change"] is None and first.found_norm is None
 
 
 def test_probe_journals_norms_that_size_the_divergence(tmp_path: Path) -> None:

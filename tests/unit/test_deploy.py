@@ -21,8 +21,9 @@ from harness.worker.workload import WorkloadConfig
 from injectors import FAULTS
 from injectors.chaosmesh.manifests import ClusterTarget, manifests
 from injectors.chaosmesh.schema import GROUP
-from tests.k8s_standin import CORE, PREFIX, StandIn, connected
-from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE, needs_schema
+from tests.k8s_standin import CORE, CRD_PREFIX, PREFIX, StandIn, connected
+from tests.crds import needs_schema
+from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE
 
 kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")
 pytestmark = pytest.mark.k8s
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.k8s
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios" / "ci").glob("*.yaml")) + [ROOT / "examples" / "mlp-kill.yaml"]
 MODELS = {"ServiceAccount": "V1ServiceAccount", "Role": "V1Role", "RoleBinding": "V1RoleBinding",
+          "ClusterRole": "V1ClusterRole", "ClusterRoleBinding": "V1ClusterRoleBinding",
           "ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job"}
 
 
@@ -123,8 +125,11 @@ def standin() -> Iterator[StandIn]:
         yield server
 
 
-def _verb(method: str, path: str) -> tuple[str, str, str]:
-    """(apiGroup, resource, verb) of one request, as the API server's authorizer sees it."""
+def _verb(method: str, path: str) -> tuple[str, str, str, str | None]:
+    """(apiGroup, resource, verb, name) of one request, as the API server's authorizer sees it; the name only
+    for a cluster-scoped resource (what a ClusterRole's resourceNames restrict)."""
+    if path.startswith(CRD_PREFIX):
+        return "apiextensions.k8s.io", "customresourcedefinitions", {"GET": "get"}[method], path[len(CRD_PREFIX):]
     if path.startswith(CORE):
         group, rest = "", path[len(CORE):].split("/")[1:]
     else:
@@ -132,14 +137,20 @@ def _verb(method: str, path: str) -> tuple[str, str, str]:
         group, rest = GROUP, path[len(PREFIX):].split("/")[1:]
     resource, named = rest[0], len(rest) > 1
     verb = {"POST": "create", "DELETE": "delete", "GET": "get" if named else "list"}[method]
-    return group, resource, verb
+    return group, resource, verb, None
+
+
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str, str | None]]:
+    return {(g, r, v, n) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"] for n in rule.get("resourceNames", [None])}
 
 
 @needs_schema
 def test_the_role_allows_every_request_the_harness_makes_and_nothing_more(standin: StandIn) -> None:
-    role = next(o for o in objects(ROOT / "scenarios" / "smoke" / "kill-rank.yaml") if o["kind"] == "Role")
-    allowed = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}
+    docs = objects(ROOT / "scenarios" / "smoke" / "kill-rank.yaml")
+    role, crds = (next(o for o in docs if o["kind"] == kind) for kind in ("Role", "ClusterRole"))
+    allowed = _grants(role) | _grants(crds)
+    assert all(n is None for *_, n in _grants(role)) and all(n for *_, n in _grants(crds))
     target = ClusterTarget(namespace="ml", selector={"app": "gpt"}, rank_label=INDEX_LABEL)
     kinds = set()
     with connected(standin) as client:
@@ -154,6 +165,16 @@ def test_the_role_allows_every_request_the_harness_makes_and_nothing_more(standi
     assert used <= allowed, used - allowed
     assert allowed == used, f"granted but never used: {allowed - used}"  # least privilege
     assert kinds == set(HARNESS_KINDS)
+
+
+def test_the_cluster_role_is_bound_to_the_harness_cluster_wide() -> None:
+    docs = {o["kind"]: o for o in objects(ROOT / "scenarios" / "smoke" / "kill-rank.yaml")}
+    role, binding = docs["ClusterRole"], docs["ClusterRoleBinding"]
+    assert "namespace" not in role["metadata"] and "namespace" not in binding["metadata"]  # cluster-scoped
+    assert role["metadata"]["name"] == binding["roleRef"]["name"] == "baft-harness-ml-crds"
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    assert binding["subjects"] == docs["RoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "baft-harness", "namespace": "ml"}]
 
 
 def test_worker_spec_points_every_node_at_its_store_by_dns() -> None:

@@ -27,7 +27,7 @@ HARNESS_FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"run"}),
     frozenset({"scenario"}),
     frozenset({"worker"}),
-    frozenset({"schema"}),
+    frozenset({"schema", "cliconfig"}),
     frozenset({"errors"}),
 )
 

@@ -12,7 +12,7 @@ from analysis.benchstats import bootstrap_ci
 from analysis.journal import Journal, JournalWriter, float_bits, rank_journal
 from analysis.errors import ConfigFieldError
 from analysis.losscurve import LossExpect, compare_curves, loss_curve
-from analysis.verdict import ExpectConfig, judge
+from analysis.verdict import ExpectConfig, WorldSize, judge
 
 
 def curve(n: int = 40) -> dict[int, float]:
@@ -21,7 +21,7 @@ def curve(n: int = 40) -> dict[int, float]:
 
 def test_identical_curves_pass_with_nothing_to_judge() -> None:
     v = compare_curves(curve(), curve(), LossExpect())
-    assert v["passed"] and v["from_step"] is None and v["steps_compared"] == 0
+    assert v.passed and v.from_step is None and v.steps_compared == 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -30,9 +30,9 @@ def test_a_constant_relative_offset_passes_exactly_when_inside_rtol(rel: float, 
     ref = curve()
     run = {s: v * (1 + rel) if s >= 10 else v for s, v in ref.items()}
     v = compare_curves(ref, run, LossExpect(rtol=rtol, window=window))
-    assert v["from_step"] == 10 and v["steps_compared"] == 30
+    assert v.from_step == 10 and v.steps_compared == 30
     if abs(rel - rtol) > 1e-9:
-        assert v["passed"] == (rel < rtol), v["worst_window"]
+        assert v.passed == (rel < rtol), v.worst_window
 
 
 @settings(max_examples=40, deadline=None)
@@ -45,8 +45,9 @@ def test_windows_average_out_noise(seed: int, noise: float, window: int) -> None
     run = {s: v * (1 + rng.uniform(-noise, noise)) for s, v in ref.items()}
     step_by_step = compare_curves(ref, run, LossExpect(rtol=noise, window=1))
     windowed = compare_curves(ref, run, LossExpect(rtol=noise, window=window))
-    assert step_by_step["passed"]  # every point is within noise by construction
-    assert windowed["worst_window"]["score"] <= step_by_step["worst_window"]["score"] + 1e-9
+    assert step_by_step.passed  # every point is within noise by construction
+    assert windowed.worst_window is not None and step_by_step.worst_window is not None
+    assert windowed.worst_window.score <= step_by_step.worst_window.score + 1e-9
 
 
 @pytest.mark.parametrize("shift, margin, equivalent", [(0.001, 0.01, True), (0.03, 0.01, False), (-0.03, 0.01, False)])
@@ -57,9 +58,9 @@ def test_equivalence_needs_the_interval_inside_the_margin(shift: float, margin: 
     ref = curve(60)
     run = {s: v * (1 + shift + rng.uniform(-0.002, 0.002)) for s, v in ref.items()}
     v = compare_curves(ref, run, LossExpect(rtol=1.0, window=5, margin=margin))
-    eq = v["equivalence"]
-    assert eq["equivalent"] is equivalent and v["passed"] is equivalent
-    assert eq["interval"][0] <= eq["mean_relative_difference"] <= eq["interval"][1]
+    eq = v.equivalence
+    assert eq is not None and eq.equivalent is equivalent and v.passed is equivalent
+    assert eq.interval[0] <= eq.mean_relative_difference <= eq.interval[1]
 
 
 def test_missing_steps_fail() -> None:
@@ -67,7 +68,7 @@ def test_missing_steps_fail() -> None:
     run = {s: v for s, v in ref.items() if s != 33}
     run[3] = ref[3] * 1.0001
     v = compare_curves(ref, run, LossExpect(rtol=0.1))
-    assert not v["passed"] and v["missing_steps"] == [33]
+    assert not v.passed and v.missing_steps == [33]
 
 
 @pytest.mark.parametrize("field, value", [("rtol", -1.0), ("window", 0), ("margin", 0.0), ("alpha", 0.5), ("from_step", -2)])
@@ -117,10 +118,10 @@ def test_an_elastic_run_is_bitwise_before_the_resize_and_judged_by_its_loss_afte
     run = write_elastic(tmp_path / "run", 4, 20, lost_at=12, restore=11, offset=offset)
     expect = ExpectConfig(max_lost_steps=1, loss=LossExpect(rtol=0.01, window=3))
     v = judge(ref, run, expect, steps=20, faults_declared=1)
-    assert v["world_size"] == {"reference": 4, "final": 2} and v["completed"]
-    assert v["bitwise_equal"] and v["resized_records"] == 2 * 2 * 9  # ranks 0,1: steps 11..19, state + step
-    assert v["recoveries"][0]["lost_steps"] == 1 and v["recoveries"][0]["recovery_seconds"] is not None
-    assert v["passed"] is passed and v["loss_curve"]["from_step"] == 11
+    assert v.world_size == WorldSize(reference=4, final=2) and v.completed
+    assert v.bitwise_equal and v.resized_records == 2 * 2 * 9  # ranks 0,1: steps 11..19, state + step
+    assert v.recoveries[0].lost_steps == 1 and v.recoveries[0].recovery_seconds is not None
+    assert v.passed is passed and v.loss_curve is not None and v.loss_curve.from_step == 11
     assert loss_curve(run)[15] == pytest.approx((2.0 / 16 + 1.0) * (1 + offset))
 
 
@@ -128,4 +129,4 @@ def test_a_resized_run_without_a_loss_expectation_fails(tmp_path: Path) -> None:
     ref = write_elastic(tmp_path / "ref", 4, 10)
     run = write_elastic(tmp_path / "run", 4, 10, lost_at=6, restore=5)
     v = judge(ref, run, ExpectConfig(), steps=10, faults_declared=1)
-    assert not v["passed"] and any("needs expect.loss" in f for f in v["failures"])
+    assert not v.passed and any("needs expect.loss" in f for f in v.failures)

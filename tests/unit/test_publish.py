@@ -15,7 +15,10 @@ import pytest
 import yaml
 
 from analysis.journal import JournalWriter, float_bits, rank_journal
+from analysis.losscurve import LossVerdict
+from analysis.metrics import Recovery
 from analysis.publish import PublishConfig, PublishError, PublishResult, _require_credentials, publish, read_offline_run
+from analysis.verdict import Verdict, WallSeconds, WorldSize
 
 SCENARIO = "pub-kill"
 STEPS = 10
@@ -50,21 +53,21 @@ def make_run_dir(out: Path, *, steps: int = STEPS, kill: bool = True, extras: bo
     """A run directory as ``baft run`` leaves it (plus the report files when ``extras``)."""
     write_journal(out / "reference", steps, kill=False)
     write_journal(out / "faulted", steps, kill=kill)
-    recoveries = [{
-        "fault": {"event": "fault", "fault": "kill", "id": 0, "step": KILL_AT, "rank": 0, "phase": "iteration"},
-        "progress_before": KILL_AT, "restored_step": RESTORE_TO, "restored_tier": "shm", "lost_steps": 2,
-        "recovery_seconds": 3.5, "restore_seconds": 0.1, "detection_seconds": None,
-    }] if kill else []
-    verdict = {
-        "scenario": SCENARIO, "passed": kill, "failures": [] if kill else ["only 0 of 1 faults fired"],
-        "bitwise_equal": not kill, "first_divergence": None, "lost_steps": 2 if kill else 0,
-        "recovery_seconds": 3.5 if kill else None, "faults_fired": 2 if kill else 0, "faults_declared": 2 if kill else 1,
-        "completed": True, "recoveries": recoveries, "windows": [],
-        "loss_curve": {"passed": True, "from_step": RESTORE_TO, "steps_compared": 5, "failures": []} if kill else None,
-        "world_size": {"reference": 1, "final": 1},
-        "wall_seconds": {"reference": 1.0, "reference_cached": True, "faulted": 2.0},
-    }
-    (out / "verdict.json").write_text(json.dumps(verdict, indent=2))
+    recoveries = [Recovery(
+        fault={"event": "fault", "fault": "kill", "id": 0, "step": KILL_AT, "rank": 0, "phase": "iteration"},
+        progress_before=KILL_AT, restored_step=RESTORE_TO, restored_tier="shm", lost_steps=2,
+        recovery_seconds=3.5, restore_seconds=0.1, detection_seconds=None,
+    )] if kill else []
+    loss = LossVerdict(from_step=RESTORE_TO, steps_compared=5, window=1, rtol=1.0, atol=0.0, missing_steps=[],
+                       worst_window=None, equivalence=None, failures=[], passed=True)
+    Verdict(
+        scenario=SCENARIO, passed=kill, failures=[] if kill else ["only 0 of 1 faults fired"],
+        bitwise_equal=not kill, first_divergence=None, lost_steps=2 if kill else 0,
+        recovery_seconds=3.5 if kill else None, faults_fired=2 if kill else 0, faults_declared=2 if kill else 1,
+        completed=True, recoveries=recoveries, windows=[], loss_curve=loss if kill else None,
+        world_size=WorldSize(reference=1, final=1),
+        wall_seconds=WallSeconds(reference=1.0, reference_cached=True, faulted=2.0),
+    ).write(out)
     if extras:
         scenario = {"name": SCENARIO, "workload": {"model": "gpt-tiny", "stages": 1, "steps": steps},
                     "faults": [{"kill": {"rank": 0, "at_step": KILL_AT}}], "expect": {"bitwise": False}}

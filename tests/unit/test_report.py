@@ -1,7 +1,7 @@
 """Reports (Markdown + self-contained HTML + PNG plots) and JUnit XML from hand-made run directories."""
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -12,8 +12,9 @@ from analysis.errors import AnalysisError
 from analysis.journal import Journal
 from analysis.junit import junit_xml
 from analysis.losscurve import LossExpect
+from analysis.metrics import Paired
 from analysis.report import is_suite, report
-from analysis.verdict import ExpectConfig, judge
+from analysis.verdict import ExpectConfig, NotRun, Verdict, WallSeconds, judge
 from harness.cli import main as cli_main
 
 from .test_losscurve import write_elastic
@@ -21,12 +22,12 @@ from .test_losscurve import write_elastic
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def make_run(root: Path, *, offset: float = 0.001, name: str = "elastic") -> dict:
+def make_run(root: Path, *, offset: float = 0.001, name: str = "elastic") -> Verdict:
     ref = write_elastic(root / "reference", 4, 20)
     run = write_elastic(root / "faulted", 4, 20, lost_at=12, restore=11, offset=offset)
     v = judge(ref, run, ExpectConfig(max_lost_steps=1, loss=LossExpect(rtol=0.01, window=3)), steps=20, faults_declared=1)
-    v = {"scenario": name, **v, "wall_seconds": {"reference": 1.0, "reference_cached": False, "faulted": 2.0}}
-    (root / "verdict.json").write_text(json.dumps(v))
+    v = dataclasses.replace(v, scenario=name, wall_seconds=WallSeconds(reference=1.0, reference_cached=False, faulted=2.0))
+    v.write(root)
     (root / "scenario.yaml").write_text(f"name: {name}\ncheckpoint: {{strategy: baft, every: 5}}\n")
     return v
 
@@ -45,7 +46,7 @@ def test_a_run_report_has_the_story_plot_first_and_every_section(tmp_path: Path)
         assert (tmp_path / img).is_file()
     for section in ("## Recoveries", "## Loss curve", "## Cost", "## Checkpoint interval advice"):
         assert section in md
-    assert "4 → 2" in md and f"| {v['recoveries'][0]['lost_steps']} |" in md
+    assert "4 → 2" in md and f"| {v.recoveries[0].lost_steps} |" in md
     # HTML: self-contained (every image inline, no file references)
     assert page.count("data:image/png;base64,") == len(r.figures)
     assert not re.search(r"src=['\"](?!data:)", page)
@@ -87,10 +88,13 @@ def test_cli_report_and_advise(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_junit_counts_failures_and_errors() -> None:
-    results = [
-        {"scenario": "ok", "passed": True, "failures": [], "wall_seconds": {"faulted": 3.5}},
-        {"scenario": "bad", "passed": False, "failures": ["lost 4 steps, at most 1 allowed", "x"], "wall_seconds": {"faulted": 2}},
-        {"scenario": "broken", "passed": False, "error": "the reference run failed"},
+    def took(faulted: float) -> WallSeconds:
+        return WallSeconds(reference=1.0, reference_cached=True, faulted=faulted)
+
+    results: list[Verdict | NotRun] = [
+        Verdict(scenario="ok", passed=True, failures=[], wall_seconds=took(3.5)),
+        Verdict(scenario="bad", passed=False, failures=["lost 4 steps, at most 1 allowed", "x"], wall_seconds=took(2)),
+        NotRun(scenario="broken", error="the reference run failed"),
     ]
     root = ET.fromstring(junit_xml("ci", results).split("?>", 1)[1])
     (suite,) = root.findall("testsuite")
@@ -103,7 +107,7 @@ def test_junit_counts_failures_and_errors() -> None:
 
 def test_verdict_metrics_report_goodput_and_overhead(tmp_path: Path) -> None:
     v = make_run(tmp_path)
-    m = v["metrics"]
-    assert m["goodput_steps_per_second"]["reference"] > 0 and m["goodput_ratio"] is not None
-    assert set(m["iteration_seconds"]) == {"reference", "faulted"}
+    m = v.metrics
+    assert m is not None and m.goodput_steps_per_second.reference and m.goodput_ratio is not None
+    assert m.iteration_seconds == Paired(reference=None, faulted=None)  # hand-made steps carry no seconds
     assert Journal.load(tmp_path / "faulted").world_size == 2

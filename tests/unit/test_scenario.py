@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from harness.cli import main as cli_main
 from harness.errors import ScenarioError
 from harness.scenario import load
+from tests.crds import SHARED_CRDS, needs_schema
 
 GOOD = """\
 name: kill-rank1-step17
@@ -234,8 +235,10 @@ def test_a_local_clock_skew_is_refused_and_says_to_use_a_cluster(tmp_path: Path,
 
 
 @pytest.mark.k8s
+@needs_schema
 def test_a_clock_skew_scenario_can_go_to_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = write(tmp_path, GOOD.replace("  - kill: {rank: 1, at_step: 17}", CLOCK_SKEW))
     assert load(f, host=False).faults[0].config.offset == "-10m"  # the cluster target skips the host's preflight
-    rc = cli_main(["run", str(f), "--target", "k8s", "--dry-run", "--namespace", "train", "--selector", "app=gpt"])
+    rc = cli_main(["run", str(f), "--target", "k8s", "--dry-run", "--crds", str(SHARED_CRDS), "--namespace", "train",
+                   "--selector", "app=gpt"])
     assert rc == 0 and "kind: TimeChaos" in capsys.readouterr().out

@@ -57,11 +57,17 @@ class WandbJob:
     dropping back (a restore) and logging the lost steps again, which W&B ignores below its last step."""
 
     def __init__(self, wb: WandbStandIn, steps: int, period: float = 0.08, delay: float = 0.0,
-                 restore_at: int | None = None) -> None:
+                 restore_at: int | None = None, after_first_query: bool = False) -> None:
         self.wb, self.steps, self.period, self.delay, self.restore_at = wb, steps, period, delay, restore_at
+        self.after_first_query = after_first_query
+        """Start only once the harness asks for the run: it is then following, however long its start-up
+        took on a busy machine (else the job may finish before the harness looks)."""
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        deadline = time.monotonic() + 120
+        while self.after_first_query and self.wb.queries == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
         time.sleep(self.delay)
         self.wb.create(RUN, created_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()))
         step, restored = 0, False
@@ -164,8 +170,8 @@ def test_faults_fire_at_the_steps_the_wandb_run_reports(wb: WandbStandIn, standi
                         start_timeout=10)
     with WandbJob(wb, 12, delay=0.3, restore_at=7):
         verdict = run_on_cluster(s, client, TARGET, cfg, tmp_path / "out", "r1", report=False)
-    assert verdict["passed"], verdict
-    assert verdict["cluster"]["wandb_run"] == RUN and verdict["cluster"]["job_dir"] is None
+    assert verdict.passed, verdict
+    assert verdict.cluster is not None and verdict.cluster.wandb_run == RUN and verdict.cluster.job_dir is None
     fired = {e["id"]: e for e in _launcher(tmp_path / "out", "fault")}
     assert fired[0]["due_step"] == 4 and 4 <= fired[0]["step"] <= fired[0]["injected_step"]
     assert fired[1]["step"] >= 6
@@ -222,7 +228,7 @@ K8S = ["--target", "k8s", "--namespace", "train", "--selector", "app=gpt", "--ra
 @needs_schema
 def test_cli_follows_a_wandb_run_and_prints_each_firing(wb: WandbStandIn, standin: StandIn, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    with WandbJob(wb, 8, period=0.15):
+    with WandbJob(wb, 8, period=0.15, after_first_query=True):
         rc = cli_main(["run", str(_scenario_file(tmp_path)), *K8S, "--kubeconfig", str(_kubeconfig(tmp_path, standin.host)),
                        "--wandb-run", RUN, "--wandb-base-url", wb.url, "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out

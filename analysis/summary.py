@@ -1,0 +1,110 @@
+"""The verdict on a terminal: the lines ``baft run`` prints (also for a run on a cluster and for a
+failed scenario under pytest), and the table of a suite's verdicts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .metrics import fault_target
+from .verdict import ChaosFiring, NotRun, Verdict
+
+
+def count(n: int, noun: str) -> str:
+    """``1 step``, ``2 steps``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def format_summary(verdict: Verdict, out: Path) -> str:
+    """A few lines for the terminal about the verdict written into run directory ``out``."""
+    cluster = [] if verdict.cluster is None else [_firing(f) for f in verdict.cluster.firings]
+    if not verdict.compared:
+        head = [f"{verdict.scenario}: {'PASSED' if verdict.passed else 'FAILED'} (on the cluster; {verdict.note})"]
+        tail = [f"  FAIL: {f}" for f in verdict.failures] + [f"  verdict          {out / 'verdict.json'}"]
+        return "\n".join(head + cluster + tail)
+    lines = _judgement(verdict, out)
+    if verdict.cluster is not None:
+        lines += ["  on the cluster:"] + ["  " + line for line in cluster]
+    return "\n".join(lines)
+
+
+def _judgement(v: Verdict, out: Path) -> list[str]:
+    lines = [f"{v.scenario}: {'PASSED' if v.passed else 'FAILED'}"]
+    bw = "yes" if v.bitwise_equal else "NO"
+    lines.append(f"  bitwise equal    {bw} ({v.states_compared} state and {v.losses_compared} loss records compared)")
+    ws = v.world_size
+    if ws is not None and ws.reference != ws.final:
+        lines.append(f"  world size       {ws.reference} -> {ws.final} ranks ({v.resized_records} records "
+                     "after the resize judged by the loss curve)")
+    lc = v.loss_curve
+    if lc is not None:
+        worst = lc.worst_window
+        where = (f"worst steps {worst.steps[0]}-{worst.steps[1]}: {worst.deviation:.3g} off, tolerance "
+                 f"{worst.tolerance:.3g}" if worst else "identical to the reference")
+        lines.append(f"  loss curve       {'within tolerance' if not lc.failures else 'OUT OF TOLERANCE'} "
+                     f"({lc.steps_compared} steps from step {lc.from_step}, window {lc.window}; {where})")
+        eq = lc.equivalence
+        if eq is not None:
+            lines.append(f"  loss equivalence {'shown' if eq.equivalent else 'NOT shown'}: mean relative difference "
+                         f"{eq.mean_relative_difference:+.3%}, {100 * (1 - 2 * eq.alpha):.0f}% interval "
+                         f"[{eq.interval[0]:+.3%}, {eq.interval[1]:+.3%}] within ±{eq.margin:.2%}")
+    d = v.first_divergence
+    if d is not None:
+        rel = d.relative_norm_change
+        size = ("" if rel is None else f", norm {d.reference_norm:.6g} -> {d.found_norm:.6g} ({rel:.2e} relative)"
+                if rel else ", norms equal (a change below what a norm resolves)")
+        lines.append(f"  first divergence step {d.step}, {d.component} / {d.key} (rank {d.rank}){size}")
+    lines.append(f"  faults fired     {v.faults_fired}/{v.faults_declared} ({count(v.fault_occurrences, 'occurrence')})")
+    for r in v.recoveries:
+        f = r.fault
+        rec = f"{r.recovery_seconds:.2f} s" if r.recovery_seconds is not None else "never"
+        phase = "" if f.get("phase") in (None, "iteration") else f" ({f['phase']})"
+        detect = f", hang detected after {r.detection_seconds:.1f} s" if r.detection_seconds is not None else ""
+        lines.append(
+            f"  {f['fault']} {fault_target(f)} at step {f['step']}{phase}: restored step {r.restored_step}"
+            f" ({r.restored_tier or 'no checkpoint'}), lost {count(r.lost_steps, 'step')}{detect}, recovered in {rec}"
+        )
+    for w in v.windows:
+        lines.append(f"  {w.fault} {w.target}: active from step {w.from_step}"
+                     + (f" to step {w.to_step}" if w.to_step is not None else " to the end") + f" ({w.effect})")
+    t = v.wall_seconds
+    if t is not None and t.reference is None:  # a run on a cluster: the reference is a journal the user gave
+        lines.append(f"  wall time        {t.faulted:.1f} s following the job on the cluster")
+    elif t is not None:
+        lines.append(f"  wall time        reference {t.reference:.1f} s{' (cached)' if t.reference_cached else ''}, "
+                     f"faulted {t.faulted:.1f} s")
+    for label, issues in (("rejected", v.checkpoints_rejected), ("write failed", v.checkpoints_failed)):
+        for c in issues:
+            lines.append(f"  checkpoint {label}: step {c.step} ({c.tier}): {c.reason}")
+    if v.caught is not None:
+        want = " / ".join(x for x in (v.caught.expected.component, v.caught.expected.failure) if x)
+        lines.append(f"  planted bug      {'CAUGHT' if v.caught.caught else 'NOT CAUGHT'} (expected: {want})")
+        lines += [f"    evidence: {f}" for f in v.caught.evidence]
+    lines += [f"  FAIL: {f}" for f in v.failures]
+    lines.append(f"  verdict          {out / 'verdict.json'}")
+    if (out / "report.html").is_file():
+        lines.append(f"  report           {out / 'report.html'} (and report.md, plots *.png)")
+    return lines
+
+
+def _firing(f: ChaosFiring) -> str:
+    """One firing of a fault on a cluster, on one line."""
+    what = f"faults[{f.id}] {f.fault}" + (f" #{f.occurrence}" if f.occurrence else "")
+    due = f"step {f.due_step}" if f.due_step is not None else "its time"
+    if f.status != "injected":
+        return f"  {what}: {f.status.upper()} (due {due}, job at step {f.step}): {f.why}"
+    rec = f", recovered {f.recover_seconds:.1f} s after delete" if f.recover_seconds is not None else ""
+    return (f"  {what}: due {due}, fired at step {f.step}, injected by step {f.injected_step} "
+            f"({f.inject_seconds:.1f} s), deleted at step {f.deleted_step}{rec}")
+
+
+def format_table(results: list[Verdict | NotRun]) -> str:
+    """The verdicts of a suite as a table for the terminal, a row per scenario."""
+    rows = [("scenario", "verdict", "bitwise", "lost", "recovery s", "why")]
+    for r in results:
+        if isinstance(r, NotRun):
+            rows.append((r.scenario, "ERROR", "-", "-", "-", r.error[:60]))
+            continue
+        rec = r.recovery_seconds
+        rows.append((r.scenario, "PASSED" if r.passed else "FAILED", "yes" if r.bitwise_equal else "NO",
+                     str(r.lost_steps), f"{rec:.1f}" if rec is not None else "-", "; ".join(r.failures)[:60]))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)

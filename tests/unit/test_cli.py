@@ -1,0 +1,40 @@
+"""Bad input to ``baft``: one ``UsageError``, caught once in ``main``: exit 2, one line on stderr, no traceback."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main as cli_main
+from harness.errors import HarnessError, ScenarioError, UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
+KILL = str(ROOT / "scenarios" / "smoke" / "kill-rank.yaml")
+
+
+def test_a_scenario_error_is_a_usage_error_of_the_harness() -> None:
+    assert issubclass(UsageError, HarnessError) and issubclass(ScenarioError, UsageError)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", ".", "--mtbf", "x"], "baft: error: --mtbf: expected hours > 0, comma-separated, found 'x'"),
+    (["advise", "/nonexistent", "--mtbf", "0"], "baft: error: --mtbf: expected hours > 0"),
+    (["report", "/nonexistent"], "baft: error: /nonexistent: not a directory"),
+    (["fuzz", KILL, "--budget", "0"], "baft: error: --budget and --max-faults: expected integers >= 1"),
+    (["validate", "/nonexistent.yaml"], "baft: error: /nonexistent.yaml"),
+    (["suite", "/nonexistent"], "baft: error: /nonexistent: expected a directory of scenario files"),
+    (["run", KILL, "--target", "k8s", "--dry-run"], "baft: error: --target k8s needs --namespace and --selector"),
+    (["run", KILL, "--target", "k8s", "--namespace", "ml", "--selector", "app"],
+     "baft: error: --target k8s needs --job-dir"),
+    (["run", KILL, "--target", "k8s", "--namespace", "ml", "--selector", "app", "--dry-run"],
+     "baft: error: --selector: expected k=v[,k=v], found 'app'"),
+    (["run", KILL, "--target", "k8s", "--namespace", "ml", "--selector", "a=b", "--workflow", "--job-dir", "/x"],
+     "baft: error: --workflow prints one Chaos Mesh Workflow"),
+    (["deploy", KILL, "--namespace", "Bad_NS", "--image", "i:1", "--claim", "shared"],
+     "baft: error: --namespace: expected a DNS-1123 label"),
+])
+def test_bad_input_exits_2_with_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message), captured.err
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err and captured.out == ""
