@@ -33,8 +33,9 @@ from . import codec, events
 from .collective import all_gather, all_min, rank_world
 from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
 from .layout import BULK_COMPONENTS, MARKER, TensorSpec, as_bytes, layout, rebuild, split, total_bytes
-from .planner import Chunk, Plan, PlannerConfig, make_chunks, owned, plan
-from .profiler import BubbleProfiler, ProfilerConfig
+from .config import CheckpointConfig
+from .planner import Chunk, Plan, make_chunks, owned, plan
+from .profiler import BubbleProfiler
 from .snapshot import COMPLETE, WRITING, SnapshotBuffer, slot_of
 from .state import COMPONENTS, TrainState
 from .store import TRAFFIC_FILE, StoreClient
@@ -98,29 +99,17 @@ def _saved_replicas(buffer: SnapshotBuffer, complete: dict[int, int]) -> int:
 class BubbleSnapshotter:
     """Snapshots one stage's state into shared memory, inside its idle windows."""
 
-    def __init__(
-        self,
-        state: TrainState,
-        shm_dir: Path,
-        *,
-        rank: int,
-        replica: int = 0,
-        replicas: int = 1,
-        replica_group: Any = None,
-        profiler: ProfilerConfig | None = None,
-        planner: PlannerConfig | None = None,
-        omit: tuple[str, ...] = (),
-        store: StoreClient | None = None,
-        node: int = 0,
-        replicate_every: int = 1,
-    ) -> None:
+    def __init__(self, state: TrainState, config: CheckpointConfig, shm_dir: Path, *, rank: int, replica: int = 0,
+                 replicas: int = 1, replica_group: Any = None) -> None:
+        """``config``: the checkpoint policy (its profiler, planner, ``omit``, node store and
+        replication stride); ``shm_dir``: where the slots live; ``rank`` and its place among the
+        stage's data-parallel ``replicas`` (which chunks it copies; ``replica_group`` reduces them)."""
         self.state = state
+        self.config = config
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
-        self.planner_config = planner or PlannerConfig()
-        self.omit = omit
-        self.profiler = BubbleProfiler(profiler)
+        self.profiler = BubbleProfiler(config.profiler)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
-        self.engine = CopyEngine(self.planner_config.copier, budget=self._window_budget)
+        self.engine = CopyEngine(config.planner.copier, budget=self._window_budget)
         self.profiler.listeners.append(self.engine.on_wait)
         self.buffer = SnapshotBuffer(shm_dir, rank)
         self.specs: list[TensorSpec] | None = None
@@ -132,9 +121,9 @@ class BubbleSnapshotter:
         self._pending: dict[str, Any] | None = None
         self._jobs: dict[int, list[CopyJob]] = {}
         self._static: tuple[tuple, bytes | None] | None = None
-        self.store, self.node, self.replicate_every = store, node, replicate_every
+        self.store = StoreClient(config.store) if config.store else None
         self.traffic: TrafficFlag | None = None
-        if store is not None:  # tell the node's store when pipeline traffic is in flight
+        if self.store is not None:  # tell the node's store when pipeline traffic is in flight
             self.traffic = TrafficFlag(Path(shm_dir) / TRAFFIC_FILE, rank)
             self.profiler.listeners.insert(0, lambda entering, _window: self.traffic.set(entering))
         self._torn: list[int] = []
@@ -142,6 +131,11 @@ class BubbleSnapshotter:
         self.last_sealed: int | None = None
         self.pinned: set[int] = set()
         """Slots a reader (the persister) still needs; a version due for a pinned slot is skipped."""
+
+    @property
+    def omit(self) -> tuple[str, ...]:
+        """Components left out of every snapshot (``config.omit``)."""
+        return tuple(self.config.omit)
 
     def attach(self, stage: Any) -> None:
         self.profiler.attach(stage)
@@ -183,7 +177,7 @@ class BubbleSnapshotter:
         """Seconds of snapshot work the current plan allows in the window at ``window``."""
         if self.plan is None or window >= len(self.plan.windows):
             return 0.0
-        return self.plan.windows[window] * self.planner_config.fill
+        return self.plan.windows[window] * self.config.planner.fill
 
     def _bulk_identity(self) -> tuple:
         """Which storages hold the bulk state: unchanged while training updates them in place.
@@ -254,7 +248,7 @@ class BubbleSnapshotter:
     def _relayout(self, specs: list[TensorSpec]) -> None:
         reason = "first snapshot" if self.specs is None else "state layout changed"
         self.specs = specs
-        self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.planner_config.chunk_bytes)
+        self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.config.planner.chunk_bytes)
         self.mine = owned(self.chunks, self.replica, self.replicas)
         self.buffer.allocate(total_bytes(specs), META_CAPACITY)
         self._replan(reason)
@@ -270,7 +264,7 @@ class BubbleSnapshotter:
         version = pending["version"]
         pending["slot"].complete(version, pending["meta"])
         self.last_sealed = version
-        if (self.store is not None and version % self.replicate_every == 0
+        if (self.store is not None and version % self.config.replicate_every == 0
                 and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)))):
             events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
         self.last_stats = stats
@@ -305,7 +299,7 @@ class BubbleSnapshotter:
         windows = self.profiler.accept() if self.profiler.warm else []
         if iteration_seconds <= 0 and self.profiler.history:
             iteration_seconds = self.profiler.history[-1].seconds  # e.g. a layout change between profiles
-        self.plan = plan(self.mine, windows, self.bandwidth, self.planner_config,
+        self.plan = plan(self.mine, windows, self.bandwidth, self.config.planner,
                          iteration_seconds=iteration_seconds, reason=reason)
         events.emit("replan", **self.plan.describe())
 
@@ -348,7 +342,7 @@ class BubbleSnapshotter:
             self.buffer.close()
             source = self.store.pull(self.rank, version, self.buffer.path(slot_of(version)))
             complete = self._open_slots()
-            tier = "peer" if source is not None and source != self.node else "shm"
+            tier = "peer" if source is not None and source != self.config.node else "shm"
         if all_min(int(version in complete)) == 0:  # some rank could not get it: all fall back together
             self.buffer.close()
             return None
@@ -400,7 +394,7 @@ class BubbleSnapshotter:
                     buf = here[o] = SnapshotBuffer(pulled, o)
                     pulled.mkdir(parents=True, exist_ok=True)
                     source = self.store.pull(o, version, buf.path(slot_of(version))) if self.store else None
-                    tier = "peer" if source is not None and source != self.node else tier
+                    tier = "peer" if source is not None and source != self.config.node else tier
                     buf.open_existing()
                 slot = buf.slots.get(slot_of(version))
                 info = slot.info(slot_of(version)) if slot is not None else None

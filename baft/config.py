@@ -9,9 +9,13 @@ from .planner import PlannerConfig
 from .profiler import ProfilerConfig
 from .state import COMPONENTS
 from .storage import check_url, is_url
+from .store import ReplicationConfig
 
 StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
 STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
+#: The section's replication keys -> the fields of the stores' :class:`~baft.store.ReplicationConfig`.
+REPLICATION_KEYS = {"replicas": "replicas", "replication_rate": "rate", "replication_yield": "yield_to_training"}
+_REPLICATION = ReplicationConfig()  # whose defaults the section's replication keys take
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,14 +40,14 @@ class CheckpointConfig:
     """How many committed persistent checkpoints to keep."""
     shm_dir: str = ""
     """``baft``: directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
-    replicas: int = 1
+    replicas: int = _REPLICATION.replicas
     """``baft``: peer nodes that keep a copy of each snapshot (ring placement; needs nodes > 1)."""
     replicate_every: int = 1
     """``baft``: hand every this many versions to the store for replication (1: every one)."""
-    replication_rate: float = 0.0
+    replication_rate: float = _REPLICATION.rate
     """``baft``: replication rate limit per node in bytes/s (0: none). When the link cannot
     carry a replica per iteration, older versions are skipped and the skips journaled."""
-    replication_yield: bool = True
+    replication_yield: bool = _REPLICATION.yield_to_training
     """``baft``: the store sends replica data only while no rank of its node has pipeline
     traffic in flight (each 256 KiB piece waits at most 20 ms)."""
     store: str = ""
@@ -69,13 +73,18 @@ class CheckpointConfig:
             raise BaftConfigError("dir", "a directory or an fsspec URL", self.dir)
         if is_url(self.dir):
             check_url(self.dir)
-        if self.replicas < 0:
-            raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
+        try:
+            self.replication  # validated as the stores' own config
+        except BaftConfigError as e:  # named by the section's key
+            raise BaftConfigError(next(k for k, v in REPLICATION_KEYS.items() if v == e.field), e.expected, e.found) from None
         if self.replicate_every < 1:
             raise BaftConfigError("replicate_every", "an integer >= 1", self.replicate_every)
-        if self.replication_rate < 0:
-            raise BaftConfigError("replication_rate", "a number >= 0 (bytes/s; 0 means no limit)", self.replication_rate)
         allowed = [c for c in COMPONENTS if c not in ("model", "step")]
         for name in self.omit:
             if name not in allowed:
                 raise BaftConfigError("omit", "components among " + ", ".join(allowed), name)
+
+    @property
+    def replication(self) -> ReplicationConfig:
+        """``baft``: how the node stores replicate (``replicas``, ``replication_rate``, ``replication_yield``)."""
+        return ReplicationConfig(**{field: getattr(self, key) for key, field in REPLICATION_KEYS.items()})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ MAGIC = 0x42414654_534E4150  # "BAFTSNAP"
 HEADER = 4096
 WRITING, COMPLETE = 1, 2
 _FIELDS = 6
+_HEAD = struct.Struct(f"<{_FIELDS}q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +123,7 @@ class SnapshotBuffer:
         self.slots: dict[int, Slot] = {}
 
     def path(self, k: int) -> Path:
-        return self.root / f"rank-{self.rank:05d}.slot{k}"
+        return own_slot(self.root, self.rank, k)
 
     def allocate(self, data_len: int, meta_capacity: int) -> None:
         """Map every slot with room for ``data_len`` bytes of tensors.
@@ -160,3 +162,71 @@ class SnapshotBuffer:
         for s in self.slots.values():
             s.close()
         self.slots = {}
+
+
+# -- slot files as bytes (how the node store reads, copies and writes them) ----------------------------
+def slot_header(path: Path) -> tuple[int, int, int] | None:
+    """(state, version, data_len) of a slot file, or None if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_HEAD.size)
+    except OSError:
+        return None
+    if len(raw) < _HEAD.size:
+        return None
+    magic, state, version, data_len, _meta_len, _cap = _HEAD.unpack(raw)
+    return (state, version, data_len) if magic == MAGIC else None
+
+
+def read_complete(path: Path, version: int) -> bytes | None:
+    """The used bytes of a slot file (header, data, metadata) if it holds complete
+    ``version`` both before and after reading; None if not (or rewritten meanwhile)."""
+    before = slot_header(path)
+    if before is None or before[0] != COMPLETE or before[1] != version:
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD.size)
+            _, _, _, data_len, meta_len, _ = _HEAD.unpack(head)
+            f.seek(0)
+            data = f.read(HEADER + data_len + meta_len)
+    except OSError:
+        return None
+    after = slot_header(path)
+    if after != before or len(data) < HEADER:
+        return None  # rewritten while we read: torn
+    return data
+
+
+def write_slot(path: Path, data: bytes) -> None:
+    """Atomically place a slot's used bytes at ``path``, padded to the slot's full size."""
+    _, _, _, data_len, _, capacity = _HEAD.unpack(data[: _HEAD.size])
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.truncate(HEADER + data_len + capacity)
+    os.replace(tmp, path)
+
+
+def own_slot(root: Path, rank: int, k: int) -> Path:
+    return root / f"rank-{rank:05d}.slot{k}"
+
+
+def replica_slot(root: Path, rank: int, k: int) -> Path:
+    return root / f"replica-rank-{rank:05d}.slot{k}"
+
+
+def kept_slot(root: Path, rank: int, k: int) -> Path:
+    """The store's own copies of a local rank's recent round versions (a ring of ``SLOTS``)."""
+    return root / f"kept-rank-{rank:05d}.slot{k}"
+
+
+def copies(root: Path, rank: int) -> list[tuple[int, Path]]:
+    """Complete copies of ``rank``'s state on this node: (version, file)."""
+    out = []
+    for k in range(SLOTS):
+        for p in (own_slot(root, rank, k), replica_slot(root, rank, k), kept_slot(root, rank, k)):
+            h = slot_header(p)
+            if h is not None and h[0] == COMPLETE:
+                out.append((h[1], p))
+    return out

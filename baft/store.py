@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import signal
@@ -33,15 +34,18 @@ import socketserver
 import statistics
 import struct
 import sys
+import textwrap
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .snapshot import COMPLETE, HEADER, MAGIC, SLOTS, slot_of
+from .errors import BaftConfigError
+from .fields import field_docs
+from .snapshot import SLOTS, copies, kept_slot, read_complete, replica_slot, slot_of, write_slot
 from .traffic import TrafficFlags
 
-_FIELDS = struct.Struct("<6q")
 #: Replicas are sent in pieces of this size, each gated on training traffic. The socket's send
 #: buffer is kept as small, so a piece has left the host (not just entered a kernel buffer)
 #: when the next one starts: on a slow link a large buffer would queue megabytes ahead of
@@ -65,6 +69,72 @@ BLOCKED_SEND = 0.002
 MAX_DEFER = 0.02
 DEFER_POLL = 0.001
 TRAFFIC_FILE = "traffic"
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplicationConfig:
+    """How a node's store replicates its ranks' snapshots to peer nodes. The scenario's
+    ``checkpoint:`` section holds it (``CheckpointConfig.replication``); the harness hands it to
+    every store as one JSON argument (``--replication``)."""
+
+    replicas: int = 1
+    """Peer nodes that keep a copy of each snapshot (ring placement: the next ones by node
+    index; at most the other nodes there are)."""
+    rate: float = 0.0
+    """Rate limit of the replica data each store sends, in bytes/s (0: none). When the link
+    cannot carry a replica per iteration, older versions are skipped and the skips journaled."""
+    yield_to_training: bool = True
+    """Send replica data only while no rank of the node has pipeline traffic in flight (each
+    piece waits at most 20 ms, so replication always progresses)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:
+            raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
+        if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) or self.rate < 0:
+            raise BaftConfigError("rate", "a number >= 0 (bytes/s; 0 means no limit)", self.rate)
+        self.rate = float(self.rate)
+        if not isinstance(self.yield_to_training, bool):
+            raise BaftConfigError("yield_to_training", "true or false", self.yield_to_training)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ReplicationConfig:
+        """The config from :meth:`to_json`'s text; a key left out takes its default."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise BaftConfigError("replication", "a JSON object", text) from None
+        keys = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(data, dict) or any(k not in keys for k in data):
+            raise BaftConfigError("replication", "a JSON object with keys among " + ", ".join(keys), text)
+        return cls(**data)
+
+
+@dataclass(kw_only=True, slots=True)
+class StoreConfig:
+    """One node's store: its memory, its peers, its journal and how it replicates."""
+
+    root: Path
+    """The node's shared-memory directory (the workers' slot files, the replicas it receives)."""
+    node: int
+    """This node's index."""
+    addresses: list[str]
+    """host:port of every node's store, by node index (this one's included)."""
+    journal: Path | None = None
+    """JSONL file for the store's events (None: none)."""
+    listen: str | None = None
+    """Address to bind (None: this node's host in ``addresses``; in a pod, 0.0.0.0, since its DNS
+    name may not resolve before the pod is ready)."""
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    """How it replicates (the JSON keys below)."""
+
+    def __post_init__(self) -> None:
+        if not self.addresses or not all(isinstance(a, str) and ":" in a for a in self.addresses):
+            raise BaftConfigError("addresses", "host:port of every node's store", self.addresses)
+        if not 0 <= self.node < len(self.addresses):
+            raise BaftConfigError("node", f"a node index in 0..{len(self.addresses) - 1}", self.node)
 
 
 # -- wire ---------------------------------------------------------------------------------------
@@ -103,85 +173,15 @@ def request(address: str, header: dict[str, Any], payload: bytes = b"", timeout:
         return recv(s)
 
 
-# -- slot files -----------------------------------------------------------------------------------
-def slot_header(path: Path) -> tuple[int, int, int] | None:
-    """(state, version, data_len) of a slot file, or None if it is not one."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(_FIELDS.size)
-    except OSError:
-        return None
-    if len(raw) < _FIELDS.size:
-        return None
-    magic, state, version, data_len, _meta_len, _cap = _FIELDS.unpack(raw)
-    return (state, version, data_len) if magic == MAGIC else None
-
-
-def read_complete(path: Path, version: int) -> bytes | None:
-    """The used bytes of a slot file (header, data, metadata) if it holds complete
-    ``version`` both before and after reading; None if not (or rewritten meanwhile)."""
-    before = slot_header(path)
-    if before is None or before[0] != COMPLETE or before[1] != version:
-        return None
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_FIELDS.size)
-            _, _, _, data_len, meta_len, _ = _FIELDS.unpack(head)
-            f.seek(0)
-            data = f.read(HEADER + data_len + meta_len)
-    except OSError:
-        return None
-    after = slot_header(path)
-    if after != before or len(data) < HEADER:
-        return None  # rewritten while we read: torn
-    return data
-
-
-def write_slot(path: Path, data: bytes) -> None:
-    """Atomically place a slot's used bytes at ``path``, padded to the slot's full size."""
-    _, _, _, data_len, _, capacity = _FIELDS.unpack(data[: _FIELDS.size])
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.truncate(HEADER + data_len + capacity)
-    os.replace(tmp, path)
-
-
-def own_slot(root: Path, rank: int, k: int) -> Path:
-    return root / f"rank-{rank:05d}.slot{k}"
-
-
-def replica_slot(root: Path, rank: int, k: int) -> Path:
-    return root / f"replica-rank-{rank:05d}.slot{k}"
-
-
-def kept_slot(root: Path, rank: int, k: int) -> Path:
-    """The store's own copies of a local rank's recent round versions (a ring of ``SLOTS``)."""
-    return root / f"kept-rank-{rank:05d}.slot{k}"
-
-
-def copies(root: Path, rank: int) -> list[tuple[int, Path]]:
-    """Complete copies of ``rank``'s state on this node: (version, file)."""
-    out = []
-    for k in range(SLOTS):
-        for p in (own_slot(root, rank, k), replica_slot(root, rank, k), kept_slot(root, rank, k)):
-            h = slot_header(p)
-            if h is not None and h[0] == COMPLETE:
-                out.append((h[1], p))
-    return out
-
-
 # -- the server ---------------------------------------------------------------------------------------
 class Store:
     """State and logic of one node's store (the TCP server calls :meth:`handle`)."""
 
-    def __init__(self, root: Path, node: int, addresses: list[str], replicas: int, rate: float, journal: Path | None,
-                 yield_to_training: bool = True) -> None:
-        self.root, self.node, self.addresses = root, node, addresses
-        self.replicas = min(replicas, len(addresses) - 1)
-        self.rate = rate
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
         self.root.mkdir(parents=True, exist_ok=True)
-        self.flags = TrafficFlags(self.root / TRAFFIC_FILE) if yield_to_training else None
+        self.flags = TrafficFlags(self.root / TRAFFIC_FILE) if config.replication.yield_to_training else None
+        journal = config.journal
         if journal:  # on a fresh volume (a pod's first start) nothing has made the journal directory yet
             journal.parent.mkdir(parents=True, exist_ok=True)
         self._journal = open(journal, "a", buffering=1) if journal else None
@@ -209,6 +209,18 @@ class Store:
         self._limited = False
         threading.Thread(target=self._replicate_loop, name="store-replicate", daemon=True).start()
 
+    @property
+    def root(self) -> Path:
+        return self.config.root
+
+    @property
+    def node(self) -> int:
+        return self.config.node
+
+    @property
+    def addresses(self) -> list[str]:
+        return self.config.addresses
+
     def log(self, event: str, **fields: Any) -> None:
         if self._journal is None:
             return
@@ -219,7 +231,7 @@ class Store:
     @property
     def targets(self) -> list[str]:
         n = len(self.addresses)
-        return [self.addresses[(self.node + i) % n] for i in range(1, self.replicas + 1)]
+        return [self.addresses[(self.node + i) % n] for i in range(1, min(self.config.replication.replicas, n - 1) + 1)]
 
     def handle(self, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         op = header.get("op")
@@ -394,7 +406,8 @@ class Store:
     def pace(self) -> float:
         """Bytes/s to send at: the configured ``rate``, and with ``yield``, once the link is found
         to be the bottleneck, at most ``LINK_SHARE`` of its measured capacity (0: unlimited)."""
-        limits = [self.rate] if self.rate > 0 else []
+        rate = self.config.replication.rate
+        limits = [rate] if rate > 0 else []
         if self.flags is not None and self._limited and self.capacity is not None and LINK_SHARE > 0:
             limits.append(LINK_SHARE * self.capacity)
         return min(limits, default=0.0)
@@ -520,26 +533,47 @@ class StoreClient:
                 self._sock = None
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m baft.store", description="per-node BAFT checkpoint store")
-    p.add_argument("--root", type=Path, required=True, help="the node's shared-memory directory")
-    p.add_argument("--node", type=int, required=True, help="this node's index")
-    p.add_argument("--addresses", required=True, help="comma-separated host:port of every node's store, by node index")
-    p.add_argument("--replicas", type=int, default=1, help="peer nodes that hold a replica of each snapshot")
-    p.add_argument("--rate", type=float, default=0.0, help="replication rate limit in bytes/s (0: none)")
-    p.add_argument("--journal", type=Path, help="JSONL file for the store's events")
-    p.add_argument("--no-yield", action="store_true", help="send replicas even while training traffic is in flight")
-    p.add_argument("--listen", help="address to bind (default: this node's host in --addresses; in a pod, 0.0.0.0, "
-                                    "since its DNS name may not resolve before the pod is ready)")
+def _replication_help() -> str:
+    """The keys of ``--replication`` with their defaults and what they mean."""
+    docs = field_docs(ReplicationConfig)
+    lines = ["--replication JSON: a ReplicationConfig object; a key left out takes its default:"]
+    for f in dataclasses.fields(ReplicationConfig):
+        head = f"  {f.name} (default {json.dumps(f.default)}): "
+        lines.append(textwrap.fill(docs.get(f.name, ""), 100, initial_indent=head, subsequent_indent=" " * 4))
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> StoreConfig:
+    """The store's config from its command line (flags named after the :class:`StoreConfig` fields)."""
+    docs = field_docs(StoreConfig)
+    p = argparse.ArgumentParser(prog="python -m baft.store", description="per-node BAFT checkpoint store",
+                                epilog=_replication_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", type=Path, required=True, help=docs.get("root"))
+    p.add_argument("--node", type=int, required=True, help=docs.get("node"))
+    p.add_argument("--addresses", required=True, help=docs.get("addresses", "") + " Comma-separated.")
+    p.add_argument("--journal", type=Path, help=docs.get("journal"))
+    p.add_argument("--listen", help=docs.get("listen"))
+    p.add_argument("--replication", metavar="JSON", help=docs.get("replication"))
     a = p.parse_args(argv)
-    addresses = a.addresses.split(",")
-    store = Store(a.root, a.node, addresses, a.replicas, a.rate, a.journal, yield_to_training=not a.no_yield)
-    host, port = addresses[a.node].rsplit(":", 1)
-    server = _Server((a.listen or host, int(port)), _Handler)
+    try:
+        replication = ReplicationConfig.from_json(a.replication) if a.replication else ReplicationConfig()
+        return StoreConfig(root=a.root, node=a.node, addresses=a.addresses.split(","), journal=a.journal,
+                           listen=a.listen, replication=replication)
+    except BaftConfigError as e:
+        p.error(str(e))
+        raise  # p.error exits
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    store = Store(config)
+    addresses = config.addresses
+    host, port = addresses[config.node].rsplit(":", 1)
+    server = _Server((config.listen or host, int(port)), _Handler)
     server.store = store  # type: ignore[attr-defined]
-    (a.root / "store.pid").write_text(str(os.getpid()))
+    (config.root / "store.pid").write_text(str(os.getpid()))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    store.log("store_start", pid=os.getpid(), address=addresses[a.node])
+    store.log("store_start", pid=os.getpid(), address=addresses[config.node])
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

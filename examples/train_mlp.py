@@ -54,7 +54,7 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
 
     with Session.from_env() as run:
-        seed = int(run.spec["workload"].get("seed", 0))
+        seed = run.spec.workload.seed
         rank, world = dist.get_rank(), dist.get_world_size()
         random.seed(seed)  # every RNG the checkpoint holds starts from the seed (an unseeded numpy
         np.random.seed(seed)  # differs between runs: the harness reports it as rng / numpy.keys)

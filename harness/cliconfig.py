@@ -2,8 +2,8 @@
 
 A component's config (``BenchConfig``, ``DeployConfig``) is the one place its options live: each field
 becomes a flag named after it (``persist_every`` -> ``--persist-every``) with the field's type, its
-default and, as help, the docstring under the field (read from the class's source with :mod:`ast`,
-the way the scenario's documentation reads). A flag not given leaves the field's default; the
+default and, as help, the docstring under the field (read from the class's source,
+:func:`baft.fields.field_docs`). A flag not given leaves the field's default; the
 config's own checks (``__post_init__``) judge the values, and a value they refuse is a
 :class:`~harness.errors.UsageError` naming the flag.
 
@@ -14,13 +14,11 @@ leaves the default).
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
-import re
-import textwrap
 import types
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from baft.fields import field_docs
 
 from harness.errors import ConfigValueError, UsageError
 
@@ -30,20 +28,6 @@ C = TypeVar("C")
 def flag(name: str) -> str:
     """The flag of field ``name``: ``persist_every`` -> ``--persist-every``."""
     return "--" + name.replace("_", "-")
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass ``cls`` (the string literal right after the field),
-    as one line of plain text (reST's double backquotes and roles dropped)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-            text = re.sub(r":\w+:`~?([^`]+)`", r"\1", after.value.value).replace("``", "")
-            docs[node.target.id] = " ".join(text.split())
-    return docs
 
 
 def _plain_type(tp: Any) -> Any:

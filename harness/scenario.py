@@ -21,11 +21,12 @@ import yaml
 
 from analysis.verdict import ExpectConfig
 from baft import CheckpointConfig
+from baft.strategies import CHECKPOINT_PHASES, REGISTRY
 from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
 from harness.errors import ConfigValueError, ScenarioError
-from harness.schema import build, found_repr, to_plain
-from harness.worker.workload import WorkloadConfig
+from harness.schema import build, found_repr
+from harness.worker.spec import FaultSpec, WorkloadConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,14 +52,6 @@ class RunConfig:
             raise ConfigValueError("timeout", "a number > 0", self.timeout)
         if self.hang_timeout is not None and self.hang_timeout <= 0:
             raise ConfigValueError("hang_timeout", "a number > 0 (or null)", self.hang_timeout)
-
-
-@dataclass(kw_only=True, slots=True)
-class FaultSpec:
-    """One entry of ``faults:``: its kind (the YAML key) and its config."""
-
-    kind: str
-    config: FaultConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -90,10 +83,6 @@ class Scenario:
     def lost_nodes(self) -> list[int]:
         """Nodes a fault takes away for good (no replacement comes)."""
         return sorted({f.config.node for f in self.faults if getattr(f.config, "replacement", True) is False})
-
-    def fault_plan(self) -> list[dict[str, Any]]:
-        """Faults as plain data for the worker spec."""
-        return [{"kind": f.kind, "config": to_plain(f.config)} for f in self.faults]
 
 
 _SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks"}
@@ -177,26 +166,26 @@ def parse_faults(items: Any, file: str, shape: RunShape, host: bool = True) -> l
     return out
 
 
-#: Which strategies announce which background phases.
-_PHASE_STRATEGIES = {"snapshot": ("baft",), "replicate": ("baft",), "persist": ("sync", "async-dcp", "checkfreq", "baft"),
-                     "saved": ("sync", "async-dcp", "checkfreq", "baft")}
+#: Phases the storage faults derive from a strategy's: ``saved`` follows each ``persist``.
+_FOLLOWS = {"saved": "persist"}
 
 
 def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int) -> None:
-    """A fault keyed to a strategy's phase must be able to fire under this scenario's strategy."""
+    """A fault keyed to a strategy's phase must be able to fire under this scenario's strategy
+    (each strategy declares the phases it announces, ``baft.strategies.Strategy.phases``)."""
+    strategy = REGISTRY[checkpoint.strategy]
     for i, f in enumerate(faults):
         phase = getattr(f.config, "phase", "iteration")
         at = getattr(f.config, "at_step", None)
         path = f"faults[{i}].{f.kind}"
-        allowed = _PHASE_STRATEGIES.get(phase)
-        if allowed and checkpoint.strategy not in allowed:
-            raise ScenarioError(file, f"{path}.phase", f"a phase of checkpoint strategy {checkpoint.strategy!r} "
-                                "(snapshot and replicate need baft; persist and saved a strategy that persists)", phase)
-        if phase in ("persist", "saved") and at is not None and (at == 0 or at % checkpoint.every):
+        announced = _FOLLOWS.get(phase, phase)
+        if announced in CHECKPOINT_PHASES and announced not in strategy.phases:
+            names = " or ".join(n for n, s in REGISTRY.items() if announced in s.phases)
+            raise ScenarioError(file, f"{path}.phase", f"a phase checkpoint strategy {checkpoint.strategy!r} announces "
+                                f"({phase} needs {names})", phase)
+        if announced == "persist" and at is not None and (at == 0 or at % checkpoint.every):
             raise ScenarioError(file, f"{path}.at_step", f"a step baft persists (a multiple of checkpoint.every = {checkpoint.every})", at)
-        if phase == "restore" and checkpoint.strategy == "none":
-            raise ScenarioError(file, f"{path}.phase", "a checkpoint strategy that restores (not none)", phase)
-        if phase == "replicate" and checkpoint.strategy == "baft" and (checkpoint.replicas < 1 or nodes < 2):
+        if announced == "replicate" and (checkpoint.replicas < 1 or nodes < 2):
             raise ScenarioError(file, f"{path}.phase", "replication, which needs workload.nodes >= 2 and "
                                 "checkpoint.replicas >= 1", phase)
 
@@ -212,10 +201,6 @@ def check_restarts(faults: list[FaultSpec], run: RunConfig, file: str, steps: in
             needed += f.config.expected_occurrences(steps) or 0
     if needed > run.max_restarts:
         raise ScenarioError(file, "run.max_restarts", f"at least {needed} (the restarts the faults cause)", run.max_restarts)
-
-
-#: Strategies whose checkpoints restore on a different number of data-parallel replicas.
-ELASTIC_STRATEGIES = ("baft", "async-dcp")
 
 
 def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint: CheckpointConfig,
@@ -235,9 +220,10 @@ def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint:
     except ConfigValueError as e:
         raise ScenarioError(file, f"workload.{e.field}", f"{e.expected} after losing {path}.node for good",
                             e.found) from None
-    if checkpoint.strategy not in ELASTIC_STRATEGIES:
-        raise ScenarioError(file, "checkpoint.strategy", "a strategy that restores on fewer replicas ("
-                            + ", ".join(ELASTIC_STRATEGIES) + ") when a node is lost for good", checkpoint.strategy)
+    if not REGISTRY[checkpoint.strategy].elastic:
+        elastic = ", ".join(n for n, s in REGISTRY.items() if s.elastic)
+        raise ScenarioError(file, "checkpoint.strategy", f"a strategy that restores on fewer replicas ({elastic}) "
+                            "when a node is lost for good", checkpoint.strategy)
     if expect.loss is None:
         raise ScenarioError(file, "expect.loss", "a loss-curve tolerance (bitwise equality cannot hold across "
                             "world sizes once a node is lost for good)", None)

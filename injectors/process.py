@@ -9,13 +9,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from baft.strategies import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
+
 from .base import RunShape
 from .errors import FaultConfigError
 from .trigger import PointFault
 from .worker import InWorkerInjector
 
-#: Phases a fault inside the worker can be keyed to.
-WORKER_PHASES = ("iteration", "forward", "backward", "optimizer", "snapshot", "replicate", "persist", "restore")
+#: Phases the training loop announces at every step that a process fault can be keyed to (``data``,
+#: announced too, is the data faults' phase).
+LOOP_PHASES: tuple[str, ...] = ("iteration", "forward", "backward", "optimizer")
+#: Phases a fault inside the worker can be keyed to: the loop's and those the strategies announce
+#: (each strategy declares its own, ``baft.strategies.Strategy.phases``).
+WORKER_PHASES: tuple[str, ...] = LOOP_PHASES + CHECKPOINT_PHASES
+#: Phases announced at every step: the loop's and those a strategy announces in its iterations.
+STEP_PHASES: tuple[str, ...] = LOOP_PHASES + STEP_CHECKPOINT_PHASES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -104,7 +112,7 @@ class NodeLossConfig(PointFault):
 
     kind: ClassVar[str] = "node_loss"
     fatal: ClassVar[bool] = True
-    phases: ClassVar[tuple[str, ...]] = ("iteration", "forward", "backward", "optimizer", "snapshot")
+    phases: ClassVar[tuple[str, ...]] = STEP_PHASES
     node: int
     """Index of the node to lose."""
     replacement: bool = True

@@ -31,7 +31,6 @@ from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
 from ..snapshot import slot_of
 from ..collective import all_min, rank_world
-from ..store import StoreClient
 from .base import WRITE_ERRORS, Strategy, persist_failed
 from .dcp import checkpoint_group, restore_dcp, stage_key_of
 
@@ -46,6 +45,10 @@ class BaftStrategy(Strategy):
     """Bubble-aware snapshots plus asynchronous persistence."""
 
     name = "baft"
+    phases = ("snapshot", "replicate", "persist", "restore")
+    step_phases = ("snapshot",)
+    elastic = True  # the snapshots record their replica count; a resized restore re-cuts them
+    node_stores = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -66,12 +69,8 @@ class BaftStrategy(Strategy):
 
     def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
         rank, _ = rank_world()
-        self.snap = BubbleSnapshotter(
-            self.state, self.shm_dir, rank=rank, replica=replica, replicas=replicas, replica_group=replica_group,
-            profiler=self.config.profiler, planner=self.config.planner, omit=tuple(self.config.omit),
-            store=StoreClient(self.config.store) if self.config.store else None, node=self.config.node,
-            replicate_every=self.config.replicate_every,
-        )
+        self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=replica,
+                                      replicas=replicas, replica_group=replica_group)
         self.snap.attach(stage)
         self.stage_key = stage_key_of(stage, rank)
         self.group = checkpoint_group()

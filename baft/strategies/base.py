@@ -39,6 +39,19 @@ class Strategy:
     """The ``none`` strategy, and the base of the others: every hook does nothing."""
 
     name: ClassVar[str] = "none"
+    """Its ``CheckpointConfig.strategy``."""
+    phases: ClassVar[tuple[str, ...]] = ()
+    """The checkpoint phases (of ``baft.events.PHASES``) it announces: a fault keyed to another
+    checkpoint phase never fires under it."""
+    step_phases: ClassVar[tuple[str, ...]] = ()
+    """Those of :attr:`phases` it announces inside the iterations, at every step it snapshots (the
+    others come only with a persisted step, a replication or a restore)."""
+    elastic: ClassVar[bool] = False
+    """Whether its checkpoints restore on a different number of data-parallel replicas (what the
+    job needs when a node is lost for good and it goes on with fewer)."""
+    node_stores: ClassVar[bool] = False
+    """Whether its ranks use a checkpoint store on their node (``baft.store``: peers' replicas and
+    restores; the harness starts one next to every node's agent and names them in the worker spec)."""
 
     def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
         self.config = config

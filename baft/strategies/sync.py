@@ -13,6 +13,7 @@ class SyncStrategy(Strategy):
     """The baseline: simple, durable, and on the critical path."""
 
     name = "sync"
+    phases = ("persist", "restore")
 
     def after_step(self) -> bool:
         if not self.due(self.state.step):

@@ -24,10 +24,13 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
+from baft import STRATEGIES
+
 from harness.errors import ConfigValueError
 from harness.worker.models import PRESETS
+from harness.worker.spec import Placement
 
-ALL = ["none", "sync", "async-dcp", "checkfreq", "baft"]
+ALL = list(STRATEGIES)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -115,6 +118,16 @@ class BenchConfig:
         return len(self.order()) * self.block
 
 
+@dataclass(kw_only=True, slots=True)
+class BenchSpec(Placement):
+    """What every rank of the benchmark job is told (its ``worker-spec.json``)."""
+
+    bench: BenchConfig
+    """What to measure."""
+    shm_dir: str
+    """The shared-memory directory of the snapshot slots (the node stores' with 2+ nodes)."""
+
+
 def worker(spec_path: Path) -> int:
     """One rank of the benchmark job."""
     from baft import CheckpointConfig, Checkpointer, events
@@ -122,13 +135,12 @@ def worker(spec_path: Path) -> int:
     from baft.strategies.dcp import restore_dcp
     from baft.strategies.sync import restore_shards
 
-    from harness.schema import build
     from harness.worker.session import place_on_node
     from harness.worker.workload import PipelineTrainer, WorkloadConfig, set_determinism
 
-    spec = json.loads(spec_path.read_text())
-    cfg = build(BenchConfig, spec["bench"], str(spec_path), "bench")
-    run_dir = Path(spec["run_dir"])
+    spec = BenchSpec.load(spec_path)
+    cfg = spec.bench
+    run_dir = Path(spec.run_dir)
     set_determinism()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -139,7 +151,7 @@ def worker(spec_path: Path) -> int:
     ckpts: dict[str, Checkpointer] = {}
     for name in cfg.strategies:
         c = CheckpointConfig(strategy=name, every=cfg.persist_every if name == "baft" else 1, keep=2,
-                             dir=str(run_dir / "checkpoints" / name), shm_dir=spec["shm_dir"],
+                             dir=str(run_dir / "checkpoints" / name), shm_dir=spec.shm_dir,
                              planner=PlannerConfig(copier=cfg.baft_copier), replicate_every=cfg.replicate_every)
         if name == "baft":
             place_on_node(c, spec)
@@ -309,15 +321,16 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     import shutil
     import uuid
 
+    from baft.store import ReplicationConfig
+
     from harness.errors import LaunchError
-    from harness.run.launcher import launch
-    from harness.schema import to_plain
+    from harness.run.launcher import LaunchConfig, launch
     from harness.run.storefleet import StoreSpec
 
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "journal", ignore_errors=True)
     shm = Path("/dev/shm") / f"baft-bench-{uuid.uuid4().hex[:10]}"
-    stores = (StoreSpec(base=shm, replicas=1, rate=0.0, yield_to_training=cfg.replication_yield)
+    stores = (StoreSpec(base=shm, replication=ReplicationConfig(replicas=1, yield_to_training=cfg.replication_yield))
               if "baft" in cfg.strategies and cfg.nodes > 1 else None)
     link: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
@@ -332,8 +345,9 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
                 topology.throttle(n, rate)
             link = {"rate_bit": rate, "measured_bit": measure_throttle(topology, 0, 1, rate)}
         try:
-            result = launch(out, {"bench": to_plain(cfg), "shm_dir": str(shm)}, nodes=cfg.nodes, world_size=cfg.stages,
-                            max_restarts=0, timeout=timeout, module="harness.bench.bench", stores=stores, topology=topology)
+            result = launch(out, BenchSpec(bench=cfg, shm_dir=str(shm)),
+                            LaunchConfig(nodes=cfg.nodes, world_size=cfg.stages, max_restarts=0, timeout=timeout,
+                                         module="harness.bench.bench", stores=stores, topology=topology))
         finally:
             shutil.rmtree(shm, ignore_errors=True)
             shutil.rmtree(out / "checkpoints", ignore_errors=True)

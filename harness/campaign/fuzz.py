@@ -22,11 +22,11 @@ from typing import Any
 
 import yaml
 
+from baft.strategies import REGISTRY, Strategy
+from injectors.process import LOOP_PHASES
+
 from harness.errors import HarnessError, ScenarioError
 from harness.scenario import parse
-
-#: Phases every strategy's workers announce; baft adds its snapshot.
-_PHASES = ("iteration", "forward", "backward", "optimizer")
 
 
 @dataclass(slots=True)
@@ -53,8 +53,8 @@ def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
     stages, dp, nodes = int(w.get("stages", 2)), int(w.get("data_parallel", 1)), int(w.get("nodes", 1))
     steps = int(w.get("steps", 30))
     world = stages * dp
-    strategy = (data.get("checkpoint") or {}).get("strategy", "none")
-    phases = _PHASES + (("snapshot",) if strategy == "baft" else ())
+    strategy = REGISTRY.get((data.get("checkpoint") or {}).get("strategy", "none"), Strategy)
+    phases = LOOP_PHASES + strategy.step_phases  # what every step announces under this strategy
     step = st.integers(1, max(1, steps - 2))
     phase = st.sampled_from(phases)
     kinds = [
@@ -64,7 +64,7 @@ def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
     ]
     if nodes > 1:
         kinds.append(st.builds(lambda n, s, p: {"node_loss": {"node": n, "at_step": s, "phase": p}},
-                               st.integers(0, nodes - 1), step, st.sampled_from(_PHASES)))
+                               st.integers(0, nodes - 1), step, st.sampled_from(LOOP_PHASES)))
     return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults)
 
 

@@ -31,16 +31,16 @@ harness's own schema, and the Role and ClusterRole against the requests the harn
 """
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from baft.strategies import REGISTRY
 from injectors.chaosmesh.crds import GROUP, PLURALS, crd_name
 
 from harness.errors import ConfigValueError
 from harness.scenario import Scenario
-from harness.schema import to_plain
+from harness.worker.spec import WorkerSpec
 
 #: Pod label of an Indexed Job's pod: its completion index, here the scenario node.
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -137,21 +137,17 @@ class DeployConfig:
         return {"name": name, "namespace": self.namespace, "labels": {**self.labels, **extra}}
 
 
-def worker_spec(scenario: Scenario, cfg: DeployConfig) -> dict[str, Any]:
+def worker_spec(scenario: Scenario, cfg: DeployConfig) -> WorkerSpec:
     """The worker spec every rank reads (``BAFT_SPEC``), as the local launcher writes it, for the pods.
 
     No faults: on a cluster Chaos Mesh injects them from outside the job."""
-    checkpoint = to_plain(scenario.checkpoint)
-    if "://" not in scenario.checkpoint.dir:
-        checkpoint["dir"] = CHECKPOINTS
-    checkpoint["shm_dir"] = f"{SHM}/baft"
-    spec: dict[str, Any] = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": [],
-                            "run_dir": f"{SHARED}/{cfg.run}", "started_at": 0.0}
-    if scenario.checkpoint.strategy == "baft":
-        spec["stores"] = [f"{cfg.job}-{i}.{cfg.job}.{cfg.namespace}.svc:{cfg.store_port}"
-                          for i in range(scenario.workload.nodes)]
-        spec["node_memory"] = f"{SHM}/baft"
-    return spec
+    checkpoint = replace(scenario.checkpoint, shm_dir=f"{SHM}/baft",
+                         dir=scenario.checkpoint.dir if "://" in scenario.checkpoint.dir else CHECKPOINTS)
+    stores = REGISTRY[scenario.checkpoint.strategy].node_stores
+    return WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, run_dir=f"{SHARED}/{cfg.run}",
+                      stores=[f"{cfg.job}-{i}.{cfg.job}.{cfg.namespace}.svc:{cfg.store_port}"
+                              for i in range(scenario.workload.nodes)] if stores else None,
+                      node_memory=f"{SHM}/baft" if stores else None)
 
 
 def _env(**values: str) -> list[dict[str, Any]]:
@@ -163,7 +159,7 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
     w = scenario.workload
     spec = worker_spec(scenario, cfg)
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": cfg.meta(cfg.job),
-                  "data": {"worker-spec.json": json.dumps(spec, indent=1) + "\n",
+                  "data": {"worker-spec.json": spec.dumps() + "\n",
                            "scenario.yaml": _scenario_text(scenario)}}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": cfg.meta(cfg.job),
                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
@@ -191,15 +187,12 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
         "volumes": [{"name": "shared", "persistentVolumeClaim": {"claimName": cfg.claim}},
                     {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm}},
                     {"name": "spec", "configMap": {"name": cfg.job}}]}
-    if scenario.checkpoint.strategy == "baft":
-        c = scenario.checkpoint
+    if spec.stores is not None:  # the node's store as a sidecar
         index = "$(BAFT_NODE_INDEX)"
         store = ["python", "-m", "baft.store", "--root", f"{SHM}/baft/node{index}", "--node", index,
-                 "--addresses", ",".join(spec["stores"]), "--listen", "0.0.0.0", "--replicas", str(c.replicas),
-                 "--rate", str(c.replication_rate),
+                 "--addresses", ",".join(spec.stores), "--listen", "0.0.0.0",
+                 "--replication", scenario.checkpoint.replication.to_json(),
                  "--journal", f"{SHARED}/{cfg.run}/journal/store-node{index}.jsonl"]
-        if not c.replication_yield:
-            store.append("--no-yield")
         pod["initContainers"] = [{"name": "store", "image": cfg.image, "restartPolicy": "Always", "command": store,
                                   "env": [e for e in env if e["name"] == "BAFT_NODE_INDEX"],
                                   "volumeMounts": [m for m in mounts if m["mountPath"] in (SHARED, SHM)],

@@ -12,24 +12,24 @@ Measured on this kind of machine: an elastic restart on gloo fails with
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from analysis.journal import JournalWriter, launcher_journal
 
-from harness.errors import Cancelled, LaunchError
-from harness.worker.session import SPEC_VARIABLE
+from harness.errors import Cancelled, ConfigValueError, LaunchError
+from harness.worker.spec import SPEC_VARIABLE, Placement
 from harness.run.nodeenv import free_port, worker_env
 from harness.run.processes import new_token, stop_owned
 from harness.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
+    from injectors import FaultConfig
     from injectors.network import Topology
 
     from harness.run.storefleet import StoreSpec
@@ -46,6 +46,55 @@ ELASTIC_RDZV = f",last_call_timeout={LAST_CALL}{KEEP_ALIVE}"
 
 
 @dataclass(kw_only=True, slots=True)
+class LaunchConfig:
+    """How a run's torchrun agents are started."""
+
+    nodes: int
+    """Nodes, one torchrun agent each (with its workers and, with ``stores``, a store)."""
+    world_size: int
+    """Ranks in all; each node runs ``world_size / nodes`` workers."""
+    max_restarts: int
+    """torchrun ``--max-restarts`` of every agent."""
+    timeout: float
+    """Seconds before the agents are stopped and the run counts as timed out."""
+    module: str = "harness.worker.workload"
+    """What each worker runs, as ``python -m MODULE SPEC``."""
+    script: list[str] | None = None
+    """Instead of ``module``: a script and its arguments (it finds the spec in ``BAFT_SPEC``)."""
+    stores: StoreSpec | None = None
+    """The node stores to start before the agents (None: none)."""
+    hang_timeout: float | None = None
+    """Seconds without progress before the watchdog declares a hang (None: no watchdog)."""
+    topology: Topology | None = None
+    """The nodes' network namespaces (None: every node on the host's loopback); node 0's address
+    hosts the rendezvous."""
+    harness_faults: list[tuple[int, FaultConfig]] = field(default_factory=list)
+    """(fault id, config) of the link faults the harness drives; they need a ``topology``."""
+    min_nodes: int | None = None
+    """Below ``nodes``: elastic agents (``--nnodes MIN:MAX``); when a node is gone for good the
+    others re-rendezvous without it after :data:`LAST_CALL` seconds."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ConfigValueError("nodes", "an integer >= 1", self.nodes)
+        if self.world_size < self.nodes or self.world_size % self.nodes:
+            raise ConfigValueError("world_size", f"a multiple of nodes ({self.nodes})", self.world_size)
+        if self.max_restarts < 0:
+            raise ConfigValueError("max_restarts", "an integer >= 0", self.max_restarts)
+        if self.timeout <= 0:
+            raise ConfigValueError("timeout", "a number > 0", self.timeout)
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise ConfigValueError("min_nodes", f"a number of nodes in 1..{self.nodes}", self.min_nodes)
+        if self.harness_faults and self.topology is None:
+            raise ConfigValueError("harness_faults", "a topology (link faults need the nodes in network namespaces)",
+                                   self.harness_faults)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None and self.min_nodes < self.nodes
+
+
+@dataclass(kw_only=True, slots=True)
 class LaunchResult:
     """How the agents ended."""
 
@@ -58,34 +107,14 @@ class LaunchResult:
         return not self.timed_out and all(rc == 0 for rc in self.returncodes)
 
 
-def launch(
-    run_dir: Path,
-    spec: dict[str, Any],
-    *,
-    nodes: int,
-    world_size: int,
-    max_restarts: int,
-    timeout: float,
-    module: str = "harness.worker.workload",
-    stores: StoreSpec | None = None,
-    hang_timeout: float | None = None,
-    topology: Topology | None = None,
-    harness_faults: list[tuple[int, Any]] | None = None,
-    min_nodes: int | None = None,
-    script: list[str] | None = None,
-) -> LaunchResult:
-    """Start the node stores (if any), write the worker spec, start one torchrun agent per
-    node, wait for all of them; stop the stores.
+def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult:
+    """Start the node stores (if any), write the worker spec (``spec`` placed: the stores' addresses,
+    the run directory, the start time), start one torchrun agent per node, wait for all of them;
+    stop the stores.
 
     With a ``topology`` every node (agent, workers, store) runs in its own network
     namespace and rendezvous on node 0's address; ``harness_faults`` (fault id, config)
     are then driven on its links by a :class:`~harness.run.linkfaults.FaultController`.
-
-    ``script`` (a path and its arguments) replaces ``-m module SPEC`` as what each worker runs;
-    every worker finds the spec in ``BAFT_SPEC`` either way.
-
-    With ``min_nodes`` below ``nodes`` the agents are elastic (``--nnodes MIN:MAX``): when a
-    node is gone for good, the others re-rendezvous without it after :data:`LAST_CALL` seconds.
     """
     from harness.run.linkfaults import FaultController
     from harness.run.storefleet import StoreFleet
@@ -101,7 +130,8 @@ def launch(
     # Undone in reverse order whatever happens (an error, a timeout, SIGINT/SIGTERM): link faults
     # rolled back, watchdog and store fleet stopped, then every process of the launch, wherever
     # it went; one step that fails does not skip the others.
-    fleet = StoreFleet(stores, nodes, run_dir, journal, topology, token=token) if stores is not None else None
+    fleet = (StoreFleet(config.stores, config.nodes, run_dir, journal, config.topology, token=token)
+             if config.stores is not None else None)
     with contextlib.ExitStack() as undo:
         undo.callback(journal.close)
         undo.callback(_journal_exits, journal, procs)
@@ -111,48 +141,45 @@ def launch(
         try:
             if fleet is not None:
                 undo.callback(fleet.stop_monitor)  # no store replaced while the run is stopped
-                spec = {**spec, "stores": fleet.addresses, "node_memory": str(stores.base)}
+                spec = replace(spec, stores=fleet.addresses, node_memory=str(config.stores.base))
                 fleet.start()
             spec_path = run_dir / "worker-spec.json"
             # started_at: the origin of the faults' time triggers, shared by every worker and restart.
             started_at = time.time()
-            spec_path.write_text(json.dumps({**spec, "run_dir": str(run_dir.resolve()), "started_at": started_at}, indent=1))
-            host = topology.address(0) if topology else "127.0.0.1"
+            spec_path.write_text(replace(spec, run_dir=str(run_dir.resolve()), started_at=started_at).dumps())
+            host = config.topology.address(0) if config.topology else "127.0.0.1"
             port = free_port()
             run_id = uuid.uuid4().hex[:12]
-            per_node = world_size // nodes
-            elastic = min_nodes is not None and min_nodes < nodes
-            for node in range(nodes):
+            for node in range(config.nodes):
                 cmd = [
                     sys.executable, "-m", "torch.distributed.run",
-                    "--nnodes", f"{min_nodes}:{nodes}" if elastic else str(nodes),
-                    "--nproc-per-node", str(per_node),
+                    "--nnodes", f"{config.min_nodes}:{config.nodes}" if config.elastic else str(config.nodes),
+                    "--nproc-per-node", str(config.world_size // config.nodes),
                     "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"{host}:{port}",
                     "--rdzv-id", run_id,
-                    "--rdzv-conf", f"is_host={1 if node == 0 else 0}" + (ELASTIC_RDZV if elastic else ""),
-                    "--max-restarts", str(max_restarts),
+                    "--rdzv-conf", f"is_host={1 if node == 0 else 0}" + (ELASTIC_RDZV if config.elastic else ""),
+                    "--max-restarts", str(config.max_restarts),
                     "--monitor-interval", "0.2",
-                ] + (list(script) if script else ["-m", module, str(spec_path.resolve())])
-                if topology is not None:
-                    cmd[3:3] = ["--local-addr", topology.address(node)]  # what the other nodes dial
-                    cmd = topology.exec_prefix(node) + cmd
-                env = {**worker_env(node, topology, token), SPEC_VARIABLE: str(spec_path.resolve())}  # what a Session reads
+                ] + (list(config.script) if config.script else ["-m", config.module, str(spec_path.resolve())])
+                if config.topology is not None:
+                    cmd[3:3] = ["--local-addr", config.topology.address(node)]  # what the other nodes dial
+                    cmd = config.topology.exec_prefix(node) + cmd
+                # what a Session reads
+                env = {**worker_env(node, config.topology, token), SPEC_VARIABLE: str(spec_path.resolve())}
                 with open(logs / f"node{node}.log", "ab") as log:
                     procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                   start_new_session=True))
                 journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
-            if hang_timeout is not None:
-                watchdog = Watchdog(run_dir, procs, journal, hang_timeout)
+            if config.hang_timeout is not None:
+                watchdog = Watchdog(run_dir, procs, journal, config.hang_timeout)
                 undo.callback(watchdog.stop)
                 watchdog.start()
-            if harness_faults:
-                if topology is None:
-                    raise LaunchError("link faults need the nodes in network namespaces (a topology)")
-                controller = FaultController(run_dir, harness_faults, topology, journal, started_at)
+            if config.harness_faults and config.topology is not None:  # (LaunchConfig: no link fault without one)
+                controller = FaultController(run_dir, config.harness_faults, config.topology, journal, started_at)
                 undo.callback(controller.stop)  # rolls back every link fault still in place
                 controller.start()
-            deadline = t0 + timeout
+            deadline = t0 + config.timeout
             for p in procs:
                 remaining = deadline - time.monotonic()
                 try:

@@ -23,7 +23,6 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -31,16 +30,19 @@ from analysis.journal import Journal, JournalWriter, launcher_journal
 from analysis.report import run_report
 from analysis.verdict import Verdict, WallSeconds, judge
 
+from baft import CheckpointConfig
+from baft.strategies import REGISTRY
+
 from injectors.network import Topology
 from injectors.storage import DiskFullConfig, mount_private, unmount_private
 
 from harness.errors import Cancelled, LaunchError
-from harness.run.launcher import launch
+from harness.run.launcher import LaunchConfig, launch
 from harness.run.leftovers import claim_shm
 from harness.scenario import Scenario
 from harness.run.storefleet import StoreSpec
 from harness.schema import to_plain
-from harness.worker.workload import WorkloadConfig
+from harness.worker.spec import WorkerSpec, WorkloadConfig
 
 #: The code that determines a reference run's journal: all a worker runs (the worker room, the
 #: checkpointing library, the spec's schema) and the journal writer; folders are hashed file by file.
@@ -61,10 +63,10 @@ def default_cache_dir() -> Path:
     return Path(base)
 
 
-def _reference_workload(workload: WorkloadConfig) -> dict[str, Any]:
+def _reference_workload(workload: WorkloadConfig) -> WorkloadConfig:
     """The workload the reference runs: the same, without a planted bug (a mutant lives only in
     the faulted run)."""
-    return {**to_plain(workload), "mutant": None}
+    return dataclasses.replace(workload, mutant=None)
 
 
 def script_command(workload: WorkloadConfig) -> list[str] | None:
@@ -76,7 +78,7 @@ def reference_key(workload: WorkloadConfig, root: Path | None = None) -> str:
     """The cache key of ``workload``'s reference: its config, torch's version, the training code under
     ``root`` (this checkout by default) and the user's script."""
     root = root or Path(__file__).resolve().parents[2]
-    h = hashlib.sha256(json.dumps(_reference_workload(workload), sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(to_plain(_reference_workload(workload)), sort_keys=True).encode())
     h.update(torch.__version__.encode())
     for f in training_code(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
@@ -108,10 +110,10 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
             return _cached(final)  # another process ran it while this one waited
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        spec = {"workload": _reference_workload(workload), "checkpoint": {"strategy": "none"}, "faults": []}
+        spec = WorkerSpec(workload=_reference_workload(workload), checkpoint=CheckpointConfig(strategy="none"))
         try:
-            result = launch(tmp, spec, nodes=workload.nodes, world_size=workload.world_size, max_restarts=0,
-                            timeout=timeout, script=script_command(workload))
+            result = launch(tmp, spec, LaunchConfig(nodes=workload.nodes, world_size=workload.world_size,
+                                                    max_restarts=0, timeout=timeout, script=script_command(workload)))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a reference cut short is never cached, nor left behind
             raise
@@ -157,36 +159,33 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     shutil.copytree(ref.run_dir / "journal", out / "reference" / "journal")
 
     faulted = out / "faulted"
-    checkpoint = to_plain(scenario.checkpoint)
-    if "://" not in scenario.checkpoint.dir:  # a URL (object store) is the user's; a directory goes into the run
-        checkpoint["dir"] = str((faulted / "checkpoints").resolve())
     # Shared-memory snapshots of this run only (node i under shm/node<i>); removed when it
     # ends, whatever happened. baft gets a store per node for replicas and restores.
     shm = claim_shm()  # names this process, so `baft cleanup` can tell it from a killed run's
-    checkpoint["shm_dir"] = str(shm)
-    stores = None
-    if scenario.checkpoint.strategy == "baft":
-        stores = StoreSpec(base=shm, replicas=scenario.checkpoint.replicas, rate=scenario.checkpoint.replication_rate,
-                           yield_to_training=scenario.checkpoint.replication_yield)
-    spec = {"workload": to_plain(scenario.workload), "checkpoint": checkpoint, "faults": scenario.fault_plan()}
+    given = scenario.checkpoint.dir  # a URL (object store) is the user's; a directory goes into the run
+    checkpoint = dataclasses.replace(scenario.checkpoint, shm_dir=str(shm),
+                                     dir=given if "://" in given else str((faulted / "checkpoints").resolve()))
+    stores = (StoreSpec(base=shm, replication=checkpoint.replication)
+              if REGISTRY[checkpoint.strategy].node_stores else None)
+    spec = WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, faults=scenario.faults)
     private_tier = next((f.config for f in scenario.faults if isinstance(f.config, DiskFullConfig)), None)
     if private_tier is not None:
-        mount_private(Path(checkpoint["dir"]), private_tier.size_mb)
+        mount_private(Path(checkpoint.dir), private_tier.size_mb)
     t0 = time.monotonic()
     stack = contextlib.ExitStack()
     try:
         topology = stack.enter_context(Topology(scenario.workload.nodes)) if scenario.uses_netns else None
-        result = launch(
-            faulted, spec, nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
+        result = launch(faulted, spec, LaunchConfig(
+            nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
             hang_timeout=scenario.run.hang_timeout, topology=topology, harness_faults=scenario.harness_faults(),
             min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), script=script_command(scenario.workload),
-        )
+        ))
     finally:
         stack.close()  # namespaces, veths and bridge go, whatever happened
         shutil.rmtree(shm, ignore_errors=True)
         if private_tier is not None:
-            keep_copy(Path(checkpoint["dir"]))
+            keep_copy(Path(checkpoint.dir))
     # The agent of a node lost for good was killed on purpose; the others must end well.
     survivors = [rc for node, rc in enumerate(result.returncodes) if node not in scenario.lost_nodes]
     launch_failures = ([f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else "")]

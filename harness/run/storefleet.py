@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.journal import JournalWriter
+from baft.store import ReplicationConfig
 from injectors.process import lost_marker
 
 from harness.run.nodeenv import free_port, worker_env
@@ -33,9 +34,8 @@ class StoreSpec:
 
     base: Path
     """Shared-memory directory of the run; node i uses ``base/node<i>``."""
-    replicas: int
-    rate: float
-    yield_to_training: bool = True
+    replication: ReplicationConfig
+    """How every store replicates (the scenario's ``CheckpointConfig.replication``)."""
 
 
 class StoreFleet:
@@ -55,12 +55,14 @@ class StoreFleet:
     def node_dir(self, node: int) -> Path:
         return self.spec.base / f"node{node}"
 
+    def command(self, node: int) -> list[str]:
+        """The store process of ``node`` (its arguments are ``baft.store.StoreConfig``'s)."""
+        return [sys.executable, "-m", "baft.store", "--root", str(self.node_dir(node)), "--node", str(node),
+                "--addresses", ",".join(self.addresses), "--replication", self.spec.replication.to_json(),
+                "--journal", str(self.run_dir / "journal" / f"store-node{node}.jsonl")]
+
     def _start(self, node: int) -> None:
-        cmd = [
-            sys.executable, "-m", "baft.store", "--root", str(self.node_dir(node)), "--node", str(node),
-            "--addresses", ",".join(self.addresses), "--replicas", str(self.spec.replicas),
-            "--rate", str(self.spec.rate), "--journal", str(self.run_dir / "journal" / f"store-node{node}.jsonl"),
-        ] + ([] if self.spec.yield_to_training else ["--no-yield"])
+        cmd = self.command(node)
         if self.topology is not None:
             cmd = self.topology.exec_prefix(node) + cmd  # the store lives on its node's network
         log = open(self.run_dir / "logs" / f"store-node{node}.log", "ab")

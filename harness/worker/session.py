@@ -25,16 +25,18 @@ normal exit, journals ``finish``.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from harness.errors import ScenarioError
+from baft import CheckpointConfig
 
-SPEC_VARIABLE = "BAFT_SPEC"
+from harness.errors import ScenarioError
+from harness.worker.spec import SPEC_VARIABLE, Placement, WorkerSpec
+
+__all__ = ["Session", "place_on_node"]
 
 
 class Session:
@@ -42,16 +44,10 @@ class Session:
     the faults armed inside it."""
 
     def __init__(self, spec_path: Path) -> None:
-        from baft import CheckpointConfig
-
-        from harness.schema import build
-
         self.spec_path = spec_path
-        self.spec: dict[str, Any] = json.loads(spec_path.read_text())
-        self.run_dir = Path(self.spec["run_dir"])
-        self.checkpoint_config = build(CheckpointConfig, self.spec["checkpoint"], str(spec_path), "checkpoint")
-        self.node, self.node_memory = place_on_node(self.checkpoint_config, self.spec)
-        self.steps = int(self.spec["workload"].get("steps", 0))
+        self.spec = WorkerSpec.load(spec_path)
+        """Everything the harness told this worker (its checkpoint config placed on this node)."""
+        self.node, self.node_memory = place_on_node(self.spec.checkpoint, self.spec)
         self.probe: Any = None
         self.injectors: list[Any] = []
         self._t0 = 0.0
@@ -65,13 +61,26 @@ class Session:
                                 "through `baft run` with workload: {script: ...})", None)
         return cls(Path(path))
 
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec.run_dir)
+
+    @property
+    def steps(self) -> int:
+        """How many steps the scenario trains (``workload.steps``)."""
+        return self.spec.workload.steps
+
+    @property
+    def checkpoint_config(self) -> CheckpointConfig:
+        """The scenario's checkpoint policy (a ``baft.CheckpointConfig``), placed on this node."""
+        return self.spec.checkpoint
+
     def start(self) -> Session:
         """Join the process group (gloo, unless the script already did), open the journal, arm the faults."""
         import torch.distributed as dist
         from injectors import FAULTS, WorkerContext
 
         from harness.worker.probe import Probe
-        from harness.schema import build
 
         init_seconds = 0.0
         if not dist.is_initialized():
@@ -82,13 +91,12 @@ class Session:
         cfg = self.checkpoint_config
         ctx = WorkerContext(rank=dist.get_rank(), fault_dir=self.run_dir / "faults", record=self.probe.record,
                             node=self.node, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                            node_memory=self.node_memory, started_at=float(self.spec.get("started_at", 0.0)),
+                            node_memory=self.node_memory, started_at=self.spec.started_at,
                             checkpoint_dir=Path(cfg.dir) if "://" not in cfg.dir else None)
-        for i, item in enumerate(self.spec.get("faults", [])):
-            config_cls, injector_cls = FAULTS[item["kind"]]
-            if config_cls.site != "worker":
+        for i, fault in enumerate(self.spec.faults):
+            if fault.config.site != "worker":
                 continue  # driven by the harness (links between nodes)
-            inj = injector_cls(build(config_cls, item["config"], str(self.spec_path), f"faults[{i}]"), i, ctx)
+            inj = FAULTS[fault.kind][1](fault.config, i, ctx)
             inj.arm()
             self.injectors.append(inj)
         return self
@@ -142,7 +150,7 @@ class Session:
             self.disarm()
 
 
-def place_on_node(ckpt_cfg: Any, spec: dict[str, Any]) -> tuple[int, Path | None]:
+def place_on_node(ckpt_cfg: CheckpointConfig, spec: Placement) -> tuple[int, Path | None]:
     """This worker's node index and shared-memory directory; points a baft config at them.
 
     The launcher sets ``BAFT_NODE_INDEX`` and, when it runs node stores, puts their
@@ -150,7 +158,7 @@ def place_on_node(ckpt_cfg: Any, spec: dict[str, Any]) -> tuple[int, Path | None
     filled in here because only the worker knows its node.
     """
     node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
-    node_memory = Path(spec["node_memory"]) / f"node{node}" if spec.get("node_memory") else None
-    if node_memory is not None:
-        ckpt_cfg.shm_dir, ckpt_cfg.store, ckpt_cfg.node = str(node_memory), spec["stores"][node], node
+    node_memory = Path(spec.node_memory) / f"node{node}" if spec.node_memory else None
+    if node_memory is not None and spec.stores is not None:  # the spec has both or neither
+        ckpt_cfg.shm_dir, ckpt_cfg.store, ckpt_cfg.node = str(node_memory), spec.stores[node], node
     return node, node_memory

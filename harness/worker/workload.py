@@ -8,19 +8,18 @@ bitwise deterministic for a fixed world size: deterministic algorithms, one
 intra-op thread, seeded init, per-rank dropout seeds, and a data pipeline whose
 only state is checkpointed.
 
-Run as ``python -m harness.worker.workload RUN_CONFIG.json`` (by the launcher).
+Run as ``python -m harness.worker.workload WORKER_SPEC.json`` (by the launcher). Its config,
+:class:`~harness.worker.spec.WorkloadConfig`, is part of the worker spec.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,111 +27,10 @@ import torch.distributed as dist
 
 from harness.errors import ConfigValueError, ScenarioError
 from harness.worker.models import PRESETS
+from harness.worker.spec import WorkloadConfig
 
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
-
-
-@dataclass(kw_only=True, slots=True)
-class WorkloadConfig:
-    """The built-in training job."""
-
-    model: Literal["gpt-tiny", "gpt-small", "mlp"] = "gpt-tiny"
-    """Model preset: a small GPT (dropout, causal attention) or an MLP classifier."""
-    stages: int = 2
-    """Pipeline stages P (1..the model's layer count)."""
-    data_parallel: int = 1
-    """Data-parallel replicas D of the whole pipeline."""
-    microbatches: int = 4
-    """Microbatches per iteration and replica (>= stages)."""
-    microbatch_size: int = 4
-    """Samples per microbatch."""
-    schedule: Schedule = "1f1b"
-    """Pipeline schedule; ``interleaved-1f1b`` gives each rank ``virtual_stages`` model chunks."""
-    virtual_stages: int = 1
-    """Model chunks per rank (interleaved schedules: >= 2; the others: 1)."""
-    steps: int = 30
-    """Optimizer steps (iterations) to train."""
-    seed: int = 0
-    """Seed of the model init, the data and every RNG."""
-    nodes: int = 1
-    """Hosts to spread the ranks over (each its own torchrun agent); must divide P*D."""
-    lr: float = 3e-3
-    """Peak learning rate of Adam."""
-    warmup: int = 10
-    """Linear warm-up steps before the cosine decay."""
-    dataset_size: int = 512
-    """Samples in the synthetic dataset (one epoch)."""
-    script: str | None = None
-    """A training script to run instead of the built-in pipeline (path relative to the scenario
-    file); it reports through ``harness.worker.session.Session``. The built-in's fields are then unused,
-    except ``steps`` (how many the script trains), ``seed`` and ``nodes``."""
-    nproc: int = 1
-    """With ``script``: workers per node."""
-    args: list[str] = field(default_factory=list)
-    """With ``script``: its command-line arguments."""
-    mutant: str | None = None
-    """A known checkpoint bug planted in the faulted run's workers (``harness.worker.mutants``), to prove
-    the verdict catches it; null: none."""
-
-    def __post_init__(self) -> None:
-        layers = PRESETS[self.model].layers
-        for name in ("stages", "virtual_stages", "data_parallel", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
-            value = getattr(self, name)
-            if value < 1:
-                raise ConfigValueError(name, "an integer >= 1", value)
-        if self.schedule == "interleaved-1f1b":
-            if self.virtual_stages < 2:
-                raise ConfigValueError("virtual_stages", "at least 2 with schedule interleaved-1f1b", self.virtual_stages)
-            if self.microbatches % self.stages:
-                raise ConfigValueError("microbatches", f"a multiple of stages ({self.stages}) with an interleaved schedule", self.microbatches)
-        elif self.virtual_stages != 1:
-            raise ConfigValueError("virtual_stages", f"1 with schedule {self.schedule}", self.virtual_stages)
-        if self.stages * self.virtual_stages > layers:
-            raise ConfigValueError("stages", f"at most {layers // self.virtual_stages} for {self.model} with "
-                                   f"{self.virtual_stages} virtual stages", self.stages)
-        if self.microbatches < self.stages:
-            raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
-        if self.nproc < 1:
-            raise ConfigValueError("nproc", "an integer >= 1", self.nproc)
-        if self.world_size % self.nodes:
-            raise ConfigValueError("nodes", f"a divisor of stages*data_parallel = {self.world_size}", self.nodes)
-        if self.seed < 0:
-            raise ConfigValueError("seed", "an integer >= 0", self.seed)
-        if self.lr <= 0:
-            raise ConfigValueError("lr", "a number > 0", self.lr)
-        if self.warmup < 0:
-            raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
-        if self.mutant is not None:
-            from harness.worker.mutants import MUTANTS
-
-            if self.mutant not in MUTANTS:
-                raise ConfigValueError("mutant", "one of " + ", ".join(MUTANTS), self.mutant)
-        if self.dataset_size < self.global_batch:
-            raise ConfigValueError("dataset_size", f"at least one global batch ({self.global_batch})", self.dataset_size)
-
-    def resized(self, world_size: int) -> WorkloadConfig:
-        """The same training on ``world_size`` ranks: the stages stay, the data-parallel replicas
-        change, and each replica runs more (or fewer) microbatches so the global batch stays."""
-        if world_size == self.world_size:
-            return self
-        if self.script is not None:
-            raise ConfigValueError("script", "the built-in workload (a script's world size cannot change)", self.script)
-        if world_size % self.stages:
-            raise ConfigValueError("data_parallel", f"a world size divisible by stages ({self.stages})", world_size)
-        replicas = world_size // self.stages
-        if (self.microbatches * self.data_parallel) % replicas:
-            raise ConfigValueError("microbatches", f"microbatches*data_parallel = {self.microbatches * self.data_parallel} "
-                                   f"divisible by {replicas} replicas (the global batch must stay)", self.microbatches)
-        return dataclasses.replace(self, data_parallel=replicas,
-                                   microbatches=self.microbatches * self.data_parallel // replicas)
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nodes if self.script is not None else self.stages * self.data_parallel
-
-    @property
-    def global_batch(self) -> int:
-        return self.microbatches * self.microbatch_size * self.data_parallel
+__all__ = ["PipelineTrainer", "WorkloadConfig", "announce_compute", "lr_lambda", "main", "seed_everything",
+           "set_determinism"]
 
 
 def lr_lambda(warmup: int, total: int):
@@ -280,13 +178,13 @@ class PipelineTrainer:
 
 def main(argv: list[str] | None = None) -> int:
     """One worker of a scenario run: build, restore if a checkpoint exists, train, journal every boundary."""
-    from harness.schema import build
-    from harness.worker.session import SPEC_VARIABLE, Session
+    from harness.worker.session import Session
+    from harness.worker.spec import SPEC_VARIABLE
 
     args = argv if argv is not None else sys.argv[1:]
     spec_path = Path(args[0]) if args else Path(os.environ[SPEC_VARIABLE])
     session = Session(spec_path)
-    cfg = build(WorkloadConfig, session.spec["workload"], str(spec_path), "workload")
+    cfg = session.spec.workload
     if cfg.mutant is not None:
         from harness.worker.mutants import apply
 

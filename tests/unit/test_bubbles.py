@@ -6,11 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from baft import TrainState, digest_components, events
+from baft import CheckpointConfig, TrainState, digest_components, events
 from baft.bubble import BubbleSnapshotter
 from baft.layout import rebuild, split, layout, total_bytes
 from baft.profiler import BubbleProfiler, ProfilerConfig
 from baft.snapshot import COMPLETE, WRITING, SnapshotBuffer
+
+BAFT = CheckpointConfig(strategy="baft")
 
 
 class FakeClock:
@@ -110,7 +112,7 @@ def test_snapshotter_restores_the_last_sealed_version(tmp_path: Path) -> None:
     st = make_state(0)
     seen: list[tuple[str, dict]] = []
     unsub = events.subscribe(lambda k, f: seen.append((k, f)))
-    snap = BubbleSnapshotter(st, tmp_path, rank=0)
+    snap = BubbleSnapshotter(st, BAFT, tmp_path, rank=0)
     try:
         for _ in range(3):
             step(st, snap)
@@ -131,7 +133,7 @@ def test_snapshotter_restores_the_last_sealed_version(tmp_path: Path) -> None:
     assert last["stall_bytes"] == last["bytes"] > 0
 
     fresh = make_state(1)
-    other = BubbleSnapshotter(fresh, tmp_path, rank=0)
+    other = BubbleSnapshotter(fresh, BAFT, tmp_path, rank=0)
     try:
         version = other.restore()
     finally:
@@ -145,7 +147,7 @@ def test_snapshotter_restores_the_last_sealed_version(tmp_path: Path) -> None:
 
 def test_snapshotter_version_matches_live_state(tmp_path: Path) -> None:
     st = make_state(2)
-    snap = BubbleSnapshotter(st, tmp_path, rank=0)
+    snap = BubbleSnapshotter(st, BAFT, tmp_path, rank=0)
     try:
         step(st, snap)
         step(st, snap)
@@ -156,12 +158,28 @@ def test_snapshotter_version_matches_live_state(tmp_path: Path) -> None:
         snap.engine.close()
         snap.buffer.close()
     fresh = make_state(5)
-    other = BubbleSnapshotter(fresh, tmp_path, rank=0)
+    other = BubbleSnapshotter(fresh, BAFT, tmp_path, rank=0)
     try:
         assert other.restore() == 2
     finally:
         other.close()
     assert digest_components(fresh.capture()) == expected
+
+
+def test_the_snapshotter_takes_its_policy_from_the_checkpoint_config(tmp_path: Path) -> None:
+    from baft.planner import PlannerConfig
+
+    st = make_state(3)
+    config = CheckpointConfig(strategy="baft", omit=["rng"], planner=PlannerConfig(chunk_bytes=4096))
+    snap = BubbleSnapshotter(st, config, tmp_path, rank=0)
+    try:
+        step(st, snap)
+        assert snap.store is None  # no store address in the config: no peers
+        assert max(c.nbytes for c in snap.chunks) <= 4096 < sum(c.nbytes for c in snap.chunks)
+        components = snap.read_version(0)
+        assert "model" in components and "rng" not in components
+    finally:
+        snap.close()
 
 
 def test_inline_work_that_overruns_shrinks_the_window() -> None:

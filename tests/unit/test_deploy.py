@@ -180,7 +180,7 @@ def test_the_cluster_role_is_bound_to_the_harness_cluster_wide() -> None:
 def test_worker_spec_points_every_node_at_its_store_by_dns() -> None:
     scenario = load(ROOT / "scenarios" / "ci" / "baft-node-loss.yaml", host=False)
     spec = worker_spec(scenario, DeployConfig(namespace="ml", image="i", claim="c"))
-    assert spec["stores"] == [f"baft-train-faulted-{i}.baft-train-faulted.ml.svc:29500" for i in range(2)]
+    assert spec.stores == [f"baft-train-faulted-{i}.baft-train-faulted.ml.svc:29500" for i in range(2)]
 
 
 def test_pod_zero_hosts_the_rendezvous_and_no_other_pod_does(monkeypatch: pytest.MonkeyPatch,

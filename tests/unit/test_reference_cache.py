@@ -44,7 +44,7 @@ def test_the_key_changes_with_any_worker_file(tmp_path: Path) -> None:
 def test_concurrent_callers_run_the_reference_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[Path] = []
 
-    def fake_launch(run_dir: Path, spec: dict, **kw: object) -> LaunchResult:
+    def fake_launch(run_dir: Path, spec: object, config: object) -> LaunchResult:
         calls.append(run_dir)
         (run_dir / "journal").mkdir(parents=True)
         time.sleep(0.3)  # long enough that the other callers arrive while it runs
@@ -65,7 +65,7 @@ def test_concurrent_callers_run_the_reference_once(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_failed_reference_is_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(runner, "launch", lambda run_dir, spec, **kw: LaunchResult(returncodes=[1], seconds=0.1, timed_out=False))
+    monkeypatch.setattr(runner, "launch", lambda run_dir, spec, config: LaunchResult(returncodes=[1], seconds=0.1, timed_out=False))
     with pytest.raises(runner.LaunchError):
         runner.ensure_reference(WorkloadConfig(), tmp_path, 10)
     assert not [p for p in (tmp_path / "reference").iterdir() if p.suffix != ".lock" and (p / "complete").exists()]

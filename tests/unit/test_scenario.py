@@ -55,7 +55,7 @@ def test_smoke_scenario_in_repo_is_valid() -> None:
         ("nodes: 1}", "nodes: 3}", "workload.nodes", "divisor"),
         ("schedule: 1f1b", "schedule: interleaved-1f1b", "workload.virtual_stages", "at least 2"),
         ("seed: 0,", "seed: 0, virtual_stages: 2,", "workload.virtual_stages", "1 with schedule 1f1b"),
-        ("- kill: {rank: 1, at_step: 17}", "- kill: {rank: 1, at_step: 17, phase: snapshot}", "faults[0].kill.phase", "need baft"),
+        ("- kill: {rank: 1, at_step: 17}", "- kill: {rank: 1, at_step: 17, phase: snapshot}", "faults[0].kill.phase", "snapshot needs baft"),
         ("- kill: {rank: 1, at_step: 17}", "- node_loss: {node: 1, at_step: 3}", "faults[0].node_loss.node", "0..0"),
         ("microbatches: 4,", "microbatches: 1,", "workload.microbatches", "at least stages"),
         ("every: 5", "every: -5", "checkpoint.every", ">= 1"),

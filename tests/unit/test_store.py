@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from baft.snapshot import COMPLETE, SnapshotBuffer, slot_of
-from baft.store import Store, StoreClient, _Handler, _Server, request, slot_header
+from baft.snapshot import COMPLETE, SnapshotBuffer, slot_header, slot_of
+from baft.store import ReplicationConfig, Store, StoreClient, StoreConfig, _Handler, _Server, request
 from harness.run.nodeenv import free_port
 
 
@@ -18,7 +18,8 @@ def two_stores(tmp_path: Path):
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     servers = []
     for node in range(2):
-        store = Store(tmp_path / f"node{node}", node, addresses, replicas=1, rate=0.0, journal=tmp_path / f"j{node}.jsonl")
+        store = Store(StoreConfig(root=tmp_path / f"node{node}", node=node, addresses=addresses,
+                                  journal=tmp_path / f"j{node}.jsonl", replication=ReplicationConfig(replicas=1)))
         host, port = addresses[node].rsplit(":", 1)
         server = _Server((host, int(port)), _Handler)
         server.store = store
@@ -150,3 +151,76 @@ def test_rounds_replicate_one_version_for_every_local_rank(two_stores) -> None:
     sent = [(e["rank"], e["version"]) for e in events if e["event"] == "replicated"]
     assert sent[0] == (0, 4) and sorted(sent[1:]) == [(0, 5), (1, 5)]  # the first round saw only rank 0
     client.close()
+
+
+# -- the config: one object from the scenario to the store process -------------------------------------
+def store_args(root: Path, *extra: str) -> list[str]:
+    return ["--root", str(root), "--node", "1", "--addresses", "a:1,b:2", *extra]
+
+
+def test_the_store_command_line_parses_into_its_config(tmp_path: Path) -> None:
+    from baft.store import parse_args
+
+    replication = ReplicationConfig(replicas=2, rate=5e6, yield_to_training=False)
+    cfg = parse_args(store_args(tmp_path, "--replication", replication.to_json(), "--listen", "0.0.0.0"))
+    assert cfg == StoreConfig(root=tmp_path, node=1, addresses=["a:1", "b:2"], listen="0.0.0.0", replication=replication)
+    assert parse_args(store_args(tmp_path)).replication == ReplicationConfig()  # defaults in one place
+    assert parse_args(store_args(tmp_path, "--replication", '{"rate": 7}')).replication == ReplicationConfig(rate=7.0)
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--replication", '{"replicas": -1}'], "replicas: expected an integer >= 0"),
+    (["--replication", '{"replicas": true}'], "replicas: expected an integer >= 0"),
+    (["--replication", '{"colour": 1}'], "keys among replicas, rate, yield_to_training"),
+    (["--replication", "fast"], "a JSON object"),
+    (["--node", "2"], "a node index in 0..1"),
+])
+def test_a_bad_store_config_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     extra: list[str], says: str) -> None:
+    from baft.store import parse_args
+
+    with pytest.raises(SystemExit) as info:
+        parse_args(store_args(tmp_path, *extra))
+    assert info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_store_help_documents_every_replication_key(capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from baft.store import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(ReplicationConfig):
+        assert f"{f.name} (default " in out
+    assert "Peer nodes that keep a copy" in out and "The node's shared-memory directory" in out
+
+
+def test_the_checkpoint_section_maps_onto_the_replication_config() -> None:
+    from baft import BaftConfigError, CheckpointConfig
+
+    c = CheckpointConfig(strategy="baft", replicas=2, replication_rate=1e6, replication_yield=False)
+    assert c.replication == ReplicationConfig(replicas=2, rate=1e6, yield_to_training=False)
+    assert CheckpointConfig().replication == ReplicationConfig()  # the section's defaults are the store's
+    for key, value in (("replicas", -1), ("replication_rate", -1.0)):
+        with pytest.raises(BaftConfigError) as info:
+            CheckpointConfig(**{key: value})
+        assert info.value.field == key  # named by the scenario's key, not the store's
+
+
+def test_the_fleet_hands_each_store_the_scenarios_replication_config(tmp_path: Path) -> None:
+    from analysis.journal import JournalWriter
+    from baft import CheckpointConfig
+    from baft.store import parse_args
+    from harness.run.storefleet import StoreFleet, StoreSpec
+
+    ckpt = CheckpointConfig(strategy="baft", replicas=2, replication_rate=3e6, replication_yield=False)
+    journal = JournalWriter(tmp_path / "launcher.jsonl")
+    fleet = StoreFleet(StoreSpec(base=tmp_path / "shm", replication=ckpt.replication), 3, tmp_path, journal)
+    cmd = fleet.command(2)
+    assert cmd[1:3] == ["-m", "baft.store"]
+    cfg = parse_args(cmd[3:])
+    assert cfg.replication == ckpt.replication
+    assert (cfg.node, cfg.addresses, cfg.root) == (2, fleet.addresses, tmp_path / "shm" / "node2")
+    journal.close()

@@ -1,0 +1,235 @@
+"""The worker spec: everything a worker is told, in one typed object.
+
+The launcher (``harness.run.launcher``) writes it as ``worker-spec.json`` into the run directory
+and names the file in ``BAFT_SPEC`` for every worker it starts; on a cluster the ConfigMap of
+``baft deploy`` holds the same file. A worker reads nothing else about the run::
+
+    spec = WorkerSpec.load(Path(os.environ[SPEC_VARIABLE]))
+    spec.workload.steps, spec.checkpoint.strategy, spec.faults[0].config, spec.stores
+
+The file is the spec's plain form (:meth:`Placement.plain`): each section is the plain data of
+its config dataclass, keys as in the scenario, so a file written before these types existed loads.
+The workload's config, :class:`WorkloadConfig`, lives here too: the scenario, the worker and the
+runner's reference cache all read it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from baft import CheckpointConfig
+from injectors import FAULTS, FaultConfig, FaultConfigError
+
+from harness.errors import ConfigValueError, ScenarioError
+from harness.schema import build, found_repr, to_plain
+from harness.worker.models import PRESETS
+
+#: The environment variable naming the worker spec file.
+SPEC_VARIABLE = "BAFT_SPEC"
+
+P = TypeVar("P", bound="Placement")
+
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkloadConfig:
+    """The built-in training job."""
+
+    model: Literal["gpt-tiny", "gpt-small", "mlp"] = "gpt-tiny"
+    """Model preset: a small GPT (dropout, causal attention) or an MLP classifier."""
+    stages: int = 2
+    """Pipeline stages P (1..the model's layer count)."""
+    data_parallel: int = 1
+    """Data-parallel replicas D of the whole pipeline."""
+    microbatches: int = 4
+    """Microbatches per iteration and replica (>= stages)."""
+    microbatch_size: int = 4
+    """Samples per microbatch."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule; ``interleaved-1f1b`` gives each rank ``virtual_stages`` model chunks."""
+    virtual_stages: int = 1
+    """Model chunks per rank (interleaved schedules: >= 2; the others: 1)."""
+    steps: int = 30
+    """Optimizer steps (iterations) to train."""
+    seed: int = 0
+    """Seed of the model init, the data and every RNG."""
+    nodes: int = 1
+    """Hosts to spread the ranks over (each its own torchrun agent); must divide P*D."""
+    lr: float = 3e-3
+    """Peak learning rate of Adam."""
+    warmup: int = 10
+    """Linear warm-up steps before the cosine decay."""
+    dataset_size: int = 512
+    """Samples in the synthetic dataset (one epoch)."""
+    script: str | None = None
+    """A training script to run instead of the built-in pipeline (path relative to the scenario
+    file); it reports through ``harness.worker.session.Session``. The built-in's fields are then unused,
+    except ``steps`` (how many the script trains), ``seed`` and ``nodes``."""
+    nproc: int = 1
+    """With ``script``: workers per node."""
+    args: list[str] = field(default_factory=list)
+    """With ``script``: its command-line arguments."""
+    mutant: str | None = None
+    """A known checkpoint bug planted in the faulted run's workers (``harness.worker.mutants``), to prove
+    the verdict catches it; null: none."""
+
+    def __post_init__(self) -> None:
+        layers = PRESETS[self.model].layers
+        for name in ("stages", "virtual_stages", "data_parallel", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigValueError(name, "an integer >= 1", value)
+        if self.schedule == "interleaved-1f1b":
+            if self.virtual_stages < 2:
+                raise ConfigValueError("virtual_stages", "at least 2 with schedule interleaved-1f1b", self.virtual_stages)
+            if self.microbatches % self.stages:
+                raise ConfigValueError("microbatches", f"a multiple of stages ({self.stages}) with an interleaved schedule", self.microbatches)
+        elif self.virtual_stages != 1:
+            raise ConfigValueError("virtual_stages", f"1 with schedule {self.schedule}", self.virtual_stages)
+        if self.stages * self.virtual_stages > layers:
+            raise ConfigValueError("stages", f"at most {layers // self.virtual_stages} for {self.model} with "
+                                   f"{self.virtual_stages} virtual stages", self.stages)
+        if self.microbatches < self.stages:
+            raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
+        if self.nproc < 1:
+            raise ConfigValueError("nproc", "an integer >= 1", self.nproc)
+        if self.world_size % self.nodes:
+            raise ConfigValueError("nodes", f"a divisor of stages*data_parallel = {self.world_size}", self.nodes)
+        if self.seed < 0:
+            raise ConfigValueError("seed", "an integer >= 0", self.seed)
+        if self.lr <= 0:
+            raise ConfigValueError("lr", "a number > 0", self.lr)
+        if self.warmup < 0:
+            raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
+        if self.mutant is not None:
+            from harness.worker.mutants import MUTANTS
+
+            if self.mutant not in MUTANTS:
+                raise ConfigValueError("mutant", "one of " + ", ".join(MUTANTS), self.mutant)
+        if self.dataset_size < self.global_batch:
+            raise ConfigValueError("dataset_size", f"at least one global batch ({self.global_batch})", self.dataset_size)
+
+    def resized(self, world_size: int) -> WorkloadConfig:
+        """The same training on ``world_size`` ranks: the stages stay, the data-parallel replicas
+        change, and each replica runs more (or fewer) microbatches so the global batch stays."""
+        if world_size == self.world_size:
+            return self
+        if self.script is not None:
+            raise ConfigValueError("script", "the built-in workload (a script's world size cannot change)", self.script)
+        if world_size % self.stages:
+            raise ConfigValueError("data_parallel", f"a world size divisible by stages ({self.stages})", world_size)
+        replicas = world_size // self.stages
+        if (self.microbatches * self.data_parallel) % replicas:
+            raise ConfigValueError("microbatches", f"microbatches*data_parallel = {self.microbatches * self.data_parallel} "
+                                   f"divisible by {replicas} replicas (the global batch must stay)", self.microbatches)
+        return dataclasses.replace(self, data_parallel=replicas,
+                                   microbatches=self.microbatches * self.data_parallel // replicas)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nodes if self.script is not None else self.stages * self.data_parallel
+
+    @property
+    def global_batch(self) -> int:
+        return self.microbatches * self.microbatch_size * self.data_parallel
+
+
+@dataclass(kw_only=True, slots=True)
+class FaultSpec:
+    """One fault of the run: its kind (the scenario's YAML key) and its config."""
+
+    kind: str
+    """The key in ``injectors.FAULTS``: ``kill``, ``node_loss``, ``throttle``, ..."""
+    config: FaultConfig
+    """Its validated config (the class ``FAULTS[kind]`` names)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULTS:
+            raise FaultConfigError("kind", "a fault kind among " + ", ".join(sorted(FAULTS)), self.kind)
+        if not isinstance(self.config, FAULTS[self.kind][0]):
+            raise FaultConfigError("config", f"a {FAULTS[self.kind][0].__name__}", type(self.config).__name__)
+
+
+def build_fault(item: Any, file: str, path: str) -> FaultSpec:
+    """A :class:`FaultSpec` from its plain form ``{kind: ..., config: {...}}``."""
+    if not isinstance(item, dict) or set(item) != {"kind", "config"}:
+        raise ScenarioError(file, path, "a mapping with the keys kind and config", found_repr(item))
+    kind = item["kind"]
+    if not isinstance(kind, str) or kind not in FAULTS:
+        raise ScenarioError(file, f"{path}.kind", "a fault kind among " + ", ".join(sorted(FAULTS)), found_repr(kind))
+    config_cls, _ = FAULTS[kind]
+    return FaultSpec(kind=kind, config=build(config_cls, item["config"], file, f"{path}.config"))
+
+
+@dataclass(kw_only=True, slots=True)
+class Placement:
+    """What the launcher tells every worker it starts, whatever the worker runs: where the run
+    lives, when it started, and the node stores. The specs of what workers run derive from it."""
+
+    stores: list[str] | None = None
+    """host:port of every node's ``baft`` store, by node index (None: no stores, no peers)."""
+    node_memory: str | None = None
+    """With stores: the run's shared-memory directory; node i keeps its slots in ``node<i>``."""
+    run_dir: str = ""
+    """The run directory (absolute): the journal, the fault markers and the logs go there."""
+    started_at: float = 0.0
+    """``time.time()`` when the launcher started the job: the origin of the faults' time
+    triggers, the same for every worker and restart."""
+
+    def __post_init__(self) -> None:
+        if (self.stores is None) != (self.node_memory is None):
+            raise ConfigValueError("node_memory", "both stores and node_memory, or neither", self.node_memory)
+
+    def plain(self) -> dict[str, Any]:
+        """The spec as plain data (what the file holds): the fields of the subclass first, then
+        those of the placement; a field that is None is left out (it is None when read back)."""
+        own = {f.name for f in dataclasses.fields(Placement)}
+        names = [f.name for f in dataclasses.fields(self)]
+        ordered = [n for n in names if n not in own] + [n for n in names if n in own]
+        return {n: to_plain(getattr(self, n)) for n in ordered if getattr(self, n) is not None}
+
+    def dumps(self) -> str:
+        """The file's text."""
+        return json.dumps(self.plain(), indent=1)
+
+    @classmethod
+    def from_plain(cls: type[P], data: Any, file: str) -> P:
+        """Build the spec from plain data; errors name ``file`` and the key path."""
+        return build(cls, data, file)
+
+    @classmethod
+    def load(cls: type[P], path: Path) -> P:
+        """Read a spec file."""
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ScenarioError(str(path), "", "a readable worker spec (JSON)", f"<{e}>") from None
+        return cls.from_plain(data, str(path))
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerSpec(Placement):
+    """Everything a worker of a scenario run is told: the built-in workload or a user's script
+    (``harness.worker.session.Session`` reads it), on its node."""
+
+    workload: WorkloadConfig
+    """The workload (``workload:`` of the scenario). A script reads ``steps`` and ``seed``."""
+    checkpoint: CheckpointConfig
+    """The checkpoint policy (``checkpoint:``), its directories pointed into the run."""
+    faults: list[FaultSpec] = field(default_factory=list)
+    """The faults (``faults:``); a worker arms those whose site is the worker."""
+
+    @classmethod
+    def from_plain(cls, data: Any, file: str) -> WorkerSpec:
+        if not isinstance(data, dict):
+            raise ScenarioError(file, "", "a mapping (a worker spec)", found_repr(data))
+        items = data.get("faults") or []
+        if not isinstance(items, list):
+            raise ScenarioError(file, "faults", "a list of faults", found_repr(items))
+        spec = build(cls, {k: v for k, v in data.items() if k != "faults"}, file)
+        spec.faults = [build_fault(item, file, f"faults[{i}]") for i, item in enumerate(items)]
+        return spec

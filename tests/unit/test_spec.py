@@ -1,0 +1,113 @@
+"""The worker spec: one typed object, serialised to the JSON a worker has always read."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from baft import CheckpointConfig
+from harness.bench.bench import BenchConfig, BenchSpec
+from harness.errors import ScenarioError
+from harness.scenario import load
+from harness.worker.session import Session
+from harness.worker.spec import FaultSpec, WorkerSpec, WorkloadConfig
+from injectors import FaultConfigError
+from injectors.link import ThrottleConfig
+from injectors.process import NodeLossConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: A worker spec as the launcher wrote it before the spec had a type (a faulted baft run on two nodes).
+OLD_SPEC = {
+    "workload": {"model": "gpt-tiny", "stages": 2, "data_parallel": 2, "microbatches": 4, "microbatch_size": 4,
+                 "schedule": "1f1b", "virtual_stages": 1, "steps": 22, "seed": 12, "nodes": 2, "lr": 0.003,
+                 "warmup": 10, "dataset_size": 512, "script": None, "nproc": 1, "args": [], "mutant": None},
+    "checkpoint": {"strategy": "baft", "every": 50, "dir": "/runs/x/faulted/checkpoints", "keep": 3,
+                   "shm_dir": "/dev/shm/baft-run-1", "replicas": 1, "replicate_every": 1, "replication_rate": 0.0,
+                   "replication_yield": True, "store": "", "node": 0, "omit": []},
+    "faults": [{"kind": "throttle", "config": {"link": ["node0", "node1"], "rate": "50mbit", "from_step": 5}},
+               {"kind": "node_loss", "config": {"node": 1, "at_step": 16}}],
+    "stores": ["127.0.0.1:40001", "127.0.0.1:40002"],
+    "node_memory": "/dev/shm/baft-run-1",
+    "run_dir": "/runs/x/faulted",
+    "started_at": 1700000000.25,
+}
+
+
+def write(tmp_path: Path, data: object) -> Path:
+    p = tmp_path / "worker-spec.json"
+    p.write_text(json.dumps(data, indent=1))
+    return p
+
+
+def test_a_spec_file_from_before_loads_typed(tmp_path: Path) -> None:
+    spec = WorkerSpec.load(write(tmp_path, OLD_SPEC))
+    assert isinstance(spec.workload, WorkloadConfig) and spec.workload.world_size == 4
+    assert isinstance(spec.checkpoint, CheckpointConfig) and spec.checkpoint.strategy == "baft"
+    assert [f.kind for f in spec.faults] == ["throttle", "node_loss"]
+    assert isinstance(spec.faults[0].config, ThrottleConfig) and isinstance(spec.faults[1].config, NodeLossConfig)
+    assert spec.faults[1].config.at_step == 16
+    assert spec.stores == OLD_SPEC["stores"] and spec.started_at == 1700000000.25
+
+
+def test_the_round_trip_gives_back_the_same_json(tmp_path: Path) -> None:
+    spec = WorkerSpec.load(write(tmp_path, OLD_SPEC))
+    again = json.loads(spec.dumps())
+    # every key as before; the configs' defaults are now spelt out
+    assert list(again) == list(OLD_SPEC)
+    for key in ("workload", "stores", "node_memory", "run_dir", "started_at"):
+        assert again[key] == OLD_SPEC[key], key
+    assert {k: again["checkpoint"][k] for k in OLD_SPEC["checkpoint"]} == OLD_SPEC["checkpoint"]
+    assert again["checkpoint"]["planner"]["copier"] == "inline"
+    assert again["faults"][1]["config"]["node"] == 1 and again["faults"][1]["config"]["replacement"] is True
+    assert WorkerSpec.from_plain(again, "again") == spec
+
+
+def test_a_spec_built_from_a_scenario_round_trips() -> None:
+    scenario = load(ROOT / "scenarios" / "ci" / "link-throttle-replication.yaml", host=False)
+    spec = WorkerSpec(workload=scenario.workload, checkpoint=scenario.checkpoint, faults=scenario.faults,
+                      run_dir="/r", started_at=3.5)
+    text = spec.dumps()
+    assert "stores" not in json.loads(text) and "node_memory" not in json.loads(text)  # None: left out
+    assert WorkerSpec.from_plain(json.loads(text), "spec") == spec
+
+
+def test_the_reference_runs_spec_with_a_bare_checkpoint_section_loads(tmp_path: Path) -> None:
+    spec = WorkerSpec.load(write(tmp_path, {"workload": {"steps": 3}, "checkpoint": {"strategy": "none"},
+                                            "faults": [], "run_dir": "/r", "started_at": 0.0}))
+    assert spec.checkpoint.strategy == "none" and spec.workload.steps == 3 and spec.stores is None
+
+
+@pytest.mark.parametrize(("change", "path", "expected"), [
+    ({"faults": [{"kind": "explode", "config": {}}]}, "faults[0].kind", "a fault kind"),
+    ({"faults": [{"kind": "kill"}]}, "faults[0]", "the keys kind and config"),
+    ({"faults": [{"kind": "kill", "config": {"rank": 0, "colour": "red"}}]}, "faults[0].config.colour", "one of the keys"),
+    ({"workload": {"stages": 0}}, "workload.stages", ">= 1"),
+    ({"checkpoint": {"every": 0}}, "checkpoint.every", ">= 1"),
+    ({"stores": None}, "node_memory", "both stores and node_memory"),
+])
+def test_a_bad_spec_names_the_key(tmp_path: Path, change: dict, path: str, expected: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        WorkerSpec.load(write(tmp_path, {**OLD_SPEC, **change}))
+    assert err.value.path == path and expected in err.value.expected
+
+
+def test_a_fault_spec_checks_its_kind_and_config() -> None:
+    with pytest.raises(FaultConfigError):
+        FaultSpec(kind="kill", config=NodeLossConfig(node=0, at_step=1))
+
+
+def test_a_session_reads_its_spec_by_attribute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BAFT_NODE_INDEX", "1")
+    session = Session(write(tmp_path, OLD_SPEC))
+    assert session.steps == 22 and session.run_dir == Path("/runs/x/faulted")
+    assert session.node == 1 and session.node_memory == Path("/dev/shm/baft-run-1/node1")
+    cfg = session.checkpoint_config  # placed on node 1
+    assert (cfg.node, cfg.store, cfg.shm_dir) == (1, "127.0.0.1:40002", "/dev/shm/baft-run-1/node1")
+
+
+def test_the_bench_spec_round_trips(tmp_path: Path) -> None:
+    spec = BenchSpec(bench=BenchConfig(strategies=["baft"], cycles=2), shm_dir="/dev/shm/b", run_dir="/r")
+    back = BenchSpec.load(write(tmp_path, spec.plain()))
+    assert back == spec and back.bench.strategies == ["none", "baft"]
