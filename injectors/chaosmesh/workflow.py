@@ -46,6 +46,7 @@ from injectors.chaosmesh.manifests import MANAGED_BY, ClusterTarget, Unmappable,
 from injectors.chaosmesh.formats import is_dns_label, parse_go_duration
 from injectors.chaosmesh.schema import API_VERSION, WORKFLOW_EMBEDS
 from injectors.errors import FaultConfigError
+from injectors.process import LOOP_PHASES
 from injectors.trigger import PointFault, WindowFault
 
 __all__ = ["ENTRY", "POINT_DEADLINE", "workflow_manifest"]
@@ -55,7 +56,7 @@ ENTRY = "faults"
 POINT_DEADLINE = "30s"
 """Lifetime of the chaos object of a point fault that acts once on creation (see the module docstring)."""
 #: Phases that recur within every step, so "the first one after at_time" is at_time to within a step.
-STEP_PHASES = ("iteration", "forward", "backward", "optimizer")
+STEP_PHASES = LOOP_PHASES  # the phases every training loop announces, whatever the strategy
 #: Longest template name: the controller names a node ``{template}-{5 random}`` and labels its
 #: children with that name, a label value of at most 63 characters.
 MAX_TEMPLATE_NAME = 57
