@@ -29,7 +29,7 @@ from injectors.process import descendants
 
 from .conftest import ROOT, run_cli
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # four ranks with restarts, beside the other xdist worker
 
 SCENARIO = {"name": "deployed", "workload": {"model": "gpt-tiny", "stages": 2, "data_parallel": 2, "microbatches": 4,
                                              "schedule": "1f1b", "steps": 12, "seed": 0, "nodes": 2},

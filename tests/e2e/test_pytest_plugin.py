@@ -16,6 +16,7 @@ from tests.e2e.conftest import ROOT, kill_pair
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
+@pytest.mark.timeout(600)  # two runs and their reports in one test, beside the other xdist worker
 def test_pytest_runs_scenario_files_and_reports_verdicts(tmp_path: Path, ref_cache: Path) -> None:
     d = tmp_path / "scenarios"
     d.mkdir()
@@ -27,7 +28,7 @@ def test_pytest_runs_scenario_files_and_reports_verdicts(tmp_path: Path, ref_cac
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(d), "--baft-cache", str(ref_cache),
          "--baft-out", str(tmp_path / "runs"), f"--junitxml={junit}", "-p", "no:cacheprovider", "-m", "slow or not slow"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=280)
+        cwd=tmp_path, capture_output=True, text=True, timeout=550)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "2 failed, 1 passed" in out

@@ -17,6 +17,7 @@ from tests.e2e.conftest import ROOT, kill_pair
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
+@pytest.mark.timeout(600)  # two runs and their reports in one test, beside the other xdist worker
 def test_a_suite_runs_each_scenario_and_writes_junit(tmp_path: Path, ref_cache: Path) -> None:
     suite = tmp_path / "mini"
     suite.mkdir()
@@ -26,7 +27,7 @@ def test_a_suite_runs_each_scenario_and_writes_junit(tmp_path: Path, ref_cache: 
     (suite / "b-broken.yaml").write_text(yaml.safe_dump(bad))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "suite", str(suite), "--out", str(out), "--cache",
-                           str(ref_cache)], cwd=ROOT, capture_output=True, text=True, timeout=280)
+                           str(ref_cache)], cwd=ROOT, capture_output=True, text=True, timeout=550)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # one scenario failed
     assert "[########################] 2/2" in proc.stderr
     s = json.loads((out / "suite.json").read_text())
