@@ -37,7 +37,8 @@ from .config import CheckpointConfig
 from .planner import Chunk, Plan, make_chunks, owned, plan
 from .profiler import BubbleProfiler
 from .snapshot import COMPLETE, WRITING, SnapshotBuffer, slot_of
-from .state import COMPONENTS, TrainState
+from .components import COMPONENTS
+from .state import TrainState
 from .store import TRAFFIC_FILE, StoreClient
 from .traffic import TrafficFlag
 

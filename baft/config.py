@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .components import COMPONENTS
 from .errors import BaftConfigError
 from .planner import PlannerConfig
 from .profiler import ProfilerConfig
-from .state import COMPONENTS
 from .storage import check_url, is_url
 from .store import ReplicationConfig
 

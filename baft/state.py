@@ -29,10 +29,8 @@ import numpy as np
 import torch
 import xxhash
 
+from .components import COMPONENTS
 from .errors import BaftError
-
-#: Component names in the order a divergence is reported.
-COMPONENTS = ("model", "optimizer", "scheduler", "rng", "data", "scaler", "step")
 
 
 class Stateful(Protocol):

@@ -43,7 +43,7 @@ from typing import Any
 
 from .errors import BaftConfigError
 from .fields import field_docs
-from .snapshot import SLOTS, copies, kept_slot, read_complete, replica_slot, slot_of, write_slot
+from .slotfile import SLOTS, copies, kept_slot, read_complete, replica_slot, slot_of, write_slot
 from .traffic import TrafficFlags
 
 #: Replicas are sent in pieces of this size, each gated on training traffic. The socket's send

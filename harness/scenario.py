@@ -44,6 +44,9 @@ class RunConfig:
     hang_timeout: float | None = 60.0
     """Seconds without progress in the journal after which the watchdog declares a hang, kills
     the stuck workers and lets torchrun restart the job (null: no watchdog)."""
+    last_call: float = 10.0
+    """Seconds an elastic rendezvous (a node lost for good) waits for more nodes once the minimum
+    has joined; a node that restarts later than this is left out (torchrun's default is 30)."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
@@ -52,6 +55,8 @@ class RunConfig:
             raise ConfigValueError("timeout", "a number > 0", self.timeout)
         if self.hang_timeout is not None and self.hang_timeout <= 0:
             raise ConfigValueError("hang_timeout", "a number > 0 (or null)", self.hang_timeout)
+        if self.last_call <= 0:
+            raise ConfigValueError("last_call", "a number of seconds > 0", self.last_call)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Any
 from .. import dcpformat, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
-from ..snapshot import slot_of
+from ..slotfile import slot_of
 from ..collective import all_min, rank_world
 from .base import WRITE_ERRORS, Strategy, persist_failed
 from .dcp import checkpoint_group, restore_dcp, stage_key_of

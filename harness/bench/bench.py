@@ -226,7 +226,7 @@ def _time_restores(cfg: BenchConfig, ckpts: dict[str, Any], restore_shards: Any,
 
 def _restore_without_own_memory(snap: Any) -> int | None:
     """Delete this rank's own slots (its memory is gone), then restore: from a peer's replica."""
-    from baft.snapshot import SLOTS
+    from baft.slotfile import SLOTS
 
     snap.buffer.close()
     for k in range(SLOTS):

@@ -35,14 +35,9 @@ if TYPE_CHECKING:
     from harness.run.storefleet import StoreSpec
 
 
-#: Seconds an elastic rendezvous waits for more nodes once the minimum has joined (torchrun's
-#: default is 30; every elastic restart pays it, and a node that starts later than this is left out).
-LAST_CALL = 10
 #: A dead agent is declared gone after 3 missed 1 s keep-alives. torchrun's default, 3 x 5 s, adds
 #: 15 s to every restart in which an agent was replaced (an elastic restart, a pod killed on a cluster).
 KEEP_ALIVE = ",keep_alive_interval=1,keep_alive_max_attempt=3"
-#: Rendezvous settings of elastic runs: the last call above and the keep-alive.
-ELASTIC_RDZV = f",last_call_timeout={LAST_CALL}{KEEP_ALIVE}"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -72,7 +67,10 @@ class LaunchConfig:
     """(fault id, config) of the link faults the harness drives; they need a ``topology``."""
     min_nodes: int | None = None
     """Below ``nodes``: elastic agents (``--nnodes MIN:MAX``); when a node is gone for good the
-    others re-rendezvous without it after :data:`LAST_CALL` seconds."""
+    others re-rendezvous without it after ``last_call`` seconds."""
+    last_call: float = 10.0
+    """Seconds an elastic rendezvous waits for more nodes once the minimum has joined (torchrun's
+    default is 30; every elastic restart pays it, and a node that starts later is left out)."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -83,6 +81,8 @@ class LaunchConfig:
             raise ConfigValueError("max_restarts", "an integer >= 0", self.max_restarts)
         if self.timeout <= 0:
             raise ConfigValueError("timeout", "a number > 0", self.timeout)
+        if self.last_call <= 0:
+            raise ConfigValueError("last_call", "a number of seconds > 0", self.last_call)
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
             raise ConfigValueError("min_nodes", f"a number of nodes in 1..{self.nodes}", self.min_nodes)
         if self.harness_faults and self.topology is None:
@@ -158,7 +158,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                     "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"{host}:{port}",
                     "--rdzv-id", run_id,
-                    "--rdzv-conf", f"is_host={1 if node == 0 else 0}" + (ELASTIC_RDZV if config.elastic else ""),
+                    "--rdzv-conf", f"is_host={1 if node == 0 else 0}" + (f",last_call_timeout={config.last_call:g}{KEEP_ALIVE}" if config.elastic else ""),
                     "--max-restarts", str(config.max_restarts),
                     "--monitor-interval", "0.2",
                 ] + (list(config.script) if config.script else ["-m", config.module, str(spec_path.resolve())])

@@ -179,7 +179,8 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
             nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
             hang_timeout=scenario.run.hang_timeout, topology=topology, harness_faults=scenario.harness_faults(),
-            min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), script=script_command(scenario.workload),
+            min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), last_call=scenario.run.last_call,
+            script=script_command(scenario.workload),
         ))
     finally:
         stack.close()  # namespaces, veths and bridge go, whatever happened

@@ -215,4 +215,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything the worker holds is closed by now (checkpointer and its threads, journal, process
+    # group): skip the interpreter's teardown, half a second of torch's own per worker here, which
+    # the agent and every restart would wait for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,10 +1,10 @@
 """End-to-end fixtures: run the real ``baft`` CLI (real torchrun, real gloo, real signals)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +27,26 @@ def ref_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared
 
 
-def run_cli(scenario: Path | dict[str, Any], out: Path, cache: Path, timeout: float = 280) -> tuple[int, str, dict[str, Any] | None]:
-    """Run ``baft run`` in a subprocess; returns exit code, output and the verdict (if written)."""
+def run_cli(scenario: Path | dict[str, Any], out: Path, cache: Path) -> tuple[int, str, dict[str, Any] | None]:
+    """Run ``baft run`` (the CLI's ``main``, in this process); returns exit code, output and the
+    verdict (if written).
+
+    In-process, a run skips the seconds a fresh interpreter spends importing torch and tearing it down;
+    everything the run starts (torchrun agents, workers, node stores) is a real process either way.
+    How the ``baft`` process itself starts and exits (signals, exit codes) is tested in test_cancel.py
+    and test_cli.py, through real processes."""
+    from harness.cli import main
+
     if isinstance(scenario, dict):
         path = out.with_suffix(".yaml")
         path.write_text(yaml.safe_dump(scenario))
         scenario = path
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", str(scenario), "--out", str(out), "--cache", str(cache)],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        rc = main(["run", str(scenario), "--out", str(out), "--cache", str(cache)])
     verdict_path = out / "verdict.json"
     verdict = json.loads(verdict_path.read_text()) if verdict_path.is_file() else None
-    return proc.returncode, proc.stdout + proc.stderr, verdict
+    return rc, buf.getvalue(), verdict
 
 
 def kill_pair(name: str = "kill-rank0-step12") -> tuple[dict[str, Any], dict[str, Any]]:

@@ -166,3 +166,27 @@ def test_no_import_cycles_lazy_ones_included() -> None:
 def test_no_file_over_600_lines() -> None:
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 600}
     assert not long, long
+
+
+@pytest.mark.parametrize("module", ["baft", "baft.store", "baft.slotfile", "baft.config", "baft.fields"])
+def test_torch_free_parts_import_without_torch(module: str) -> None:
+    """The node store is started per node and waited for before the agents: importing torch there
+    cost three seconds of every baft run. The package's names resolve lazily, so ``import baft`` and
+    the store's modules stay torch-free."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_the_package_names_resolve_lazily() -> None:
+    import baft
+
+    assert baft.CheckpointConfig.__module__ == "baft.config"
+    assert baft.events.__name__ == "baft.events"
+    assert set(baft.__all__) <= set(dir(baft))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _ = baft.nothing
+    assert set(baft.__all__) == set(baft._EXPORTS)

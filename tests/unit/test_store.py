@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from baft.snapshot import COMPLETE, SnapshotBuffer, slot_header, slot_of
+from baft.slotfile import COMPLETE, slot_header, slot_of
+from baft.snapshot import SnapshotBuffer
 from baft.store import ReplicationConfig, Store, StoreClient, StoreConfig, _Handler, _Server, request
 from harness.run.nodeenv import free_port
 
