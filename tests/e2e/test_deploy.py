@@ -24,10 +24,11 @@ from analysis.verdict import judge
 from baft.store import request
 from harness.cluster.deploy import CHECKPOINTS, SHARED, SHM, SPEC_DIR, DeployConfig, deployment
 from harness.run.nodeenv import free_port
+from harness.run.runner import ensure_reference
 from harness.scenario import load
 from injectors.process import descendants
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # four ranks with restarts, beside the other xdist worker
 
@@ -144,10 +145,9 @@ def test_the_deployed_pods_train_and_match_the_reference(killed: int | None, tmp
     else:
         assert restarts == [0, 0]
     run_dir = tmp_path / "shared" / cfg.run
-    # The reference: the same scenario run by the local launcher (no faults either).
-    rc, out, _ = run_cli(tmp_path / "s.yaml", tmp_path / "ref", ref_cache)
-    assert rc == 0, out
-    verdict = judge(Journal.load(tmp_path / "ref" / "reference"), Journal.load(run_dir), scenario.expect,
+    # The reference: the scenario's workload run by the local launcher, as `baft run` gets it (the cache).
+    reference = ensure_reference(scenario.workload, ref_cache, timeout=300)
+    verdict = judge(Journal.load(reference.run_dir), Journal.load(run_dir), scenario.expect,
                     steps=12, faults_declared=0)
     assert verdict.passed and verdict.bitwise_equal and verdict.states_compared >= 4 * 12, verdict.failures
     assert verdict.completed  # every rank of the reference finished all 12 steps here too
