@@ -43,8 +43,9 @@ from typing import Any
 
 from .errors import BaftConfigError
 from .fields import field_docs
-from .slotfile import SLOTS, copies, kept_slot, read_complete, replica_slot, slot_of, write_slot
+from .slotfile import SLOTS, copies, kept_slot, own_slot, read_complete, replica_slot, slot_of, write_slot
 from .traffic import TrafficFlags
+from .wire import recv, request, send
 
 #: Replicas are sent in pieces of this size, each gated on training traffic. The socket's send
 #: buffer is kept as small, so a piece has left the host (not just entered a kernel buffer)
@@ -137,40 +138,9 @@ class StoreConfig:
             raise BaftConfigError("node", f"a node index in 0..{len(self.addresses) - 1}", self.node)
 
 
-# -- wire ---------------------------------------------------------------------------------------
-def send(sock: socket.socket, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
-    if payload:
-        header = {**header, "nbytes": len(payload)}
-    raw = json.dumps(header).encode()
-    sock.sendall(struct.pack(">I", len(raw)) + raw)
-    if payload:
-        sock.sendall(payload)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("store connection closed")
-        got += k
-    return bytes(buf)
-
-
-def recv(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
-    (n,) = struct.unpack(">I", _recv_exact(sock, 4))
-    header = json.loads(_recv_exact(sock, n))
-    payload = _recv_exact(sock, header["nbytes"]) if header.get("nbytes") else b""
-    return header, payload
-
-
-def request(address: str, header: dict[str, Any], payload: bytes = b"", timeout: float = 30.0) -> tuple[dict[str, Any], bytes]:
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        send(s, header, payload)
-        return recv(s)
+def _check_rank_version(rank: Any, version: Any) -> None:
+    if type(rank) is not int or type(version) is not int or rank < 0 or version < 0:
+        raise ValueError(f"rank and version must be integers >= 0, got {rank!r} and {version!r}")
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -233,14 +203,35 @@ class Store:
         n = len(self.addresses)
         return [self.addresses[(self.node + i) % n] for i in range(1, min(self.config.replication.replicas, n - 1) + 1)]
 
+    def own_slot_path(self, rank: Any, version: Any, path: Any) -> Path:
+        """The slot file a worker names in a request, if it is ``rank``'s own slot for ``version`` in
+        this store's root or a directory below it (an elastic restore pulls into one); anything else
+        (another directory, ``..`` out, a symlink, another name) raises ``ValueError``: a request
+        never makes the store read or write outside its own root."""
+        _check_rank_version(rank, version)
+        given = Path(str(path))
+        root, parent = self.root.resolve(), given.parent.resolve()
+        if (given.name != own_slot(root, rank, slot_of(version)).name or given.is_symlink()
+                or (parent != root and root not in parent.parents)):
+            raise ValueError(f"{str(path)!r} is not rank {rank}'s slot for version {version} in {self.root}")
+        return parent / given.name
+
     def handle(self, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+        try:
+            return self._handle(header, payload)
+        except ValueError as e:
+            self.log("refused", op=str(header.get("op")), reason=str(e))
+            return {"ok": False, "error": str(e)}, b""
+
+    def _handle(self, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         op = header.get("op")
         if op == "ping":
             return {"ok": True, "node": self.node}, b""
         if op == "sealed":
+            file = self.own_slot_path(header.get("rank"), header.get("version"), header.get("file"))
             with self._cond:
                 versions = self._sealed.setdefault(header["rank"], {})
-                versions[header["version"]] = header["file"]
+                versions[header["version"]] = str(file)
                 for old in sorted(versions)[:-(SLOTS - 1)]:
                     del versions[old]  # its slot is being reused for the next version by now
                 self._note_period(header["version"])
@@ -249,6 +240,7 @@ class Store:
                 self._cond.notify()
             return {"ok": True}, b""
         if op == "put":
+            _check_rank_version(header.get("rank"), header.get("version"))
             k = slot_of(header["version"])
             write_slot(replica_slot(self.root, header["rank"], k), payload)
             return {"ok": True}, b""
@@ -273,7 +265,8 @@ class Store:
                     continue  # that node is down: its copies are gone
             return {"copies": found}, b""
         if op == "pull":
-            rank, version, dest = header["rank"], header["version"], Path(header["dest"])
+            rank, version = header.get("rank"), header.get("version")
+            dest = self.own_slot_path(rank, version, header.get("dest"))
             order = [self.node] + [i for i in range(len(self.addresses)) if i != self.node]
             for i in order:
                 try:

@@ -79,7 +79,7 @@ class StoreFleet:
         self._monitor.start()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
-        from baft.store import request
+        from baft.wire import request
 
         deadline = time.monotonic() + timeout
         for addr in self.addresses:

@@ -21,7 +21,7 @@ import yaml
 
 from analysis.journal import Journal
 from analysis.verdict import judge
-from baft.store import request
+from baft.wire import request
 from harness.cluster.deploy import CHECKPOINTS, SHARED, SHM, SPEC_DIR, DeployConfig, deployment
 from harness.run.nodeenv import free_port
 from harness.run.runner import ensure_reference

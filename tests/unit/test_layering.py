@@ -168,7 +168,7 @@ def test_no_file_over_600_lines() -> None:
     assert not long, long
 
 
-@pytest.mark.parametrize("module", ["baft", "baft.store", "baft.slotfile", "baft.config", "baft.fields"])
+@pytest.mark.parametrize("module", ["baft", "baft.store", "baft.slotfile", "baft.wire", "baft.config", "baft.fields"])
 def test_torch_free_parts_import_without_torch(module: str) -> None:
     """The node store is started per node and waited for before the agents: importing torch there
     cost three seconds of every baft run. The package's names resolve lazily, so ``import baft`` and

@@ -10,7 +10,8 @@ import torch
 
 from baft.slotfile import COMPLETE, slot_header, slot_of
 from baft.snapshot import SnapshotBuffer
-from baft.store import ReplicationConfig, Store, StoreClient, StoreConfig, _Handler, _Server, request
+from baft.store import ReplicationConfig, Store, StoreClient, StoreConfig, _Handler, _Server
+from baft.wire import request
 from harness.run.nodeenv import free_port
 
 
@@ -53,17 +54,23 @@ def wait_for(cond, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+def sealed_on_node0(root: Path, address: str) -> tuple[Path, StoreClient, Path]:
+    """Rank 3 seals version 7 on node 0; returns its slot, the client and the store's kept copy once it is there."""
+    path = seal(root / "node0", rank=3, version=7, fill=5)
+    client = StoreClient(address)
+    assert client.sealed(3, 7, path)
+    kept = root / "node0" / "kept-rank-00003.slot0"  # captured into the ring when the round opened
+    wait_for(lambda: slot_header(kept) is not None and slot_header(kept)[:2] == (COMPLETE, 7))
+    return path, client, kept
+
+
 def test_sealed_versions_reach_the_next_node_and_can_be_pulled_back(two_stores) -> None:
     root, addresses = two_stores
-    path = seal(root / "node0", rank=3, version=7, fill=5)
-    client = StoreClient(addresses[0])
-    assert client.sealed(3, 7, path)
+    path, client, kept = sealed_on_node0(root, addresses[0])
     replica = root / "node1" / "replica-rank-00003.slot1"
     wait_for(lambda: slot_header(replica) is not None and slot_header(replica)[:2] == (COMPLETE, 7))
 
-    # the store keeps its own copy of what it replicated
-    kept = root / "node0" / "kept-rank-00003.slot0"  # captured into the ring when the round opened
-    wait_for(lambda: slot_header(kept) is not None and slot_header(kept)[:2] == (COMPLETE, 7))
+    # the store keeps its own copy of what it replicated (the kept slot, checked above)
     # node 0 loses its memory; a new worker of rank 3 there asks its store
     path.unlink()
     kept.unlink()
@@ -225,3 +232,49 @@ def test_the_fleet_hands_each_store_the_scenarios_replication_config(tmp_path: P
     assert cfg.replication == ckpt.replication
     assert (cfg.node, cfg.addresses, cfg.root) == (2, fleet.addresses, tmp_path / "shm" / "node2")
     journal.close()
+
+
+@pytest.mark.parametrize("where", ["another directory", "dot-dot", "another name", "another rank", "a link out"])
+def test_a_request_never_makes_the_store_write_or_read_outside_its_root(two_stores, where: str) -> None:
+    """A pull writes the copy where the request says, a seal reads the file it names: both must be the
+    rank's own slot in the store's root, or anyone who can reach the port could write (or read and
+    replicate) any file the store's user can."""
+    root, addresses = two_stores
+    path, client, _ = sealed_on_node0(root, addresses[0])
+    outside = root / "outside"
+    outside.mkdir()
+    link = root / "node0" / "rank-00003.slot1"
+    dest = {"another directory": outside / "rank-00003.slot1",
+            "dot-dot": root / "node0" / ".." / "outside" / "rank-00003.slot1",
+            "another name": root / "node0" / "evil",
+            "another rank": root / "node0" / "rank-00004.slot1",
+            "a link out": link}[where]
+    path.unlink()
+    if where == "a link out":
+        link.symlink_to(outside / "target")
+    assert client.pull(3, 7, dest) is None
+    assert not (outside / "rank-00003.slot1").exists() and not (outside / "target").exists()
+    assert not (root / "node0" / "evil").exists() and not (root / "node0" / "rank-00004.slot1").exists()
+    # a directory below the root is the store's own (an elastic restore pulls into one)
+    below = root / "node0" / "resize-rank3"
+    below.mkdir()
+    assert client.pull(3, 7, below / "rank-00003.slot1") == 0 and slot_header(below / "rank-00003.slot1")[:2] == (COMPLETE, 7)
+    # a seal naming a file outside the root is refused too, and nothing of it is replicated
+    secret = outside / "secret"
+    secret.write_bytes(b"x" * 64)
+    assert client.sealed(3, 8, secret)  # a notification: no answer, the store journals the refusal
+    journal = root / "j0.jsonl"
+    wait_for(lambda: "not rank 3's slot for version 8" in journal.read_text())
+    assert not (root / "node1" / f"replica-rank-00003.slot{slot_of(8)}").exists()
+    client.close()
+
+
+def test_a_request_with_a_bad_rank_or_version_is_refused(two_stores) -> None:
+    _, addresses = two_stores
+    for bad in ({"rank": "0", "version": 1}, {"rank": 0, "version": -1}, {"rank": None, "version": 1}):
+        reply, _ = request(addresses[0], {"op": "pull", "dest": "x", **bad})
+        assert reply["ok"] is False and "integers" in reply["error"], reply
+        reply, _ = request(addresses[0], {"op": "put", **bad}, b"\0" * 64)
+        assert reply["ok"] is False and "integers" in reply["error"], reply
+    reply, _ = request(addresses[0], {"op": "put", "rank": 0, "version": 1}, b"\0" * 64)  # not a slot's bytes
+    assert reply["ok"] is False and "not a snapshot slot" in reply["error"], reply
