@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from . import events
     from .checkpointer import Checkpointer
     from .config import STRATEGIES, CheckpointConfig
-    from .errors import BaftConfigError, BaftError, CheckpointCorrupt
     from .components import COMPONENTS
+    from .errors import BaftConfigError, BaftError, CheckpointCorrupt
     from .state import TrainState, digest_components
 
 #: Public name -> the submodule that defines it.

@@ -33,11 +33,12 @@ from . import codec, events
 from .collective import all_gather, all_min, rank_world
 from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
 from .layout import BULK_COMPONENTS, MARKER, TensorSpec, as_bytes, layout, rebuild, split, total_bytes
+from .components import COMPONENTS
 from .config import CheckpointConfig
 from .planner import Chunk, Plan, make_chunks, owned, plan
 from .profiler import BubbleProfiler
-from .snapshot import COMPLETE, WRITING, SnapshotBuffer, slot_of
-from .components import COMPONENTS
+from .slotfile import COMPLETE, WRITING, slot_of
+from .snapshot import SnapshotBuffer
 from .state import TrainState
 from .store import TRAFFIC_FILE, StoreClient
 from .traffic import TrafficFlag

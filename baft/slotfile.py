@@ -86,9 +86,10 @@ def read_complete(path: Path, version: int) -> bytes | None:
 def write_slot(path: Path, data: bytes) -> None:
     """Atomically place a slot's used bytes at ``path``, padded to the slot's full size; bytes that are
     not a slot's (too short, another magic) raise ``ValueError`` and write nothing."""
-    if len(data) < HEADER or HEAD.unpack(data[: HEAD.size])[0] != MAGIC:
+    head = HEAD.unpack(data[: HEAD.size]) if len(data) >= HEADER else None
+    if head is None or head[0] != MAGIC:
         raise ValueError(f"{len(data)} bytes that are not a snapshot slot's")
-    _, _, _, data_len, _, capacity = HEAD.unpack(data[: HEAD.size])
+    _, _, _, data_len, _, capacity = head
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)

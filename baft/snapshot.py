@@ -14,8 +14,6 @@ import torch
 
 from .slotfile import COMPLETE, FIELDS, HEADER, MAGIC, SLOTS, WRITING, SlotInfo, own_slot, slot_of
 
-__all__ = ["COMPLETE", "SLOTS", "WRITING", "Slot", "SnapshotBuffer", "slot_of"]
-
 
 class Slot:
     """One mapped slot file."""

@@ -10,7 +10,8 @@ from baft import CheckpointConfig, TrainState, digest_components, events
 from baft.bubble import BubbleSnapshotter
 from baft.layout import rebuild, split, layout, total_bytes
 from baft.profiler import BubbleProfiler, ProfilerConfig
-from baft.snapshot import COMPLETE, WRITING, SnapshotBuffer
+from baft.slotfile import COMPLETE, WRITING
+from baft.snapshot import SnapshotBuffer
 
 BAFT = CheckpointConfig(strategy="baft")
 
