@@ -137,6 +137,26 @@ class NodeLossConfig(PointFault):
         return node == self.node and local_rank == 0
 
 
+#: What the command line of multiprocessing's own helper processes runs: the fork server (torchrun's
+#: ``forkserver`` start method, see harness.run.agent) and the resource tracker.
+MP_HELPERS = (b"from multiprocessing.forkserver import", b"from multiprocessing.resource_tracker import")
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _mp_helper(pid: int) -> bool:
+    try:
+        cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return any(h in cmdline for h in MP_HELPERS)
+
+
 def descendants(pid: int) -> list[tuple[int, str]]:
     """(pid, state letter, e.g. ``T`` for stopped) of every process below ``pid``, from /proc."""
     table: dict[int, tuple[int, str]] = {}  # pid -> (parent, state)
@@ -158,6 +178,21 @@ def descendants(pid: int) -> list[tuple[int, str]]:
     return out
 
 
+def workers_of(agent: int) -> list[tuple[int, str]]:
+    """:func:`descendants` of a torchrun agent without multiprocessing's helpers (the agent's
+    children running :data:`MP_HELPERS`): the workers and whatever they started. A worker forked by
+    the fork server runs the server's command line too, but it is the server's child, not the agent's."""
+    return [(p, st) for p, st in descendants(agent) if not (_parent(p) == agent and _mp_helper(p))]
+
+
+def agent_of(worker: int) -> int | None:
+    """The torchrun agent of a worker: its parent, or the parent of the fork server that forked it."""
+    parent = _parent(worker)
+    if parent is not None and _mp_helper(parent):
+        return _parent(parent)
+    return parent
+
+
 def lost_marker(fault_dir: Path, node: int) -> Path:
     """The file that says ``node`` is gone for good (the harness then restarts nothing there)."""
     return fault_dir / f"node{node}.lost"
@@ -168,8 +203,8 @@ class NodeLossInjector(InWorkerInjector):
     (and, without a replacement, the node's torchrun agent first, so nothing restarts)."""
 
     def inject(self, fields: dict[str, Any]) -> None:
-        agent = os.getppid()
-        workers = descendants(agent)
+        agent = agent_of(os.getpid()) or os.getppid()
+        workers = workers_of(agent)
         if not self.config.replacement:
             lost_marker(self.ctx.fault_dir, self.config.node).touch()
             os.kill(agent, signal.SIGKILL)

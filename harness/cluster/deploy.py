@@ -171,7 +171,8 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
     env.append({"name": "BAFT_NODE_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}})
     target = ([w.script, *map(str, w.args)] if w.script else ["-m", "harness.worker.workload", f"{SPEC_DIR}/worker-spec.json"])
     # harness.cluster.pod execs torchrun with --rdzv-conf is_host=1 on pod 0 only (see that module for why).
-    torchrun = ["python", "-m", "harness.cluster.pod", "--nnodes", str(w.nodes),
+    preload = [] if w.script else ["--preload", "harness.worker.workload"]  # workers forked warm (harness.run.agent)
+    torchrun = ["python", "-m", "harness.cluster.pod", *preload, "--nnodes", str(w.nodes),
                 "--nproc-per-node", str(w.world_size // w.nodes), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{cfg.job}-0.{cfg.job}:{cfg.rendezvous_port}", "--rdzv-id", cfg.job,
                 "--max-restarts", str(scenario.run.max_restarts), "--monitor-interval", "0.2", *target]

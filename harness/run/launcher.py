@@ -53,7 +53,8 @@ class LaunchConfig:
     timeout: float
     """Seconds before the agents are stopped and the run counts as timed out."""
     module: str = "harness.worker.workload"
-    """What each worker runs, as ``python -m MODULE SPEC``."""
+    """What each worker runs, ``MODULE SPEC`` (forked from a fork server that imported MODULE, see
+    :mod:`harness.run.agent`)."""
     script: list[str] | None = None
     """Instead of ``module``: a script and its arguments (it finds the spec in ``BAFT_SPEC``)."""
     stores: StoreSpec | None = None
@@ -151,8 +152,10 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
             port = free_port()
             run_id = uuid.uuid4().hex[:12]
             for node in range(config.nodes):
+                # torchrun (harness.run.agent): a module's workers (the reference workload, the bench)
+                # forked from a server that has imported it; a user's script in fresh interpreters.
                 cmd = [
-                    sys.executable, "-m", "torch.distributed.run",
+                    sys.executable, "-m", "harness.run.agent", *([] if config.script else ["--preload", config.module]),
                     "--nnodes", f"{config.min_nodes}:{config.nodes}" if config.elastic else str(config.nodes),
                     "--nproc-per-node", str(config.world_size // config.nodes),
                     "--rdzv-backend", "c10d",
@@ -163,7 +166,8 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                     "--monitor-interval", "0.2",
                 ] + (list(config.script) if config.script else ["-m", config.module, str(spec_path.resolve())])
                 if config.topology is not None:
-                    cmd[3:3] = ["--local-addr", config.topology.address(node)]  # what the other nodes dial
+                    at = cmd.index("--nnodes")
+                    cmd[at:at] = ["--local-addr", config.topology.address(node)]  # what the other nodes dial
                     cmd = config.topology.exec_prefix(node) + cmd
                 # what a Session reads
                 env = {**worker_env(node, config.topology, token), SPEC_VARIABLE: str(spec_path.resolve())}

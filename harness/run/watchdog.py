@@ -22,7 +22,7 @@ from pathlib import Path
 
 from analysis.journal import JournalWriter
 
-from injectors.process import descendants
+from injectors.process import workers_of
 
 from harness.run.progress import JournalProgress
 
@@ -74,7 +74,7 @@ class Watchdog:
             seen_at_start = self.progress.steps_seen
 
     def _restart(self, silent: float) -> None:
-        workers = [(pid, st) for a in self.agents if a.poll() is None for pid, st in descendants(a.pid)]
+        workers = [(pid, st) for a in self.agents if a.poll() is None for pid, st in workers_of(a.pid)]
         stopped = [pid for pid, st in workers if st == "T"]
         victims = stopped or [pid for pid, _ in workers]
         self.detections += 1

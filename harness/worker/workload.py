@@ -14,6 +14,7 @@ Run as ``python -m harness.worker.workload WORKER_SPEC.json`` (by the launcher).
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import random
 import sys
@@ -216,9 +217,13 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    # Everything the worker holds is closed by now (checkpointer and its threads, journal, process
-    # group): skip the interpreter's teardown, half a second of torch's own per worker here, which
-    # the agent and every restart would wait for.
+    if multiprocessing.parent_process() is not None:
+        # Forked by torchrun's fork server (harness.run.agent): torchrun waits for the worker's return
+        # value, and multiprocessing ends the process without the interpreter's teardown itself.
+        sys.exit(code)
+    # A fresh interpreter: everything the worker holds is closed by now (checkpointer and its
+    # threads, journal, process group), so skip the interpreter's teardown, half a second of
+    # torch's own per worker here, which the agent and every restart would wait for.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -27,9 +27,11 @@ def ref_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared
 
 
-def run_cli(scenario: Path | dict[str, Any], out: Path, cache: Path) -> tuple[int, str, dict[str, Any] | None]:
+def run_cli(scenario: Path | dict[str, Any], out: Path, cache: Path,
+            report: bool = False) -> tuple[int, str, dict[str, Any] | None]:
     """Run ``baft run`` (the CLI's ``main``, in this process); returns exit code, output and the
-    verdict (if written).
+    verdict (if written). The HTML/Markdown report and its plots only with ``report`` (the tests
+    that read them: test_suite, test_pytest_plugin, test_cluster and the unit report tests).
 
     In-process, a run skips the seconds a fresh interpreter spends importing torch and tearing it down;
     everything the run starts (torchrun agents, workers, node stores) is a real process either way.
@@ -43,7 +45,7 @@ def run_cli(scenario: Path | dict[str, Any], out: Path, cache: Path) -> tuple[in
         scenario = path
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        rc = main(["run", str(scenario), "--out", str(out), "--cache", str(cache)])
+        rc = main(["run", str(scenario), "--out", str(out), "--cache", str(cache)] + ([] if report else ["--no-report"]))
     verdict_path = out / "verdict.json"
     verdict = json.loads(verdict_path.read_text()) if verdict_path.is_file() else None
     return rc, buf.getvalue(), verdict

@@ -35,13 +35,18 @@ def _has(path_glob: tuple[Path, str], needle: str) -> bool:
 
 
 def _cmdlines() -> dict[int, str]:
+    """Each process's command line and worker spec (BAFT_SPEC in its environment): what names a
+    run's paths. A worker forked by torchrun's fork server (harness.run.agent) runs the server's
+    command line, but its environment names the run's worker spec."""
     out = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                spec = [v for v in (d / "environ").read_bytes().split(b"\0") if v.startswith(b"BAFT_SPEC=")]
+                text = (d / "cmdline").read_bytes().replace(b"\0", b" ") + b" " + b" ".join(spec)
             except OSError:
-                pass
+                continue
+            out[int(d.name)] = text.decode(errors="replace")
     return out
 
 

@@ -11,9 +11,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_smoke_scenario_passes(tmp_path: Path, ref_cache: Path) -> None:
-    rc, out, v = run_cli(ROOT / "scenarios/smoke/kill-rank.yaml", tmp_path / "out", ref_cache)
+    rc, out, v = run_cli(ROOT / "scenarios/smoke/kill-rank.yaml", tmp_path / "out", ref_cache, report=True)
     assert rc == 0, out
     assert "PASSED" in out
+    assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "loss.png").is_file()
     assert v is not None and v["passed"] and v["bitwise_equal"] and v["first_divergence"] is None
     assert v["faults_fired"] == 1 and v["completed"]
     rec = v["recoveries"][0]

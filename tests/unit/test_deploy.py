@@ -190,6 +190,10 @@ def test_pod_zero_hosts_the_rendezvous_and_no_other_pod_does(monkeypatch: pytest
     args = ["--nnodes", "2", "-m", "harness.worker.workload", "spec.json"]
     assert torchrun_command(args, 0)[3:6] == ["--rdzv-conf", "is_host=1,keep_alive_interval=1,keep_alive_max_attempt=3", "--nnodes"]
     assert torchrun_command(args, 3)[4].startswith("is_host=0,")
+    # the agent's own --preload pairs stay in front of torchrun's options
+    warm = torchrun_command(["--preload", "harness.worker.workload", *args], 0)
+    assert warm[2:8] == ["harness.run.agent", "--preload", "harness.worker.workload", "--rdzv-conf",
+                         "is_host=1,keep_alive_interval=1,keep_alive_max_attempt=3", "--nnodes"]
     with pytest.raises(SystemExit, match="no --rdzv-conf"):
         torchrun_command(["--rdzv-conf", "x=1", *args], 0)
     monkeypatch.setenv("BAFT_NODE_INDEX", "$(BAFT_NODE_INDEX)")  # the downward API did not fill it in

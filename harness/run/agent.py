@@ -1,0 +1,114 @@
+"""A node's torchrun agent whose workers start warm: forked from a server that has imported torch.
+
+``python -m harness.run.agent --preload MODULE [TORCHRUN OPTIONS] -m MODULE ARGS...`` is stock
+torchrun (its argument parser and ``run``: the same elastic agent, rendezvous, monitoring and
+restarts) given ``--start-method forkserver --run-path FILE ARGS``, where FILE is MODULE's source
+file. torchrun then starts each worker with :mod:`multiprocessing`'s fork server instead of a fresh
+interpreter, and this module has that server import MODULE and :data:`PRELOAD` before it forks the
+first one (so MODULE must do nothing but define things when imported). Without ``--preload`` it is
+plain torchrun: how a user's own script runs, in a fresh interpreter, as the user's job runs it.
+
+Why: on a small machine a worker spends most of its start importing torch (about 4 s of CPU here,
+with pipelining and DCP), and every restart starts every worker of the node again. A forked worker
+starts in a fraction of a second, at the first start and at each restart, since the server lives as
+long as the agent. The worker is still a process of its own under torchrun, with its own rank
+variables, process group and exit code; a signal, a crash or a kill ends it as before.
+
+The server imports modules only: it never runs an operator or starts a thread, so forking it is
+safe (no OpenMP pool, no CUDA context is inherited).
+
+Either way the agent leaves out the interpreter's teardown once torchrun is done, and renders a
+logged exception before torch's formatter would import ``torch._dynamo`` for it (see
+:class:`ExceptionText`).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import multiprocessing
+import os
+import sys
+import traceback
+from multiprocessing import forkserver
+
+#: Imported by the fork server besides the modules named with ``--preload``: what a worker imports lazily.
+PRELOAD = ("torch", "torch.distributed.pipelining", "torch.distributed.checkpoint", "numpy")
+
+
+def split_preload(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The modules of the leading ``--preload MODULE`` pairs, and the rest (torchrun's arguments)."""
+    preload, i = [], 0
+    while i < len(argv) and argv[i] == "--preload":
+        if i + 1 >= len(argv):
+            raise SystemExit("harness.run.agent: --preload needs a module")
+        preload.append(argv[i + 1])
+        i += 2
+    return preload, argv[i:]
+
+
+def forked(args: argparse.Namespace) -> argparse.Namespace:
+    """torchrun's parsed arguments for ``-m MODULE ARGS`` turned into ``--start-method forkserver
+    --run-path FILE ARGS``, FILE being MODULE's source."""
+    try:
+        spec = importlib.util.find_spec(args.training_script)
+    except ImportError:  # a parent package is missing
+        spec = None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise SystemExit(f"harness.run.agent: no Python source for module {args.training_script!r}")
+    return argparse.Namespace(**{**vars(args), "module": False, "run_path": True, "start_method": "forkserver",
+                                 "training_script": spec.origin})
+
+
+class ExceptionText(logging.Filter):
+    """Renders a record's exception as text before torch's log formatter sees it.
+
+    torch's formatter (``torch._logging._internal.TorchLogsFormatter``) imports ``torch._dynamo``
+    the first time it formats a record with an exception, about 2 s here; torchrun logs one (with
+    ``logger.exception``) when a worker started with a start method fails, so every first restart
+    waited for that import. With the text already rendered the formatter prints it unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            if not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
+    if preload:
+        multiprocessing.set_forkserver_preload([*PRELOAD, *preload])
+        # Start the server now: it imports torch while this process imports torchrun and joins the
+        # rendezvous, instead of after them.
+        forkserver.ensure_running()
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(rest)
+    if preload:
+        if not args.module:
+            raise SystemExit("harness.run.agent: --preload is for a worker module (-m MODULE); "
+                             "a script runs under plain torchrun")
+        args = forked(args)
+    for name in ("torch", "torch.distributed"):  # where torch attaches its handlers
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(ExceptionText())
+    try:
+        record(run)(args)  # what torchrun's main does with the parsed arguments
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    except Exception:  # a failed job (ChildFailedError), said as torchrun's CLI says it
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    # The workers are gone and the rendezvous closed: skip the interpreter's teardown of torch
+    # (over a second per agent here), which the launcher would wait for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

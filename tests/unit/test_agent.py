@@ -1,0 +1,62 @@
+"""harness.run.agent: torchrun's arguments for warm workers, and the exception text torch's formatter needs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.run.agent import PRELOAD, forked, split_preload
+
+
+def test_leading_preload_pairs_are_the_agents_own() -> None:
+    assert split_preload(["--preload", "a.b", "--preload", "c", "--nnodes", "1", "-m", "a.b", "x"]) == (
+        ["a.b", "c"], ["--nnodes", "1", "-m", "a.b", "x"])
+    # only leading pairs: a --preload later belongs to the worker's arguments
+    assert split_preload(["--nnodes", "1", "s.py", "--preload", "x"]) == ([], ["--nnodes", "1", "s.py", "--preload", "x"])
+    with pytest.raises(SystemExit, match="--preload needs a module"):
+        split_preload(["--preload"])
+
+
+def test_a_module_becomes_its_source_file_run_in_a_forked_worker() -> None:
+    from torch.distributed.run import parse_args
+
+    args = forked(parse_args(["--nnodes", "1", "--nproc-per-node", "2", "-m", "harness.worker.workload", "spec.json"]))
+    assert args.start_method == "forkserver" and args.run_path and not args.module
+    assert args.training_script.endswith("harness/worker/workload.py") and args.training_script_args == ["spec.json"]
+    assert args.nproc_per_node == "2"  # everything else as torchrun parsed it
+    with pytest.raises(SystemExit, match="no Python source for module 'no.such.module'"):
+        forked(parse_args(["-m", "no.such.module"]))
+    assert "torch" in PRELOAD
+
+
+def test_a_script_is_refused_with_preload(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.run.agent import main
+
+    with pytest.raises(SystemExit, match="a script runs under plain torchrun"):
+        main(["--preload", "harness.worker.workload", "--nnodes", "1", "train.py"])
+
+
+LOG_A_FAILURE = """
+import logging, sys
+import torch.distributed.run  # torch attaches its handlers and formatter
+if sys.argv[1] == "filtered":
+    from harness.run.agent import ExceptionText
+    for h in logging.getLogger("torch.distributed").handlers:
+        h.addFilter(ExceptionText())
+try:
+    raise ValueError("boom")
+except ValueError:
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").exception("failed (exitcode: 1)")
+print("torch._dynamo" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "filtered"])
+def test_a_logged_exception_is_printed_without_importing_dynamo(mode: str) -> None:
+    """torch's log formatter imports torch._dynamo (seconds) to format a record's exception; torchrun
+    logs one when a forked worker fails. Rendered beforehand, the same text is printed without it."""
+    proc = subprocess.run([sys.executable, "-c", LOG_A_FAILURE, mode], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "failed (exitcode: 1)" in proc.stderr and "ValueError: boom" in proc.stderr and "Traceback" in proc.stderr
+    assert proc.stdout.strip() == ("True" if mode == "plain" else "False")
