@@ -39,6 +39,8 @@ Event fields:
                         every 10th iteration and after each re-plan (baft only)
 ``replan``              windows, idle_ms, bandwidth_gbps, bytes, overflow_bytes, stall_ms, policy, every, reason
 ``snapshot_skipped``    step, tier, reason (its slot was still being persisted)
+``persist_skipped``     step, reason (baft: at a due step, no version newer than the last persisted one was
+                        sealed on every rank, so none was persisted)
 ``restore_candidates``  tier, local (versions in the rank's own memory), remote ([version, node] held by stores)
 ``persist_backpressure`` step, seconds the training thread waited for the previous persist
 ``store_start`` / ``store_exit`` (launcher) node, pid / returncode
@@ -83,6 +85,7 @@ EVENTS = (
     "finish",
     "snapshot",
     "snapshot_skipped",
+    "persist_skipped",
     "bubbles",
     "timeline",
     "replan",

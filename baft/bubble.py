@@ -305,6 +305,11 @@ class BubbleSnapshotter:
                          iteration_seconds=iteration_seconds, reason=reason)
         events.emit("replan", **self.plan.describe())
 
+    def sealed_versions(self) -> set[int]:
+        """The versions this rank's slots hold complete (what it could persist or restore now)."""
+        return {info.version for k, slot in self.buffer.slots.items()
+                if (info := slot.info(k)) is not None and info.state == COMPLETE}
+
     def owned_tensors(self) -> set[int] | None:
         """Indices (in layout order) of the bulk tensors this replica copies; None: all."""
         return None if self.replicas == 1 else {c.tensor for c in self.mine}

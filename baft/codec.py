@@ -6,9 +6,13 @@ never executes code: the structure is JSON, the tensors are raw bytes.
 
 Layout: 8-byte little-endian length of the JSON header, the header, then the
 tensor bytes. In the header, a tensor is ``{"$t": [dtype, shape, offset, nbytes]}``,
-a tuple ``{"$tuple": [...]}``, and a dict whose keys are not all strings
-``{"$dict": [[key, value], ...]}`` — so ints stay ints and tuples stay tuples
-(a fingerprint of the decoded tree equals that of the original).
+a numpy array ``{"$nd": [dtype, shape, offset, nbytes]}`` and a numpy scalar
+(``np.int64(3)``, what a data loader's state often holds) ``{"$np": [dtype, offset,
+nbytes]}``, with numpy's dtype string (``<i8``); a tuple ``{"$tuple": [...]}``, and a
+dict whose keys are not all strings ``{"$dict": [[key, value], ...]}`` — so ints stay
+ints, numpy scalars stay numpy scalars of their dtype and tuples stay tuples (a
+fingerprint of the decoded tree equals that of the original). Arrays of Python
+objects are refused: their bytes are pointers.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import json
 import struct
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -32,6 +37,15 @@ def encode(tree: Any) -> bytes:
             blobs.append(raw)
             offset += len(raw)
             return {"$t": spec}
+        if isinstance(x, (np.ndarray, np.generic)):  # before float: np.float64 is a float
+            a = np.asarray(x)
+            if a.dtype.hasobject:
+                raise TypeError(f"cannot encode a numpy {type(x).__name__} of Python objects")
+            raw = np.ascontiguousarray(a).tobytes()
+            blobs.append(raw)
+            spec = [a.dtype.str, list(a.shape), offset, len(raw)]
+            offset += len(raw)
+            return {"$nd": spec} if isinstance(x, np.ndarray) else {"$np": [spec[0], *spec[2:]]}
         if isinstance(x, dict):
             if all(isinstance(k, str) and not k.startswith("$") for k in x):
                 return {k: enc(v) for k, v in x.items()}
@@ -61,6 +75,12 @@ def decode(data: bytes | memoryview) -> Any:
                 raw = bytearray(buf[off : off + nbytes])
                 t = torch.frombuffer(raw, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
                 return t.view(getattr(torch, dtype)).reshape(shape)
+            if "$nd" in x and len(x) == 1:
+                dtype, shape, off, nbytes = x["$nd"]
+                return np.frombuffer(buf[off : off + nbytes], dtype=np.dtype(dtype)).reshape(shape).copy()
+            if "$np" in x and len(x) == 1:
+                dtype, off, nbytes = x["$np"]
+                return np.frombuffer(buf[off : off + nbytes], dtype=np.dtype(dtype))[0]
             if "$tuple" in x and len(x) == 1:
                 return tuple(dec(v) for v in x["$tuple"])
             if "$dict" in x and len(x) == 1:

@@ -12,7 +12,17 @@ from pathlib import Path
 
 import torch
 
-from .slotfile import COMPLETE, FIELDS, HEADER, MAGIC, SLOTS, WRITING, SlotInfo, own_slot, slot_of
+from .slotfile import COMPLETE, FIELDS, HEAD, HEADER, MAGIC, SLOTS, WRITING, SlotInfo, own_slot, slot_of
+
+
+def _reusable(fd: int, data_len: int, meta_capacity: int) -> bool:
+    """Whether the slot file open at ``fd`` is one of ``data_len`` tensor bytes with room for at least
+    ``meta_capacity`` bytes of metadata (a capacity that grew is kept, with what the slot holds)."""
+    size = os.fstat(fd).st_size
+    if size < HEADER:
+        return False
+    magic, _, _, length, _, capacity = HEAD.unpack(os.pread(fd, HEAD.size, 0))
+    return magic == MAGIC and length == data_len and capacity >= meta_capacity and size == HEADER + length + capacity
 
 
 class Slot:
@@ -20,21 +30,16 @@ class Slot:
 
     def __init__(self, path: Path, data_len: int, meta_capacity: int, create: bool) -> None:
         self.path = path
-        size = HEADER + data_len + meta_capacity
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
         try:
-            fresh = create and os.fstat(fd).st_size != size
+            fresh = create and not _reusable(fd, data_len, meta_capacity)
             if fresh:
                 os.ftruncate(fd, 0)
-                os.ftruncate(fd, size)
-            size = os.fstat(fd).st_size
-            self._mm = mmap.mmap(fd, size)
+                os.ftruncate(fd, HEADER + data_len + meta_capacity)
+            self._map(fd)
         finally:
             os.close(fd)
-        self.bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
-        self.header = self.bytes[: FIELDS * 8].view(torch.int64)
-        h = self.header.tolist()
-        if create and (fresh or h[0] != MAGIC or h[3] != data_len or h[5] != meta_capacity):
+        if fresh:
             self.bytes.zero_()  # pre-touch every page now, not during a bubble
             self.header[0] = MAGIC
             self.header[3] = data_len
@@ -61,9 +66,34 @@ class Slot:
         self.header[1] = WRITING
         self.header[2] = version
 
+    def _map(self, fd: int) -> None:
+        self._mm = mmap.mmap(fd, os.fstat(fd).st_size)
+        self.bytes = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self.header = self.bytes[: FIELDS * 8].view(torch.int64)
+
+    def grow_meta(self, capacity: int) -> None:
+        """Make room for ``capacity`` bytes of metadata: the file grows at its end (the metadata is
+        its last part), so the header and the tensor bytes stay where they are, and so does a
+        version sealed in it. Only the writer maps its own slots; readers of other processes
+        read the file by offsets (:mod:`baft.slotfile`), so nobody holds the old mapping."""
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, HEADER + self.data_len + capacity)
+            del self.header, self.bytes
+            self._mm.close()
+            self._map(fd)
+        finally:
+            os.close(fd)
+        self.header[5] = capacity
+
     def complete(self, version: int, meta: bytes) -> None:
         if len(meta) > self.meta_capacity:
-            raise ValueError(f"snapshot metadata of {len(meta)} bytes exceeds the slot's {self.meta_capacity}")
+            # metadata has no fixed bound (a loader's or a scheduler's state can be large): double
+            # until it fits, rather than fail the seal inside a pipeline wait
+            capacity = self.meta_capacity or 1
+            while capacity < len(meta):
+                capacity *= 2
+            self.grow_meta(capacity)
         start = HEADER + self.data_len
         self.bytes[start : start + len(meta)].copy_(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
         self.header[4] = len(meta)

@@ -320,8 +320,8 @@ def _fingerprint_tensor(t: torch.Tensor, scratch: _Scratch, with_norm: bool) -> 
 def fingerprint_leaf(value: Any, with_norm: bool = True, scratch: _Scratch | None = None) -> tuple[str, float | None]:
     """A 32-hex-digit xxh3-128 fingerprint of a leaf, and its L2 norm if a floating tensor.
 
-    A tensor's fingerprint covers its dtype, shape and bytes; a plain value's its
-    ``repr`` (a float its exact bits). The norm (None for anything but a floating
+    A tensor's or numpy array's fingerprint covers its dtype, shape and bytes; a plain
+    value's its ``repr`` (a float its exact bits). The norm (None for anything but a floating
     tensor, or when ``with_norm`` is false) says how large a state is, so a
     divergence can tell a flipped bit in a big tensor from a tensor that drifted
     by a factor. ``scratch`` shares buffers across the leaves of one pass.
@@ -330,6 +330,10 @@ def fingerprint_leaf(value: Any, with_norm: bool = True, scratch: _Scratch | Non
         return _tensor_fingerprint(value, scratch or _Scratch(), with_norm)
     if isinstance(value, float):
         return xxhash.xxh3_128_hexdigest(b"f" + struct.pack("<d", value)), None
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        # every byte: an array's repr elides all but its corners once it is large
+        head = f"n{value.dtype.str}{list(value.shape)}".encode()
+        return xxhash.xxh3_128_hexdigest(head + np.ascontiguousarray(value).tobytes()), None
     return xxhash.xxh3_128_hexdigest(repr(value).encode()), None
 
 

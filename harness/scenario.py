@@ -21,7 +21,7 @@ import yaml
 
 from analysis.verdict import ExpectConfig
 from baft import CheckpointConfig
-from baft.strategies import CHECKPOINT_PHASES, REGISTRY
+from baft.traits import CHECKPOINT_PHASES, TRAITS
 from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
 from harness.errors import ConfigValueError, ScenarioError
@@ -178,14 +178,14 @@ _FOLLOWS = {"saved": "persist"}
 def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int) -> None:
     """A fault keyed to a strategy's phase must be able to fire under this scenario's strategy
     (each strategy declares the phases it announces, ``baft.strategies.Strategy.phases``)."""
-    strategy = REGISTRY[checkpoint.strategy]
+    strategy = TRAITS[checkpoint.strategy]
     for i, f in enumerate(faults):
         phase = getattr(f.config, "phase", "iteration")
         at = getattr(f.config, "at_step", None)
         path = f"faults[{i}].{f.kind}"
         announced = _FOLLOWS.get(phase, phase)
         if announced in CHECKPOINT_PHASES and announced not in strategy.phases:
-            names = " or ".join(n for n, s in REGISTRY.items() if announced in s.phases)
+            names = " or ".join(n for n, t in TRAITS.items() if announced in t.phases)
             raise ScenarioError(file, f"{path}.phase", f"a phase checkpoint strategy {checkpoint.strategy!r} announces "
                                 f"({phase} needs {names})", phase)
         if announced == "persist" and at is not None and (at == 0 or at % checkpoint.every):
@@ -225,8 +225,8 @@ def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint:
     except ConfigValueError as e:
         raise ScenarioError(file, f"workload.{e.field}", f"{e.expected} after losing {path}.node for good",
                             e.found) from None
-    if not REGISTRY[checkpoint.strategy].elastic:
-        elastic = ", ".join(n for n, s in REGISTRY.items() if s.elastic)
+    if not TRAITS[checkpoint.strategy].elastic:
+        elastic = ", ".join(n for n, t in TRAITS.items() if t.elastic)
         raise ScenarioError(file, "checkpoint.strategy", f"a strategy that restores on fewer replicas ({elastic}) "
                             "when a node is lost for good", checkpoint.strategy)
     if expect.loss is None:

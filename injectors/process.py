@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from baft.strategies import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
+from baft.traits import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
 
 from .base import RunShape
 from .errors import FaultConfigError

@@ -30,8 +30,8 @@ from .. import dcpformat, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
 from ..slotfile import slot_of
-from ..collective import all_min, rank_world
-from .base import WRITE_ERRORS, Strategy, persist_failed
+from ..collective import all_gather, all_min, rank_world
+from .base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
 from .dcp import checkpoint_group, restore_dcp, stage_key_of
 
 
@@ -45,16 +45,16 @@ class BaftStrategy(Strategy):
     """Bubble-aware snapshots plus asynchronous persistence."""
 
     name = "baft"
-    phases = ("snapshot", "replicate", "persist", "restore")
-    step_phases = ("snapshot",)
-    elastic = True  # the snapshots record their replica count; a resized restore re-cuts them
-    node_stores = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.snap: BubbleSnapshotter | None = None
         self.stage_key = f"rank{rank_world()[0]}"
         self.group: Any = None
+        """Checkpoint traffic of the persister thread (DCP's collectives, the commit)."""
+        self.decisions: Any = None
+        """The training thread's agreement on which version to persist (a group of its own: the
+        persister thread may be inside a collective on :attr:`group` meanwhile)."""
         self._writer = OneInFlight("baft-persist")
         self._persisted = -1
 
@@ -74,6 +74,7 @@ class BaftStrategy(Strategy):
         self.snap.attach(stage)
         self.stage_key = stage_key_of(stage, rank)
         self.group = checkpoint_group()
+        self.decisions = checkpoint_group()
 
     def _snap(self) -> BubbleSnapshotter:
         if self.snap is None:
@@ -97,16 +98,29 @@ class BaftStrategy(Strategy):
         self._snap().seal()
 
     def after_step(self) -> bool:
+        """At each due boundary, persist the newest version that every rank holds sealed.
+
+        Whether a version is persisted is decided together: ranks seal different versions when
+        their plans snapshot every k-th iteration with different k or a pinned slot skips one, and
+        DCP's save is collective, so a rank that decided alone could enter it for another version
+        than its peers (a mixed-step checkpoint) or alone (a hang)."""
         snap = self._snap()
         snap.end()
-        v = snap.last_sealed
-        if v is None or v <= self._persisted or not self.due(v):
-            return False
+        version = self.state.step - 1  # what this iteration sealed, on a rank that snapshots every iteration
+        if version <= self._persisted or not self.due(version):
+            return False  # the same on every rank: steps and _persisted are agreed
         if self._writer.busy:
             t = time.perf_counter()
             self._writer.drain()
-            events.emit("persist_backpressure", step=v, seconds=time.perf_counter() - t)
-        self._writer.drain()  # surfaces a failure of the previous persist
+            events.emit("persist_backpressure", step=version, seconds=time.perf_counter() - t)
+        self._writer.drain()  # surfaces a failure of the previous persist; nothing is pinned now
+        mine = {s for s in snap.sealed_versions() if self._persisted < s <= version}
+        common = set.intersection(*(set(vs) for vs in all_gather(sorted(mine), self.decisions)))
+        if not common:
+            events.emit("persist_skipped", step=version, reason="no version newer than the last persisted one is "
+                        "sealed on every rank")
+            return False
+        v = max(common)
         snap.pinned.add(slot_of(v))
         self._persisted = v
         self._writer.submit(self._persist, v)
@@ -127,12 +141,18 @@ class BaftStrategy(Strategy):
         rank, world = rank_world()
         sd = dcpformat.to_state_dict(components, rank, self.stage_key, snap.owned_tensors())
         try:
-            dcpformat.save(self.root, version, sd, self.group)
-            if rank == 0:
-                dcpformat.commit(self.root, version, world, {"format": "dcp", "strategy": "baft"})
-                persist.prune(self.root, self.config.keep)
+            dcpformat.save(self.root, version, sd, self.group)  # DCP raises a write error on every rank
         except WRITE_ERRORS as e:
             persist_failed(version, e)
+            return
+
+        def commit() -> None:
+            dcpformat.commit(self.root, version, world, {"format": "dcp", "strategy": "baft"})
+            persist.prune(self.root, self.config.keep)
+
+        # the persister threads of all ranks run the same saves in the same order on self.group
+        if (reason := commit_agreed(commit, self.group)) is not None:
+            persist_failed(version, reason)
             return
         events.emit("checkpoint_saved", step=version, tier="persistent",
                     bytes=sum(t.numel() * t.element_size() for t in sd.values()),

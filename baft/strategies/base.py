@@ -17,10 +17,11 @@ from typing import Any, ClassVar
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .. import events
-from ..collective import all_gather, all_min
+from ..collective import all_gather, all_min, rank_world
 from ..errors import CheckpointCorrupt
 from ..config import CheckpointConfig
 from ..state import TrainState
+from ..traits import TRAITS
 from ..storage import at
 
 
@@ -29,29 +30,41 @@ from ..storage import at
 WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, CheckpointException, CheckpointCorrupt)
 
 
-def persist_failed(step: int, error: BaseException) -> None:
+def commit_agreed(commit: Callable[[], Any], group: Any = None) -> str | None:
+    """Rank 0 runs ``commit`` (what makes a written checkpoint the ``latest``); every rank learns
+    whether it succeeded: None, or why not. Collective: every rank calls it, in the same order on
+    ``group``, so no rank journals a checkpoint as saved that rank 0 failed to commit."""
+    error = None
+    if rank_world()[0] == 0:
+        try:
+            commit()
+        except WRITE_ERRORS as e:
+            error = f"rank 0 commit: {type(e).__name__}: {e}"
+    return all_gather(error, group)[0]
+
+
+def persist_failed(step: int, error: BaseException | str) -> None:
     """Journal a checkpoint that could not be written. Training goes on; ``latest`` still names
     the last good checkpoint, so the failure costs recency, never correctness."""
-    events.emit("checkpoint_failed", step=step, tier="persistent", reason=f"{type(error).__name__}: {error}")
+    reason = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    events.emit("checkpoint_failed", step=step, tier="persistent", reason=reason)
 
 
 class Strategy:
     """The ``none`` strategy, and the base of the others: every hook does nothing."""
 
     name: ClassVar[str] = "none"
-    """Its ``CheckpointConfig.strategy``."""
-    phases: ClassVar[tuple[str, ...]] = ()
-    """The checkpoint phases (of ``baft.events.PHASES``) it announces: a fault keyed to another
-    checkpoint phase never fires under it."""
-    step_phases: ClassVar[tuple[str, ...]] = ()
-    """Those of :attr:`phases` it announces inside the iterations, at every step it snapshots (the
-    others come only with a persisted step, a replication or a restore)."""
-    elastic: ClassVar[bool] = False
-    """Whether its checkpoints restore on a different number of data-parallel replicas (what the
-    job needs when a node is lost for good and it goes on with fewer)."""
-    node_stores: ClassVar[bool] = False
-    """Whether its ranks use a checkpoint store on their node (``baft.store``: peers' replicas and
-    restores; the harness starts one next to every node's agent and names them in the worker spec)."""
+    """Its ``CheckpointConfig.strategy``; its traits (the ClassVars below) are ``baft.traits.TRAITS[name]``."""
+    phases: ClassVar[tuple[str, ...]] = TRAITS["none"].phases
+    step_phases: ClassVar[tuple[str, ...]] = TRAITS["none"].step_phases
+    elastic: ClassVar[bool] = TRAITS["none"].elastic
+    node_stores: ClassVar[bool] = TRAITS["none"].node_stores
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        traits = TRAITS[cls.name]
+        cls.phases, cls.step_phases = traits.phases, traits.step_phases
+        cls.elastic, cls.node_stores = traits.elastic, traits.node_stores
 
     def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
         self.config = config

@@ -44,7 +44,6 @@ class CheckFreqStrategy(Strategy):
     """Snapshot then persist, the persist overlapped with training."""
 
     name = "checkfreq"
-    phases = ("persist", "restore")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -65,8 +65,6 @@ class AsyncDCPStrategy(Strategy):
     """DCP's own asynchronous checkpointing, as a baseline."""
 
     name = "async-dcp"
-    phases = ("persist", "restore")
-    elastic = True  # DCP reshards on load
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -6,14 +6,13 @@ import time
 from .. import events, persist
 from ..collective import all_gather, rank_world
 from ..errors import CheckpointCorrupt
-from .base import Strategy, restore_agreed
+from .base import Strategy, commit_agreed, restore_agreed
 
 
 class SyncStrategy(Strategy):
     """The baseline: simple, durable, and on the critical path."""
 
     name = "sync"
-    phases = ("persist", "restore")
 
     def after_step(self) -> bool:
         if not self.due(self.state.step):
@@ -32,12 +31,14 @@ class SyncStrategy(Strategy):
             record = f"rank {rank}: {e}"
         records = all_gather(record)
         failed = [r for r in records if isinstance(r, str)]
-        if not failed and rank == 0:
-            try:
+        if not failed:  # the same on every rank: all saw the same records
+
+            def commit() -> None:
                 persist.commit(self.root, step, sorted(records, key=lambda r: r.rank), {"omit": list(self.config.omit)})
                 persist.prune(self.root, self.config.keep)
-            except OSError as e:
-                failed = [f"rank 0 commit: {e}"]
+
+            if (reason := commit_agreed(commit)) is not None:
+                failed = [reason]
         if failed:
             events.emit("checkpoint_failed", step=step, tier="persistent", reason="; ".join(failed))
             return

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from baft import STRATEGIES
 
 from harness.errors import ConfigValueError
-from harness.worker.models import PRESETS
+from harness.worker.shapes import PRESETS
 from harness.worker.spec import Placement
 
 ALL = list(STRATEGIES)

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from baft.strategies import REGISTRY, Strategy
+from baft.traits import TRAITS, Traits
 from injectors.process import LOOP_PHASES
 
 from harness.errors import HarnessError, ScenarioError
@@ -53,7 +53,7 @@ def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
     stages, dp, nodes = int(w.get("stages", 2)), int(w.get("data_parallel", 1)), int(w.get("nodes", 1))
     steps = int(w.get("steps", 30))
     world = stages * dp
-    strategy = REGISTRY.get((data.get("checkpoint") or {}).get("strategy", "none"), Strategy)
+    strategy = TRAITS.get((data.get("checkpoint") or {}).get("strategy", "none"), Traits())
     phases = LOOP_PHASES + strategy.step_phases  # what every step announces under this strategy
     step = st.integers(1, max(1, steps - 2))
     phase = st.sampled_from(phases)

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from baft.strategies import REGISTRY
+from baft.traits import TRAITS
 from injectors.chaosmesh.crds import GROUP, PLURALS, crd_name
 
 from harness.errors import ConfigValueError
@@ -143,7 +143,7 @@ def worker_spec(scenario: Scenario, cfg: DeployConfig) -> WorkerSpec:
     No faults: on a cluster Chaos Mesh injects them from outside the job."""
     checkpoint = replace(scenario.checkpoint, shm_dir=f"{SHM}/baft",
                          dir=scenario.checkpoint.dir if "://" in scenario.checkpoint.dir else CHECKPOINTS)
-    stores = REGISTRY[scenario.checkpoint.strategy].node_stores
+    stores = TRAITS[scenario.checkpoint.strategy].node_stores
     return WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, run_dir=f"{SHARED}/{cfg.run}",
                       stores=[f"{cfg.job}-{i}.{cfg.job}.{cfg.namespace}.svc:{cfg.store_port}"
                               for i in range(scenario.workload.nodes)] if stores else None,

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -24,14 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from analysis.journal import Journal, JournalWriter, launcher_journal
 from analysis.report import run_report
 from analysis.verdict import Verdict, WallSeconds, judge
 
 from baft import CheckpointConfig
-from baft.strategies import REGISTRY
+from baft.traits import TRAITS
 
 from injectors.network import Topology
 from injectors.storage import DiskFullConfig, mount_private, unmount_private
@@ -79,7 +78,7 @@ def reference_key(workload: WorkloadConfig, root: Path | None = None) -> str:
     ``root`` (this checkout by default) and the user's script."""
     root = root or Path(__file__).resolve().parents[2]
     h = hashlib.sha256(json.dumps(to_plain(_reference_workload(workload)), sort_keys=True).encode())
-    h.update(torch.__version__.encode())
+    h.update(importlib.metadata.version("torch").encode())  # the installed build, without importing it
     for f in training_code(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     if workload.script is not None:
@@ -166,7 +165,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     checkpoint = dataclasses.replace(scenario.checkpoint, shm_dir=str(shm),
                                      dir=given if "://" in given else str((faulted / "checkpoints").resolve()))
     stores = (StoreSpec(base=shm, replication=checkpoint.replication)
-              if REGISTRY[checkpoint.strategy].node_stores else None)
+              if TRAITS[checkpoint.strategy].node_stores else None)
     spec = WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, faults=scenario.faults)
     private_tier = next((f.config for f in scenario.faults if isinstance(f.config, DiskFullConfig)), None)
     if private_tier is not None:

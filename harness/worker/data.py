@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from harness.worker.models import ModelShape
+from harness.worker.shapes import ModelShape
 
 
 def mix(*parts: int) -> int:

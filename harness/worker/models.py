@@ -7,33 +7,12 @@ are identical. Both use dropout, so a checkpoint that forgets the RNG shows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    """Sizes of one model preset."""
-
-    kind: str
-    layers: int
-    width: int
-    heads: int = 0
-    vocab: int = 0
-    seq_len: int = 0
-    in_dim: int = 0
-    classes: int = 0
-    dropout: float = 0.1
-
-
-PRESETS: dict[str, ModelShape] = {
-    "gpt-tiny": ModelShape(kind="gpt", layers=4, width=64, heads=4, vocab=64, seq_len=32),
-    "gpt-small": ModelShape(kind="gpt", layers=8, width=256, heads=8, vocab=256, seq_len=64),
-    "mlp": ModelShape(kind="mlp", layers=4, width=128, in_dim=32, classes=10),
-}
+from harness.worker.shapes import ModelShape
 
 
 class CausalSelfAttention(nn.Module):

@@ -25,7 +25,7 @@ from injectors import FAULTS, FaultConfig, FaultConfigError
 
 from harness.errors import ConfigValueError, ScenarioError
 from harness.schema import build, found_repr, to_plain
-from harness.worker.models import PRESETS
+from harness.worker.shapes import PRESETS
 
 #: The environment variable naming the worker spec file.
 SPEC_VARIABLE = "BAFT_SPEC"

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from harness.errors import ConfigValueError, ScenarioError
-from harness.worker.models import PRESETS
+from harness.worker.shapes import PRESETS
 from harness.worker.spec import WorkloadConfig
 
 __all__ = ["PipelineTrainer", "WorkloadConfig", "announce_compute", "lr_lambda", "main", "seed_everything",

@@ -66,7 +66,7 @@ def kill_pair(name: str = "kill-rank0-step12") -> tuple[dict[str, Any], dict[str
 
 
 #: Tests that measure rates or times, shape links, or bound a recovery or a stop in seconds: marked
-#: ``serial``, they run after the parallel part, alone (tox runs ``-m "not serial"`` on two
+#: ``serial``, they run after the parallel part, alone (tox runs ``-m "not serial"`` on three
 #: pytest-xdist workers, then ``-m serial`` in one process), so no other test competes with them for
 #: the two cores or the links.
 SERIAL_FILES = {"test_bench.py", "test_links.py", "test_network.py", "test_cancel.py"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT
+from .conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -40,7 +40,5 @@ def test_fuzz_finds_and_shrinks_a_failing_schedule(tmp_path: Path, ref_cache: Pa
     assert len(faults) == 1 and next(iter(faults[0].values()))["at_step"] >= 4
     assert minimal["workload"]["mutant"] == "optimizer-lost" and "reproduce: baft run" in text
     # the minimal scenario reproduces the failure with a plain `baft run`
-    rerun = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(out / "minimal.yaml"), "--out",
-                            str(tmp_path / "again"), "--cache", str(ref_cache), "--no-report"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=200)
-    assert rerun.returncode == 1 and "diverged" in rerun.stdout, rerun.stdout + rerun.stderr
+    rc, rerun, _ = run_cli(out / "minimal.yaml", tmp_path / "again", ref_cache)
+    assert rc == 1 and "diverged" in rerun, rerun

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from baft import CheckpointConfig, TrainState, digest_components, events
 from baft.bubble import BubbleSnapshotter
 from baft.layout import rebuild, split, layout, total_bytes
 from baft.profiler import BubbleProfiler, ProfilerConfig
-from baft.slotfile import COMPLETE, WRITING
+from baft.slotfile import COMPLETE, HEAD, HEADER, SLOTS, WRITING, own_slot
 from baft.snapshot import SnapshotBuffer
 
 BAFT = CheckpointConfig(strategy="baft")
@@ -109,6 +110,15 @@ def step(st: TrainState, snap: BubbleSnapshotter) -> None:
     snap.end()
 
 
+def restore_into(state: TrainState, shm: Path) -> int | None:
+    """What a restarted worker's snapshotter restores from ``shm`` into ``state``."""
+    other = BubbleSnapshotter(state, BAFT, shm, rank=0)
+    try:
+        return other.restore()
+    finally:
+        other.close()
+
+
 def test_snapshotter_restores_the_last_sealed_version(tmp_path: Path) -> None:
     st = make_state(0)
     seen: list[tuple[str, dict]] = []
@@ -134,11 +144,7 @@ def test_snapshotter_restores_the_last_sealed_version(tmp_path: Path) -> None:
     assert last["stall_bytes"] == last["bytes"] > 0
 
     fresh = make_state(1)
-    other = BubbleSnapshotter(fresh, BAFT, tmp_path, rank=0)
-    try:
-        version = other.restore()
-    finally:
-        other.close()
+    version = restore_into(fresh, tmp_path)
     # Version 4 was torn (its slot marked WRITING); version 3 is the newest complete one.
     assert version == 3
     assert fresh.step == 3
@@ -159,11 +165,7 @@ def test_snapshotter_version_matches_live_state(tmp_path: Path) -> None:
         snap.engine.close()
         snap.buffer.close()
     fresh = make_state(5)
-    other = BubbleSnapshotter(fresh, BAFT, tmp_path, rank=0)
-    try:
-        assert other.restore() == 2
-    finally:
-        other.close()
+    assert restore_into(fresh, tmp_path) == 2
     assert digest_components(fresh.capture()) == expected
 
 
@@ -229,3 +231,56 @@ def test_profiler_times_the_optimizer_step() -> None:
     prof.begin_iteration(1)
     opt.step()
     assert not [s for s in prof.end_iteration().spans if s.kind == "optimizer"]  # hooks removed
+
+
+class LoaderState:
+    """A data loader whose state holds numpy scalars and a history longer than 1 MiB of metadata."""
+
+    def __init__(self) -> None:
+        self.position = np.int64(0)
+        self.history = [float(i) for i in range(200_000)]  # ~2 MiB as JSON: over the old fixed cap
+        self.weights = np.linspace(0.0, 1.0, 5000, dtype=np.float32)
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "history": list(self.history), "weights": self.weights.copy(),
+                "epoch_mean": np.float32(0.25)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        assert isinstance(sd["position"], np.int64) and sd["weights"].dtype == np.float32
+        self.position, self.history, self.weights = sd["position"], list(sd["history"]), sd["weights"].copy()
+
+
+def test_a_loader_state_with_numpy_scalars_and_megabytes_of_metadata_seals_and_restores(tmp_path: Path) -> None:
+    """Hole f: the codec refused numpy scalars (the seal raised inside a pipeline wait) and the slots'
+    metadata had a fixed 1 MiB capacity."""
+    st = make_state(0)
+    st.data = LoaderState()
+    snap = BubbleSnapshotter(st, BAFT, tmp_path, rank=0)
+    try:
+        for _ in range(2):
+            st.data.position += 1
+            st.data.history.append(-1.0)
+            step(st, snap)
+        expected = digest_components(st.capture())
+        snap.begin(st.step)
+        snap.seal()  # version 2: the live state now
+    finally:
+        snap.engine.close()
+        snap.buffer.close()
+    fresh = make_state(5)
+    fresh.data = LoaderState()
+    assert restore_into(fresh, tmp_path) == 2
+    assert digest_components(fresh.capture()) == expected
+    assert fresh.data.position == np.int64(2) and type(fresh.data.position) is np.int64
+    # The slots grew past the old cap, and a restarted writer that maps them again keeps them whole.
+    paths = [own_slot(tmp_path, 0, k) for k in range(SLOTS)]
+    heads = [HEAD.unpack(p.read_bytes()[: HEAD.size]) for p in paths]
+    sealed = [(h, p) for h, p in zip(heads, paths) if h[1] == COMPLETE]
+    assert len(sealed) >= 2 and all(h[4] > (1 << 20) for h, _ in sealed), heads  # metadata beyond the old cap
+    assert all(h[5] >= h[4] and p.stat().st_size == HEADER + h[3] + h[5] for h, p in sealed), heads
+    again = SnapshotBuffer(tmp_path, rank=0)
+    again.allocate(heads[0][3], 1 << 20)
+    try:
+        assert 2 in {again.slots[k].info(k).version for k in again.slots if again.slots[k].info(k).state == COMPLETE}
+    finally:
+        again.close()

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.worker.data import ResumableBatchSampler, make_dataset
-from harness.worker.models import PRESETS
+from harness.worker.shapes import PRESETS
 from baft.persist import deserialize, serialize
 
 

@@ -168,11 +168,15 @@ def test_no_file_over_600_lines() -> None:
     assert not long, long
 
 
-@pytest.mark.parametrize("module", ["baft", "baft.store", "baft.slotfile", "baft.wire", "baft.config", "baft.fields"])
+@pytest.mark.parametrize("module", ["baft", "baft.store", "baft.slotfile", "baft.wire", "baft.config", "baft.fields",
+                                    "baft.traits", "injectors", "harness.scenario", "harness.run.runner",
+                                    "harness.run.agent", "harness.campaign.fuzz", "harness.cluster.deploy"])
 def test_torch_free_parts_import_without_torch(module: str) -> None:
     """The node store is started per node and waited for before the agents: importing torch there
     cost three seconds of every baft run. The package's names resolve lazily, so ``import baft`` and
-    the store's modules stay torch-free."""
+    the store's modules stay torch-free. The ``baft`` process itself validates a scenario (the
+    strategies' traits, the model presets' sizes) and orchestrates the runs without torch: its
+    workers and agents import it, it does not."""
     import subprocess
     import sys
 

@@ -11,7 +11,8 @@ from hypothesis.errors import NoSuchExample
 from baft import STRATEGIES
 from baft.config import StrategyName
 from baft.events import PHASES
-from baft.strategies import CHECKPOINT_PHASES, REGISTRY, STEP_CHECKPOINT_PHASES, SyncStrategy
+from baft.strategies import CHECKPOINT_PHASES, REGISTRY, STEP_CHECKPOINT_PHASES
+from baft.traits import TRAITS, Traits
 from harness.campaign.fuzz import schedules
 from harness.errors import ScenarioError
 from harness.scenario import parse
@@ -19,10 +20,16 @@ from injectors.process import LOOP_PHASES, WORKER_PHASES, KillConfig, NodeLossCo
 
 
 def test_the_registry_names_every_strategy_once() -> None:
-    assert tuple(REGISTRY) == STRATEGIES == get_args(StrategyName)
+    assert tuple(REGISTRY) == tuple(TRAITS) == STRATEGIES == get_args(StrategyName)
     for name, cls in REGISTRY.items():
         assert cls.name == name
         assert set(cls.phases) <= set(PHASES) and set(cls.step_phases) <= set(cls.phases)
+        # each class carries the traits the harness reads without importing it
+        t = TRAITS[name]
+        assert (cls.phases, cls.step_phases, cls.elastic, cls.node_stores) == (t.phases, t.step_phases, t.elastic,
+                                                                               t.node_stores)
+    assert [n for n, c in REGISTRY.items() if c.node_stores] == ["baft"]
+    assert [n for n, c in REGISTRY.items() if c.elastic] == ["async-dcp", "baft"]
 
 
 def test_the_phase_lists_are_the_strategies_phases() -> None:
@@ -56,7 +63,7 @@ def test_validation_follows_what_a_strategy_declares(monkeypatch: pytest.MonkeyP
     with pytest.raises(ScenarioError):
         parse(scenario("sync", "snapshot"), "s.yaml", host=False)
     assert parse(scenario("sync", "restore"), "s.yaml", host=False).faults[0].config.phase == "restore"
-    monkeypatch.setattr(SyncStrategy, "phases", ("snapshot", "persist"))  # declares snapshot, no longer restore
+    monkeypatch.setitem(TRAITS, "sync", Traits(phases=("snapshot", "persist")))  # declares snapshot, no longer restore
     assert parse(scenario("sync", "snapshot"), "s.yaml", host=False).faults[0].config.phase == "snapshot"
     with pytest.raises(ScenarioError) as err:
         parse(scenario("sync", "restore"), "s.yaml", host=False)

@@ -1,0 +1,79 @@
+"""Hole a: which version baft persists is decided by all ranks together. Two real gloo processes train a
+small model under the baft strategy; rank 1's snapshot of version 5 is skipped (its slot pinned, as
+while a slow persist still reads it), so at the due step 5 the ranks hold different newest versions.
+Deciding alone, rank 0 entered DCP's collective save for version 5 and rank 1 did not: rank 1's save of
+10 then met rank 0's save of 5 (a mixed-step checkpoint) and rank 0's save of 10 waited for ever."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from baft import persist
+from harness.run.nodeenv import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RANK = """
+import json, os, sys
+import torch, torch.distributed as dist
+from baft import CheckpointConfig, TrainState, events
+from baft.slotfile import slot_of
+from baft.strategies import BaftStrategy
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+out = sys.argv[1]
+seen = []
+events.subscribe(lambda kind, f: seen.append([kind, f.get("step")])
+                 if kind in ("checkpoint_saved", "checkpoint_failed", "persist_skipped", "snapshot_skipped") else None)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+state = TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+config = CheckpointConfig(strategy="baft", every=5, dir=os.path.join(out, "ckpt"), shm_dir=os.path.join(out, "shm"))
+strategy = BaftStrategy(config, state)
+strategy.attach(model)
+for step in range(12):
+    if rank == 1 and step == 5:
+        strategy.snap.pinned.add(slot_of(5))  # version 5 is skipped on this rank only
+    strategy.begin_iteration()
+    if rank == 1 and step == 5:
+        strategy.snap.pinned.discard(slot_of(5))
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    strategy.before_optimizer_step()
+    state.optimizer.step()
+    state.optimizer.zero_grad()
+    state.step = step + 1
+    strategy.after_step()
+strategy.close()
+with open(os.path.join(out, f"events-{rank}.json"), "w") as f:
+    json.dump(seen, f)
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_persists_the_same_versions_when_their_snapshots_differ(tmp_path: Path) -> None:
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:  # today's behaviour: rank 0 waits in a save nobody else joins
+                p.kill()
+                p.communicate()
+    assert all(p.returncode == 0 for p in procs), outs
+    seen = {r: json.loads((tmp_path / f"events-{r}.json").read_text()) for r in range(2)}
+    assert ["snapshot_skipped", 5] in seen[1] and ["snapshot_skipped", 5] not in seen[0]
+    for r in range(2):
+        # at step 5 the newest version both hold is 4; at step 10 both hold 10
+        assert [s for k, s in seen[r] if k == "checkpoint_saved"] == [4, 10], (r, seen[r])
+        assert not [e for e in seen[r] if e[0] == "checkpoint_failed"], seen[r]
+    assert persist.committed_steps(tmp_path / "ckpt") == [10, 4]
