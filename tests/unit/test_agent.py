@@ -60,3 +60,17 @@ def test_a_logged_exception_is_printed_without_importing_dynamo(mode: str) -> No
     assert proc.returncode == 0, proc.stderr
     assert "failed (exitcode: 1)" in proc.stderr and "ValueError: boom" in proc.stderr and "Traceback" in proc.stderr
     assert proc.stdout.strip() == ("True" if mode == "plain" else "False")
+
+
+def test_a_free_port_is_outside_the_range_the_kernel_hands_out() -> None:
+    """The rendezvous port is bound by the agent seconds after it was chosen; one from the ephemeral range
+    was taken meanwhile by another run's connection in CI (EADDRINUSE)."""
+    import socket
+
+    from harness.run.nodeenv import _ephemeral, free_port
+
+    ports = {free_port() for _ in range(20)}
+    assert not ports & set(_ephemeral()) and len(ports) > 10
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free, as promised
