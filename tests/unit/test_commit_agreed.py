@@ -4,14 +4,9 @@ fine; step 2 commits."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from harness.run.nodeenv import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.gloo_ranks import run_ranks
 
 RANK = """
 import json, os, sys
@@ -44,15 +39,8 @@ dist.destroy_process_group()
 
 
 def test_no_rank_journals_a_checkpoint_saved_that_rank_0_could_not_commit(tmp_path: Path) -> None:
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
+    results = run_ranks(RANK, str(tmp_path))
+    assert all(code == 0 for code, _ in results), [out for _, out in results]
     for rank in range(2):
         seen = json.loads((tmp_path / f"events-{rank}.json").read_text())
         assert [(e["kind"], e["step"]) for e in seen] == [("checkpoint_failed", 1), ("checkpoint_saved", 2)], (rank, seen)

@@ -6,15 +6,10 @@ Deciding alone, rank 0 entered DCP's collective save for version 5 and rank 1 di
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from baft import persist
-from harness.run.nodeenv import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.gloo_ranks import run_ranks
 
 RANK = """
 import json, os, sys
@@ -55,21 +50,8 @@ dist.destroy_process_group()
 
 
 def test_every_rank_persists_the_same_versions_when_their_snapshots_differ(tmp_path: Path) -> None:
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:  # today's behaviour: rank 0 waits in a save nobody else joins
-                p.kill()
-                p.communicate()
-    assert all(p.returncode == 0 for p in procs), outs
+    results = run_ranks(RANK, str(tmp_path))
+    assert all(code == 0 for code, _ in results), [out for _, out in results]
     seen = {r: json.loads((tmp_path / f"events-{r}.json").read_text()) for r in range(2)}
     assert ["snapshot_skipped", 5] in seen[1] and ["snapshot_skipped", 5] not in seen[0]
     for r in range(2):
