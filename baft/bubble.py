@@ -19,6 +19,7 @@ plan order, so an early-ending window only moves chunks to the next one.
 """
 from __future__ import annotations
 
+import hashlib
 import shutil
 import struct
 import sys
@@ -38,7 +39,7 @@ from .config import CheckpointConfig
 from .planner import Chunk, Plan, make_chunks, owned, plan
 from .profiler import BubbleProfiler
 from .slotfile import COMPLETE, WRITING, slot_of
-from .snapshot import SnapshotBuffer
+from .snapshot import Slot, SnapshotBuffer
 from .state import TrainState
 from .store import TRAFFIC_FILE, StoreClient
 from .traffic import TrafficFlag
@@ -89,13 +90,30 @@ def _components(meta: bytes, data: torch.Tensor) -> tuple[dict[str, Any], dict[s
     return {c: out[c] for c in COMPONENTS if c in out}, static
 
 
+def _static_meta(slot: Slot) -> dict[str, Any] | None:
+    """The static part of the metadata ``slot`` holds (None: none, or unreadable: a torn write)."""
+    try:
+        meta = slot.meta()
+        (n,) = struct.unpack_from("<Q", meta, 0)
+        out = codec.decode(bytes(meta[8 : 8 + n]))
+    except Exception:  # noqa: BLE001 - any garbage in a slot left by a killed writer reads as "unknown"
+        return None
+    return out if isinstance(out, dict) else None
+
+
 def _saved_replicas(buffer: SnapshotBuffer, complete: dict[int, int]) -> int:
     """How many data-parallel replicas made the newest complete version in ``buffer`` (0: none)."""
     if not complete:
         return 0
-    meta = buffer.slots[complete[max(complete)]].meta()
-    (n,) = struct.unpack_from("<Q", meta, 0)
-    return int(codec.decode(bytes(meta[8 : 8 + n])).get("replicas", 1))
+    meta = _static_meta(buffer.slots[complete[max(complete)]]) or {}
+    return int(meta.get("replicas", 1))
+
+
+def owner_tag(replica: int, replicas: int, tensors: list[int], specs: list[TensorSpec]) -> str:
+    """Which bytes of a slot a writer fills: its place among the replicas, the tensors it owns and the
+    layout. Two writers with the same tag leave the same bytes zero."""
+    key = repr((replica, replicas, sorted(tensors), [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in specs]))
+    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
 
 class BubbleSnapshotter:
@@ -129,6 +147,11 @@ class BubbleSnapshotter:
             self.traffic = TrafficFlag(Path(shm_dir) / TRAFFIC_FILE, rank)
             self.profiler.listeners.insert(0, lambda entering, _window: self.traffic.set(entering))
         self._torn: list[int] = []
+        self._owner = ""
+        """This writer's :func:`owner_tag`, once the layout is known."""
+        self._foreign: set[int] = set()
+        """Slots an earlier writer of another ownership filled (an elastic restart changed the replicas):
+        zeroed before their next version, or the bytes this replica does not own would keep theirs."""
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
         self.pinned: set[int] = set()
@@ -203,6 +226,9 @@ class BubbleSnapshotter:
         static_meta = self._static[1]
         slot = self.buffer.slot_for(version)
         slot.begin(version)
+        if slot_of(version) in self._foreign:
+            slot.data().zero_()
+            self._foreign.discard(slot_of(version))
         pending["slot"] = slot
         events.emit("phase", phase="snapshot", step=version)  # the slot is now being written
         dynamic = self._dynamic(boundary, full=static_meta is None)
@@ -228,7 +254,7 @@ class BubbleSnapshotter:
         static = {"model": skeleton.get("model"), "optimizer_state": (skeleton.get("optimizer") or {}).get("state")}
         meta_static = {
             "layout": [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in self.specs or []],
-            "replica": self.replica, "replicas": self.replicas, **static,
+            "replica": self.replica, "replicas": self.replicas, "owner": self._owner, **static,
         }
         # Only markers and structure may be cached; any other leaf could change between steps.
         self._static = (identity, codec.encode(meta_static) if _only_markers(static) else None)
@@ -252,7 +278,10 @@ class BubbleSnapshotter:
         self.specs = specs
         self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.config.planner.chunk_bytes)
         self.mine = owned(self.chunks, self.replica, self.replicas)
+        self._owner = owner_tag(self.replica, self.replicas, [c.tensor for c in self.mine], specs)
         self.buffer.allocate(total_bytes(specs), META_CAPACITY)
+        self._foreign = {k for k, slot in self.buffer.slots.items()
+                         if not slot.fresh and (_static_meta(slot) or {}).get("owner") != self._owner}
         self._replan(reason)
 
     def seal(self) -> None:
@@ -335,6 +364,7 @@ class BubbleSnapshotter:
         saved = max(all_gather(_saved_replicas(self.buffer, complete)))
         if saved and saved != self.replicas:
             return self._restore_resized(saved, t0, floor)
+        complete = {v: k for v, k in complete.items() if self._written_as_mine(self.buffer.slots[k])}
         remote = self.store.locate(self.rank) if self.store is not None else []
         events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=sorted(remote))
         everyone = all_gather(sorted(set(complete) | {v for v, _ in remote}))
@@ -348,7 +378,7 @@ class BubbleSnapshotter:
         if version not in complete and self.store is not None:
             self.buffer.close()
             source = self.store.pull(self.rank, version, self.buffer.path(slot_of(version)))
-            complete = self._open_slots()
+            complete = {v: k for v, k in self._open_slots().items() if self._written_as_mine(self.buffer.slots[k])}
             tier = "peer" if source is not None and source != self.config.node else "shm"
         if all_min(int(version in complete)) == 0:  # some rank could not get it: all fall back together
             self.buffer.close()
@@ -408,6 +438,10 @@ class BubbleSnapshotter:
                 if info is None or info.state != COMPLETE or info.version != version:
                     ok = False
                     break
+                meta_d = _static_meta(slot) or {}
+                if (meta_d.get("replica", 0), meta_d.get("replicas", 1)) != (d, saved):
+                    ok = False  # not the share this old rank held in the world being restored
+                    break
                 part = slot.data()
                 data = part.clone() if data is None else data.add_(part)
                 if d == self.replica % saved:
@@ -431,5 +465,11 @@ class BubbleSnapshotter:
         infos = self.buffer.open_existing()
         self._torn = [i.version for i in infos if i.state == WRITING]
         return {i.version: i.slot for i in infos if i.state == COMPLETE}
+
+    def _written_as_mine(self, slot: Slot) -> bool:
+        """Whether ``slot``'s version was written by this rank's place among this many replicas: a version
+        an earlier world wrote (before an elastic restart) holds another share of the tensors."""
+        meta = _static_meta(slot) or {}
+        return (meta.get("replica", 0), meta.get("replicas", 1)) == (self.replica, self.replicas)
 
 

@@ -39,6 +39,8 @@ class Slot:
             self._map(fd)
         finally:
             os.close(fd)
+        self.fresh = fresh
+        """Created (or re-created) zeroed by this process; otherwise it holds what an earlier writer left."""
         if fresh:
             self.bytes.zero_()  # pre-touch every page now, not during a bubble
             self.header[0] = MAGIC

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.journal import Journal
+from analysis.journal import Journal, read_events
 from baft import persist
 from injectors.process import KillConfig
 
@@ -139,11 +139,27 @@ def test_a_node_lost_for_good_leaves_an_elastic_job_on_fewer_replicas(tmp_path: 
     assert v["world_size"] == {"reference": 4, "final": 2} and v["completed"]
     assert v["bitwise_equal"] and v["states_compared"] > 0 and v["resized_records"] > 0
     rec = v["recoveries"][0]
-    assert rec["restored_tier"] == "shm" and rec["lost_steps"] <= 2
+    assert rec["lost_steps"] <= 2
     assert v["loss_curve"]["passed"] and v["loss_curve"]["equivalence"]["equivalent"]
     j = Journal.load(tmp_path / "out" / "faulted")
-    (restored,) = {(e["step"], e.get("resized_from")) for e in j.events("checkpoint_restored")}
-    assert restored[1] == 2  # rebuilt from two replicas' shares
+    # Which tier it restored from depends on how far replication had got when node 1 vanished (under a
+    # loaded CI machine the peer's replicas lag): if both of node 1's ranks had delivered a version no older
+    # than the newest persistent checkpoint to node 0's store, the restore must use memory; otherwise it
+    # must fall back to that checkpoint, unless a copy still in flight arrived (its sender died unjournaled).
+    (lost,) = [e["t"] for e in j.events("fault") if e.get("fault") == "node_loss"]
+    floor = max(e["step"] for e in j.events("checkpoint_saved", 0) if e["tier"] == "persistent" and e["t"] < lost)
+    sent = [e for e in read_events(tmp_path / "out" / "faulted" / "journal" / "store-node1.jsonl")
+            if e["event"] == "replicated" and e["t"] < lost]
+    delivered = {e["version"] for e in sent if e["rank"] == 2} & {e["version"] for e in sent if e["rank"] == 3}
+    fresh = [s for s in delivered if s >= floor]
+    if fresh:
+        assert rec["restored_tier"] == "shm" and rec["restored_step"] >= max(fresh), (rec, floor, delivered)
+    else:
+        assert (rec["restored_tier"], rec["restored_step"]) == ("persistent", floor) or (
+            rec["restored_tier"] == "shm" and rec["restored_step"] >= floor), (rec, floor, delivered)
+    if rec["restored_tier"] == "shm":
+        (restored,) = {(e["step"], e.get("resized_from")) for e in j.events("checkpoint_restored")}
+        assert restored[1] == 2  # rebuilt from two replicas' shares
     exits = {e["node"]: e["returncode"] for e in j.launcher if e["event"] == "agent_exit"}
     assert exits["node0"] == 0 and exits["node1"] != 0  # node 1's agent died with its node
     stores = [e["node"] for e in j.launcher if e["event"] == "store_start"]
