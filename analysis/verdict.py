@@ -336,6 +336,11 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
             failures.append(f"diverged at step {first.step}: {first.component} / {first.key} (rank {first.rank})")
         if cmp.missing_reference:
             failures.append(f"{len(cmp.missing_reference)} records have no reference counterpart")
+    restarts = max((e["incarnation"] for e in run.events("start")), default=0)
+    fatal = sum(1 for e in fault_events if e.get("fatal", True))
+    if restarts > fatal:
+        failures.append(f"{restarts - fatal} restart(s) that no fault explains ({restarts} restarts, {fatal} fatal "
+                        "fault firings): the job itself crashed, hung or timed out; see the logs/ of the run")
     lost = max((r.lost_steps for r in recs), default=0)
     if expect.max_lost_steps is not None and lost > expect.max_lost_steps:
         failures.append(f"lost {lost} steps, at most {expect.max_lost_steps} allowed")

@@ -40,7 +40,7 @@ from .planner import Chunk, Plan, make_chunks, owned, plan
 from .profiler import BubbleProfiler
 from .slotfile import COMPLETE, WRITING, slot_of
 from .snapshot import Slot, SnapshotBuffer
-from .state import TrainState
+from .state import TrainState, local_view
 from .store import TRAFFIC_FILE, StoreClient
 from .traffic import TrafficFlag
 
@@ -149,6 +149,8 @@ class BubbleSnapshotter:
         self._torn: list[int] = []
         self._owner = ""
         """This writer's :func:`owner_tag`, once the layout is known."""
+        self._layout_at_boundary = False
+        """Whether the model's state dict may only be taken at the step boundary (see :meth:`attach`)."""
         self._foreign: set[int] = set()
         """Slots an earlier writer of another ownership filled (an elastic restart changed the replicas):
         zeroed before their next version, or the bytes this replica does not own would keep theirs."""
@@ -163,6 +165,11 @@ class BubbleSnapshotter:
         return tuple(self.config.omit)
 
     def attach(self, stage: Any) -> None:
+        # A module with state-dict pre-hooks may act when its state dict is taken: FSDP2's reshards
+        # the parameters it gathered for the forward, which inside a bubble would free what the
+        # backward needs and make this rank gather again on its own (a collective its peers never
+        # join). Such a model's state dict is taken only at the step boundary.
+        self._layout_at_boundary = any(m._state_dict_pre_hooks for m in self.state.model.modules())
         self.profiler.attach(stage)
         if self.state.optimizer is not None:
             self.profiler.attach_optimizer(self.state.optimizer)
@@ -194,6 +201,10 @@ class BubbleSnapshotter:
         # these are taken now. Parameters, optimizer and scheduler stay put until the
         # optimizer step, so capturing them is part of the work done inside the bubbles.
         boundary = self.state.capture(only=BOUNDARY_COMPONENTS, omit=self.omit)
+        if self._layout_at_boundary:
+            self._current_layout()
+            if self._static is not None and self._static[1] is None:
+                boundary["bulk_skeleton"] = split(self.state.capture(only=BULK_COMPONENTS, omit=self.omit))[0]
         pending: dict[str, Any] = {"version": version}
         self._pending = pending
         self.engine.start([Task("prepare", lambda: self._prepare(version, boundary, pending))])
@@ -210,19 +221,23 @@ class BubbleSnapshotter:
         It changes when the optimizer creates its state (after the first step) or
         when a tensor is reallocated; then the layout and the copy jobs are rebuilt.
         """
-        ids: list[Any] = [(id(t), t.data_ptr(), t.numel()) for t in self.state.model.state_dict(keep_vars=True).values()]
+        def key(t: torch.Tensor) -> tuple:
+            t = local_view(t)
+            return (id(t.untyped_storage()), t.data_ptr(), t.numel())
+
+        ids: list[Any] = [key(t) for t in self.state.model.state_dict(keep_vars=True).values()
+                          if isinstance(t, torch.Tensor)]
         opt = self.state.optimizer
         if opt is not None and "optimizer" not in self.omit:
             for per_param in opt.state.values():
                 ids.append(len(per_param))
-                ids.extend((id(t), t.data_ptr(), t.numel()) for t in per_param.values() if isinstance(t, torch.Tensor))
+                ids.extend(key(t) for t in per_param.values() if isinstance(t, torch.Tensor))
         return tuple(ids)
 
     def _prepare(self, version: int, boundary: dict[str, Any], pending: dict[str, Any]) -> list[Item]:
         """Runs in a bubble (or in the stall): make sure the layout is current, queue the copies."""
-        identity = self._bulk_identity()
-        if self._static is None or self._static[0] != identity or self._static[1] is None:
-            self._build_static(identity)
+        if not self._layout_at_boundary:
+            self._current_layout()
         static_meta = self._static[1]
         slot = self.buffer.slot_for(version)
         slot.begin(version)
@@ -235,6 +250,12 @@ class BubbleSnapshotter:
         items: list[Item] = list(self._jobs[slot_of(version)])
         items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(self._static[1] or b"", codec.encode(dynamic)))))
         return items
+
+    def _current_layout(self) -> None:
+        """Rebuild the layout and copy jobs if the bulk tensors moved (or their skeleton cannot be cached)."""
+        identity = self._bulk_identity()
+        if self._static is None or self._static[0] != identity or self._static[1] is None:
+            self._build_static(identity)
 
     def _build_static(self, identity: tuple) -> None:
         """Lay out the bulk tensors, make every slot's copy jobs, encode what does not change."""
@@ -268,7 +289,7 @@ class BubbleSnapshotter:
                 out[c] = rest[c]
         if "optimizer" in rest:
             out["optimizer_groups"] = rest["optimizer"]["param_groups"]
-        if full:  # the bulk skeleton has non-tensor leaves: write it every time
+        if full and "bulk_skeleton" not in out:  # the bulk skeleton has non-tensor leaves: write it every time
             skeleton, _ = split(self.state.capture(only=BULK_COMPONENTS, omit=self.omit))
             out["bulk_skeleton"] = skeleton
         return out

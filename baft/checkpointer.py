@@ -35,9 +35,11 @@ class Checkpointer:
         self.state = state
         self.strategy: Strategy = REGISTRY[config.strategy](config, state)
 
-    def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
-        """The pipeline stage (profiled by ``baft``) and this rank's place among the stage's replicas."""
-        self.strategy.attach(stage, replica=replica, replicas=replicas, replica_group=replica_group)
+    def attach(self, stage: Any, *, mesh: Any = None, replica: int = 0, replicas: int = 1,
+               replica_group: Any = None) -> None:
+        """The pipeline stage (profiled by ``baft``) and this rank's place in the job: its ``DeviceMesh``
+        (:mod:`baft.topology`), or its ``replica`` among ``replicas`` identical copies of the stage."""
+        self.strategy.attach(stage, mesh=mesh, replica=replica, replicas=replicas, replica_group=replica_group)
 
     def restore_latest(self) -> int:
         """Restore the newest usable checkpoint; returns the step to resume at (the current one if none)."""

@@ -32,6 +32,61 @@ import xxhash
 from .components import COMPONENTS
 from .errors import BaftError
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch built without distributed
+    DTensor = None  # type: ignore[assignment,misc]
+
+
+def is_dtensor(value: Any) -> bool:
+    return DTensor is not None and isinstance(value, DTensor)
+
+
+def local_view(value: Any) -> Any:
+    """A DTensor's local shard (a view of the storage it owns, no copy); anything else as it is."""
+    return value.to_local().detach() if is_dtensor(value) else value
+
+
+def local_tensors(tree: Any) -> Any:
+    """``tree`` with every DTensor replaced by its local shard: a checkpoint of one rank holds what that
+    rank owns (FSDP's shard, a tensor-parallel slice), the way the rank holds it."""
+    if isinstance(tree, Mapping):
+        return {k: local_tensors(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [local_tensors(v) for v in tree]
+    return local_view(tree)
+
+
+def _like(saved: Any, live: Any) -> Any:
+    """``saved`` (a local shard) as a DTensor laid out like ``live``, when ``live`` is one."""
+    if not is_dtensor(live) or not isinstance(saved, torch.Tensor) or is_dtensor(saved):
+        return saved
+    if tuple(saved.shape) != tuple(live.to_local().shape):
+        raise BaftError(f"a saved shard of shape {tuple(saved.shape)} does not fit this rank's shard "
+                        f"{tuple(live.to_local().shape)} of {tuple(live.shape)} ({live.placements}): "
+                        "the checkpoint was taken under another sharding")
+    return DTensor.from_local(saved, live.device_mesh, live.placements, run_check=False, shape=live.shape,
+                              stride=live.stride())
+
+
+def _model_like(saved: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _like(v, live.get(k)) for k, v in saved.items()}
+
+
+def _optimizer_like(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """An optimizer state dict of local shards, its per-parameter tensors shaped like their parameter's
+    shard made DTensors like the parameter (Adam's moments of an FSDP parameter are sharded with it)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if not any(is_dtensor(p) for p in params):
+        return dict(saved)
+    state = {}
+    for idx, per_param in saved.get("state", {}).items():
+        p = params[int(idx)] if int(idx) < len(params) else None
+        fits = p is not None and is_dtensor(p)
+        state[idx] = {k: (_like(v, p) if fits and isinstance(v, torch.Tensor) and v.dim() > 0
+                          and tuple(v.shape) == tuple(p.to_local().shape) else v) for k, v in per_param.items()}
+    return {**saved, "state": state}
+
 
 class Stateful(Protocol):
     """Anything with ``state_dict``/``load_state_dict`` (samplers, loaders, ...)."""
@@ -103,11 +158,12 @@ class TrainState:
 
         ``only`` selects components (a snapshot captures the RNGs and the data
         position at the boundary and the rest later); ``omit`` leaves
-        components out (a test knob that makes a broken checkpoint).
+        components out (a test knob that makes a broken checkpoint). DTensors (FSDP2, tensor
+        parallelism) appear as this rank's local shards; :meth:`restore` puts them back.
         """
         getters: dict[str, Any] = {
-            "model": self.model.state_dict,
-            "optimizer": self.optimizer.state_dict if self.optimizer is not None else None,
+            "model": lambda: local_tensors(self.model.state_dict()),
+            "optimizer": (lambda: local_tensors(self.optimizer.state_dict())) if self.optimizer is not None else None,
             "scheduler": self.scheduler.state_dict if self.scheduler is not None else None,
             "rng": lambda: rng_state(self.generators),
             "data": self.data.state_dict if self.data is not None else None,
@@ -120,9 +176,9 @@ class TrainState:
         """Load every component present in ``components`` into the live objects."""
         if "model" not in components or "step" not in components:
             raise BaftError("checkpoint lacks the model or the step component")
-        self.model.load_state_dict(components["model"])
+        self.model.load_state_dict(_model_like(components["model"], self.model.state_dict()))
         if self.optimizer is not None and "optimizer" in components:
-            self.optimizer.load_state_dict(components["optimizer"])
+            self.optimizer.load_state_dict(_optimizer_like(components["optimizer"], self.optimizer))
         if self.scheduler is not None and "scheduler" in components:
             self.scheduler.load_state_dict(components["scheduler"])
         if "rng" in components:

@@ -32,7 +32,7 @@ from ..bubble import BubbleSnapshotter
 from ..slotfile import slot_of
 from ..collective import all_gather, all_min, rank_world
 from .base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
-from .dcp import checkpoint_group, restore_dcp, stage_key_of
+from .dcp import checkpoint_group, restore_dcp
 
 
 def persistent_floor(root: Any) -> int:
@@ -49,7 +49,6 @@ class BaftStrategy(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.snap: BubbleSnapshotter | None = None
-        self.stage_key = f"rank{rank_world()[0]}"
         self.group: Any = None
         """Checkpoint traffic of the persister thread (DCP's collectives, the commit)."""
         self.decisions: Any = None
@@ -67,12 +66,12 @@ class BaftStrategy(Strategy):
         tag = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
         return Path("/dev/shm") / f"baft-{tag}"
 
-    def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
+    def attached(self, stage: Any) -> None:
         rank, _ = rank_world()
-        self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=replica,
-                                      replicas=replicas, replica_group=replica_group)
+        t = self.topology
+        self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=t.replica,
+                                      replicas=t.replicas, replica_group=t.replica_group)
         self.snap.attach(stage)
-        self.stage_key = stage_key_of(stage, rank)
         self.group = checkpoint_group()
         self.decisions = checkpoint_group()
 

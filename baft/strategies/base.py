@@ -22,6 +22,7 @@ from ..errors import CheckpointCorrupt
 from ..config import CheckpointConfig
 from ..state import TrainState
 from ..traits import TRAITS
+from ..topology import Topology, of, stage_key
 from ..storage import at
 
 
@@ -69,14 +70,25 @@ class Strategy:
     def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
         self.config = config
         self.state = state
+        self.topology = Topology()
+        self.stage_key = f"rank{rank_world()[0]}"
 
     @property
     def root(self) -> Path | str:
         """The persistent tier, ``config.dir``: a local directory (a Path) or an fsspec URL."""
         return at(self.config.dir).location()
 
-    def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
-        """The pipeline stage and this rank's place among the stage's data-parallel replicas."""
+    def attach(self, stage: Any, *, mesh: Any = None, replica: int = 0, replicas: int = 1,
+               replica_group: Any = None) -> None:
+        """The pipeline stage(s) of this rank and its place among the ranks that hold the stage's state:
+        the job's ``DeviceMesh`` (dimensions named ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``; see
+        :mod:`baft.topology`) or, without one, this rank's ``replica`` of ``replicas`` identical copies."""
+        self.topology = of(mesh, replica=replica, replicas=replicas, replica_group=replica_group)
+        self.stage_key = stage_key(stage, rank_world()[0], self.topology)
+        self.attached(stage)
+
+    def attached(self, stage: Any) -> None:
+        """What a strategy does once :attr:`topology` and :attr:`stage_key` are known."""
 
     def restore(self) -> int | None:
         """Restore the newest usable checkpoint; the step restored, or None if there is none."""

@@ -21,15 +21,6 @@ from ..errors import CheckpointCorrupt
 from .base import WRITE_ERRORS, Strategy, persist_failed, restore_agreed
 
 
-def stage_key_of(stage: Any, rank: int) -> str:
-    """Key prefix of a stage's tensors, shared by its data-parallel replicas."""
-    stages = stage if isinstance(stage, (list, tuple)) else [stage]
-    indices = [getattr(st, "stage_index", None) for st in stages]
-    if not indices or any(i is None for i in indices):
-        return f"rank{rank}"
-    return "stage" + "-".join(str(i) for i in indices)
-
-
 def checkpoint_group() -> Any:
     """A gloo group over all ranks, only for checkpoint traffic (collective: every rank calls it)."""
     return dist.new_group(backend="gloo") if initialized() else None
@@ -68,12 +59,10 @@ class AsyncDCPStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.stage_key = f"rank{rank_world()[0]}"
         self.group: Any = None
         self._inflight: tuple[int, Future, float, int] | None = None
 
-    def attach(self, stage: Any, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> None:
-        self.stage_key = stage_key_of(stage, rank_world()[0])
+    def attached(self, stage: Any) -> None:
         self.group = checkpoint_group()
 
     def restore(self) -> int | None:

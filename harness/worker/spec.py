@@ -44,7 +44,10 @@ class WorkloadConfig:
     stages: int = 2
     """Pipeline stages P (1..the model's layer count)."""
     data_parallel: int = 1
-    """Data-parallel replicas D of the whole pipeline."""
+    """Data-parallel replicas D of the whole pipeline (identical copies of every stage's state)."""
+    dp_shard: int = 1
+    """FSDP2 inside each replica: each stage is sharded (``fully_shard``) over this many ranks, each
+    training on its own part of the batch. 1: no FSDP."""
     microbatches: int = 4
     """Microbatches per iteration and replica (>= stages)."""
     microbatch_size: int = 4
@@ -79,7 +82,7 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         layers = PRESETS[self.model].layers
-        for name in ("stages", "virtual_stages", "data_parallel", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
+        for name in ("stages", "virtual_stages", "data_parallel", "dp_shard", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
             value = getattr(self, name)
             if value < 1:
                 raise ConfigValueError(name, "an integer >= 1", value)
@@ -98,13 +101,16 @@ class WorkloadConfig:
         if self.nproc < 1:
             raise ConfigValueError("nproc", "an integer >= 1", self.nproc)
         if self.world_size % self.nodes:
-            raise ConfigValueError("nodes", f"a divisor of stages*data_parallel = {self.world_size}", self.nodes)
+            raise ConfigValueError("nodes", f"a divisor of stages*data_parallel*dp_shard = {self.world_size}", self.nodes)
         if self.seed < 0:
             raise ConfigValueError("seed", "an integer >= 0", self.seed)
         if self.lr <= 0:
             raise ConfigValueError("lr", "a number > 0", self.lr)
         if self.warmup < 0:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
+        if self.dp_shard > 1 and self.virtual_stages > 1:
+            raise ConfigValueError("dp_shard", "1 with an interleaved schedule (FSDP of several model chunks per "
+                                   "rank is not supported by this workload)", self.dp_shard)
         if self.mutant is not None:
             from harness.worker.mutants import MUTANTS
 
@@ -120,9 +126,10 @@ class WorkloadConfig:
             return self
         if self.script is not None:
             raise ConfigValueError("script", "the built-in workload (a script's world size cannot change)", self.script)
-        if world_size % self.stages:
-            raise ConfigValueError("data_parallel", f"a world size divisible by stages ({self.stages})", world_size)
-        replicas = world_size // self.stages
+        per_replica = self.stages * self.dp_shard
+        if world_size % per_replica:
+            raise ConfigValueError("data_parallel", f"a world size divisible by stages*dp_shard ({per_replica})", world_size)
+        replicas = world_size // per_replica
         if (self.microbatches * self.data_parallel) % replicas:
             raise ConfigValueError("microbatches", f"microbatches*data_parallel = {self.microbatches * self.data_parallel} "
                                    f"divisible by {replicas} replicas (the global batch must stay)", self.microbatches)
@@ -131,11 +138,11 @@ class WorkloadConfig:
 
     @property
     def world_size(self) -> int:
-        return self.nproc * self.nodes if self.script is not None else self.stages * self.data_parallel
+        return self.nproc * self.nodes if self.script is not None else self.stages * self.data_parallel * self.dp_shard
 
     @property
     def global_batch(self) -> int:
-        return self.microbatches * self.microbatch_size * self.data_parallel
+        return self.microbatches * self.microbatch_size * self.data_parallel * self.dp_shard
 
 
 @dataclass(kw_only=True, slots=True)

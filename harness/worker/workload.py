@@ -1,9 +1,12 @@
 """The reference workload: pipeline-parallel training that the harness launches under torchrun.
 
-P pipeline stages x D data-parallel replicas (world size P*D, rank = d*P + s).
+P pipeline stages x D data-parallel replicas x F FSDP shards (world size P*D*F, rank =
+(d*F + f)*P + s, the ranks of one DeviceMesh with dimensions dp_replicate, dp_shard, pp).
 Each replica is a ``torch.distributed.pipelining`` pipeline (GPipe or 1F1B on
-gloo); after the schedule's backward, each stage all-reduces its gradients over
-its D replicas; then Adam and a warm-up + cosine LR schedule step. All of it is
+gloo). Without FSDP, after the schedule's backward each stage all-reduces its
+gradients over its D replicas; with F > 1 each stage is ``fully_shard``-ed over its
+F shard ranks (and replicated over D: HSDP), and FSDP2 reduces the gradients. Then Adam
+and a warm-up + cosine LR schedule step. All of it is
 bitwise deterministic for a fixed world size: deterministic algorithms, one
 intra-op thread, seeded init, per-rank dropout seeds, and a data pipeline whose
 only state is checkpointed.
@@ -95,19 +98,29 @@ class PipelineTrainer:
         from harness.worker.models import build_stage, loss_fn
 
         self.cfg = cfg
+        from torch.distributed.device_mesh import init_device_mesh
+
         self.rank = dist.get_rank()
-        P, D = cfg.stages, cfg.data_parallel
-        self.stage_index, self.replica = self.rank % P, self.rank // P
-        s, d = self.stage_index, self.replica
-        # Every rank creates every group in the same order (a collective requirement).
-        pp_groups = [dist.new_group([dd * P + ss for ss in range(P)]) for dd in range(D)]
-        dp_groups = [dist.new_group([dd * P + ss for dd in range(D)]) for ss in range(P)]
-        self.pp_group, self.dp_group = pp_groups[d], dp_groups[s]
+        P, D, F = cfg.stages, cfg.data_parallel, cfg.dp_shard
+        self.mesh = init_device_mesh("cpu", (D, F, P), mesh_dim_names=("dp_replicate", "dp_shard", "pp"))
+        s, d, f = (self.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard"))
+        self.stage_index, self.replica, self.shard = s, d, f
+        self.pp_group = self.mesh["pp"].get_group()
+        # The ranks of one stage that train on different data (replicas and shards), for the loss mean;
+        # every rank creates every group in the same order (a collective requirement).
+        dp_groups = [dist.new_group([(dd * F + ff) * P + ss for dd in range(D) for ff in range(F)]) for ss in range(P)]
+        self.dp_group = dp_groups[s]
 
         shape = PRESETS[cfg.model]
         V = cfg.virtual_stages
         # Rank s holds model chunks s, s+P, s+2P, ... (one chunk without interleaving).
         chunks = [build_stage(shape, cfg.seed, s + k * P, P * V) for k in range(V)]
+        if F > 1:
+            from torch.distributed.fsdp import fully_shard
+
+            shard_mesh = self.mesh["dp_shard"] if D == 1 else self.mesh["dp_replicate", "dp_shard"]
+            for m in chunks:
+                fully_shard(m, mesh=shard_mesh)
         self.module = chunks[0] if V == 1 else torch.nn.ModuleList(chunks)
         seed_everything(mix(cfg.seed, 100, self.rank))  # dropout differs per rank, reproducibly
         self.stages = [
@@ -125,7 +138,7 @@ class PipelineTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.warmup, cfg.steps))
 
         loader_gen = torch.Generator().manual_seed(mix(cfg.seed, 200))
-        sampler = ResumableBatchSampler(cfg.dataset_size, cfg.global_batch, loader_gen, d, D)
+        sampler = ResumableBatchSampler(cfg.dataset_size, cfg.global_batch, loader_gen, d * F + f, D * F)
         loader = make_loader(make_dataset(shape, cfg.seed, cfg.dataset_size), sampler, loader_gen)
         # Creating a DataLoader iterator draws a base seed from the loader's generator;
         # do it before any restore so the restored generator state is what training sees.
@@ -137,7 +150,7 @@ class PipelineTrainer:
 
     def attach(self, ckpt: Any) -> None:
         stages = self.stages[0] if len(self.stages) == 1 else self.stages
-        ckpt.attach(stages, replica=self.replica, replicas=self.cfg.data_parallel, replica_group=self.dp_group)
+        ckpt.attach(stages, mesh=self.mesh)
 
     def iteration(self, step: int, ckpt: Any) -> float | None:
         """Train iteration ``step``; returns the (replica-averaged) loss on the last stage, else None."""
@@ -158,7 +171,7 @@ class PipelineTrainer:
             self.schedule.step(target=y, losses=losses)
         else:
             self.schedule.step()
-        if cfg.data_parallel > 1:
+        if cfg.data_parallel > 1 and cfg.dp_shard == 1:  # FSDP2 reduces its own gradients
             for p in self.module.parameters():
                 dist.all_reduce(p.grad, group=self.dp_group)
                 p.grad.div_(cfg.data_parallel)
@@ -169,9 +182,9 @@ class PipelineTrainer:
         loss = None
         if last:
             mean = torch.stack([l.detach() for l in losses]).mean()
-            if cfg.data_parallel > 1:
+            if cfg.data_parallel * cfg.dp_shard > 1:
                 dist.all_reduce(mean, group=self.dp_group)
-                mean.div_(cfg.data_parallel)
+                mean.div_(cfg.data_parallel * cfg.dp_shard)
             loss = float(mean)
         self.state.step = step + 1
         return loss

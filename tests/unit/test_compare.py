@@ -13,7 +13,8 @@ def digests(step: int, rng: str = "r") -> dict:
     return {"model": {"w": f"w{step}"}, "optimizer": {"state.w.exp_avg": f"m{step}"}, "rng": {"torch": f"{rng}{step}"}}
 
 
-def write_run(root: Path, ranks: int, steps: int, *, kill_at: int | None = None, restore: int = 0, bad_rng_after: bool = False) -> Journal:
+def write_run(root: Path, ranks: int, steps: int, *, kill_at: int | None = None, restore: int = 0, bad_rng_after: bool = False,
+              journal_fault: bool = True) -> Journal:
     for r in range(ranks):
         w = JournalWriter(rank_journal(root, r), rank=r, attempt=0)
         w.write("start", node="node0")
@@ -23,7 +24,7 @@ def write_run(root: Path, ranks: int, steps: int, *, kill_at: int | None = None,
             w.write("step", step=s, loss=1.0 / (s + 1), loss_bits=float_bits(1.0 / (s + 1)))
             w.write("state", step=s + 1, digests=digests(s + 1))
         if kill_at is not None:
-            if r == 0:
+            if r == 0 and journal_fault:
                 w.write("fault", fault="kill", id=0, step=kill_at, phase="iteration")
             w.write("start", node="node0")
             w.write("checkpoint_restored", step=restore, tier="persistent", seconds=0.1)
@@ -43,6 +44,16 @@ def test_identical_runs(tmp_path: Path) -> None:
     assert c.equal and c.states_compared == 2 * (8 + 1 + 5)
     v = judge(ref, run, ExpectConfig(max_lost_steps=2), steps=10, faults_declared=1)
     assert v.passed and v.lost_steps == 2 and v.faults_fired == 1
+
+
+def test_a_restart_no_fault_explains_fails_the_run(tmp_path: Path) -> None:
+    # the job restarted by itself (a hang its gloo timeout ended, a crash of its own) and resumed bit for bit
+    ref = write_run(tmp_path / "ref", 2, 10)
+    run = write_run(tmp_path / "run", 2, 10, kill_at=7, restore=7, journal_fault=False)
+    v = judge(ref, run, ExpectConfig(), steps=10, faults_declared=0)
+    assert v.bitwise_equal and v.completed and not v.passed
+    assert v.failures == ["1 restart(s) that no fault explains (1 restarts, 0 fatal fault firings): the job itself "
+                          "crashed, hung or timed out; see the logs/ of the run"]
 
 
 def test_divergence_named(tmp_path: Path) -> None:

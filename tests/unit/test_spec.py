@@ -56,8 +56,10 @@ def test_the_round_trip_gives_back_the_same_json(tmp_path: Path) -> None:
     again = json.loads(spec.dumps())
     # every key as before; the configs' defaults are now spelt out
     assert list(again) == list(OLD_SPEC)
-    for key in ("workload", "stores", "node_memory", "run_dir", "started_at"):
+    for key in ("stores", "node_memory", "run_dir", "started_at"):
         assert again[key] == OLD_SPEC[key], key
+    assert {k: again["workload"][k] for k in OLD_SPEC["workload"]} == OLD_SPEC["workload"]
+    assert again["workload"]["dp_shard"] == 1  # a field added since: its default
     assert {k: again["checkpoint"][k] for k in OLD_SPEC["checkpoint"]} == OLD_SPEC["checkpoint"]
     assert again["checkpoint"]["planner"]["copier"] == "inline"
     assert again["faults"][1]["config"]["node"] == 1 and again["faults"][1]["config"]["replacement"] is True

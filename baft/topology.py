@@ -1,0 +1,84 @@
+"""Where a rank stands in the job: its data-parallel replica and its shard of the stage's state.
+
+A pipeline job's ranks form a mesh. Along ``pp`` the stages differ; along ``dp_replicate`` the ranks hold
+identical copies of their stage's state (each snapshots only its share, the shares of one version sum to the
+whole); along ``dp_shard`` (FSDP2) and ``tp`` (tensor parallelism) each rank holds a different piece (each
+snapshots all of its own). :func:`from_mesh` reads this from the job's ``DeviceMesh`` by dimension name, in
+any order and any subset of those dimensions, never from rank arithmetic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BaftConfigError
+
+#: Dimension names whose ranks hold the same state.
+REPLICATE_DIMS = ("dp_replicate", "dp")
+#: Dimension names whose ranks hold different pieces of one stage's state.
+SHARD_DIMS = ("dp_shard", "tp", "cp", "ep")
+PIPELINE_DIMS = ("pp",)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """This rank's place among the ranks that hold its stage's state."""
+
+    replica: int = 0
+    replicas: int = 1
+    replica_group: Any = None
+    """The process group of the ``replicas`` ranks that hold the same state as this one (None: the world)."""
+    shard: int = 0
+    """Which piece of the stage's state this rank holds, among ``shards`` (``dp_shard`` x ``tp`` ...)."""
+    shards: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.replica < self.replicas:
+            raise BaftConfigError(f"replica {self.replica} is not one of {self.replicas} replicas")
+        if not 0 <= self.shard < self.shards:
+            raise BaftConfigError(f"shard {self.shard} is not one of {self.shards} shards")
+
+
+def from_mesh(mesh: Any) -> Topology:
+    """The topology of this rank in ``mesh`` (a ``DeviceMesh`` with named dimensions)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    if not names:
+        raise BaftConfigError("baft needs a DeviceMesh with named dimensions (mesh_dim_names), e.g. "
+                              "('pp', 'dp_replicate', 'dp_shard', 'tp')")
+    known = REPLICATE_DIMS + SHARD_DIMS + PIPELINE_DIMS
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise BaftConfigError(f"mesh dimension(s) {unknown}: expected names among {list(known)}")
+    replicate = [n for n in names if n in REPLICATE_DIMS]
+    if len(replicate) > 1:
+        raise BaftConfigError(f"mesh has {replicate}: at most one replicate dimension")
+    replica, replicas, group = 0, 1, None
+    if replicate:
+        sub = mesh[replicate[0]]
+        replica, replicas, group = sub.get_local_rank(), sub.size(), sub.get_group()
+    shard, shards = 0, 1
+    for n in (n for n in names if n in SHARD_DIMS):  # row-major over the shard dims, in mesh order
+        size = mesh[n].size()
+        shard, shards = shard * size + mesh[n].get_local_rank(), shards * size
+    return Topology(replica=replica, replicas=replicas, replica_group=group, shard=shard, shards=shards)
+
+
+def of(mesh: Any = None, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> Topology:
+    """The topology given either as a mesh or as explicit replica coordinates, not both."""
+    if mesh is not None:
+        if (replica, replicas, replica_group) != (0, 1, None):
+            raise BaftConfigError("attach: give the mesh or replica/replicas/replica_group, not both")
+        return from_mesh(mesh)
+    return Topology(replica=replica, replicas=replicas, replica_group=replica_group)
+
+
+def stage_key(stage: Any, rank: int, topology: Topology) -> str:
+    """Key prefix of this rank's tensors in the persistent tier: shared by the replicas of its piece of
+    the stage (``stage<S>``, ``stage<S>.shard<K>`` when the stage is sharded), ``rank<R>`` for a module
+    that is not a pipeline stage."""
+    stages = stage if isinstance(stage, (list, tuple)) else [stage]
+    indices = [getattr(st, "stage_index", None) for st in stages]
+    if not indices or any(i is None for i in indices):
+        return f"rank{rank}"
+    key = "stage" + "-".join(str(i) for i in indices)
+    return f"{key}.shard{topology.shard}" if topology.shards > 1 else key
