@@ -109,6 +109,16 @@ def _saved_replicas(buffer: SnapshotBuffer, complete: dict[int, int]) -> int:
     return int(meta.get("replicas", 1))
 
 
+def _acts_on_state_dict(module: torch.nn.Module) -> bool:
+    if module._state_dict_pre_hooks:
+        return True
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(module, FSDPModule)
+
+
 def owner_tag(replica: int, replicas: int, tensors: list[int], specs: list[TensorSpec]) -> str:
     """Which bytes of a slot a writer fills: its place among the replicas, the tensors it owns and the
     layout. Two writers with the same tag leave the same bytes zero."""
@@ -168,8 +178,9 @@ class BubbleSnapshotter:
         # A module with state-dict pre-hooks may act when its state dict is taken: FSDP2's reshards
         # the parameters it gathered for the forward, which inside a bubble would free what the
         # backward needs and make this rank gather again on its own (a collective its peers never
-        # join). Such a model's state dict is taken only at the step boundary.
-        self._layout_at_boundary = any(m._state_dict_pre_hooks for m in self.state.model.modules())
+        # join: the job hangs). Such a model's state dict is taken only at the step boundary. FSDP2
+        # registers its hooks at the first forward, after this: its modules are recognised by type.
+        self._layout_at_boundary = any(_acts_on_state_dict(m) for m in self.state.model.modules())
         self.profiler.attach(stage)
         if self.state.optimizer is not None:
             self.profiler.attach_optimizer(self.state.optimizer)

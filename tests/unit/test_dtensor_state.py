@@ -13,7 +13,8 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
-from baft import TrainState, BaftError
+from baft import CheckpointConfig, TrainState, BaftError
+from baft.strategies import BaftStrategy
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -46,6 +47,11 @@ train(m, opt, 2)  # where the job got to
 expect = [p.to_local().clone() for p in m.parameters()]
 
 m2, opt2 = build(7)  # a fresh process: other weights, no optimizer state yet
+strategy = BaftStrategy(CheckpointConfig(strategy="baft", dir=sys.argv[1] + "/ck", shm_dir=sys.argv[1] + "/shm"),
+                        TrainState(model=m2, optimizer=opt2))
+strategy.attach(m2)  # before the first forward, when FSDP2 has not registered its state-dict hooks yet
+out["boundary"] = strategy.snap._layout_at_boundary
+strategy.snap.close()
 TrainState(model=m2, optimizer=opt2).restore(saved)
 train(m2, opt2, 2)
 out["equal"] = all(torch.equal(a, p.to_local()) for a, p in zip(expect, m2.parameters()))
@@ -70,4 +76,5 @@ def test_fsdp_shards_are_captured_local_and_restored_into_the_same_dtensors(tmp_
         # 10 rows split 5 + 5, 3 rows (uneven) 2 + 1
         assert out["plain"] and out["shapes"]["0.weight"] == [5, 6] and out["shapes"]["2.weight"] == [[2, 1][r], 10]
         assert out["equal"] and out["dtensor_moments"]
+        assert out["boundary"]  # FSDP2's state dict is never taken inside a bubble (it reshards: a hang)
         assert "does not fit this rank's shard (5, 6) of (10, 6)" in out["refused"]
