@@ -105,6 +105,23 @@ def replica_slot(root: Path, rank: int, k: int) -> Path:
     return root / f"replica-rank-{rank:05d}.slot{k}"
 
 
+def ring_slot(root: Path, rank: int, version: int) -> Path:
+    """The replica slot of ``rank`` that ``version`` goes into: the one that holds it already, else one
+    that holds no complete version, else the one holding the oldest. Not ``version % SLOTS``: replicas
+    arrive every ``replicate_every``-th version, and with a stride that is a multiple of :data:`SLOTS`
+    every one would land in the same slot, leaving one replica where the ring is meant to keep three."""
+    held: dict[int, int] = {}
+    for k in range(SLOTS):
+        h = slot_header(replica_slot(root, rank, k))
+        if h is None or h[0] != COMPLETE:
+            held.setdefault(-1, k)
+        elif h[1] == version:
+            return replica_slot(root, rank, k)
+        else:
+            held.setdefault(h[1], k)
+    return replica_slot(root, rank, held[min(held)])
+
+
 def kept_slot(root: Path, rank: int, k: int) -> Path:
     """The store's own copies of a local rank's recent round versions (a ring of ``SLOTS``)."""
     return root / f"kept-rank-{rank:05d}.slot{k}"

@@ -43,7 +43,7 @@ from typing import Any
 
 from .errors import BaftConfigError
 from .fields import field_docs
-from .slotfile import SLOTS, copies, kept_slot, own_slot, read_complete, replica_slot, slot_of, write_slot
+from .slotfile import SLOTS, copies, kept_slot, own_slot, read_complete, ring_slot, slot_of, write_slot
 from .traffic import TrafficFlags
 from .wire import recv, request, send
 
@@ -241,8 +241,7 @@ class Store:
             return {"ok": True}, b""
         if op == "put":
             _check_rank_version(header.get("rank"), header.get("version"))
-            k = slot_of(header["version"])
-            write_slot(replica_slot(self.root, header["rank"], k), payload)
+            write_slot(ring_slot(self.root, header["rank"], header["version"]), payload)
             return {"ok": True}, b""
         if op == "query":
             return {"copies": [[v, str(p)] for v, p in copies(self.root, header["rank"])]}, b""

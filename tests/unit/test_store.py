@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from baft.slotfile import COMPLETE, slot_header, slot_of
+from baft.slotfile import COMPLETE, copies, slot_header, slot_of
 from baft.snapshot import SnapshotBuffer
 from baft.store import ReplicationConfig, Store, StoreClient, StoreConfig, _Handler, _Server
 from baft.wire import request
@@ -46,6 +46,11 @@ def seal(root: Path, rank: int, version: int, fill: int) -> Path:
     return path
 
 
+def replicas_of(node_root: Path, rank: int) -> set[int]:
+    """The versions of ``rank`` that a node holds as complete replicas (whichever slot of its ring)."""
+    return {v for v, p in copies(node_root, rank) if p.name.startswith("replica-")}
+
+
 def wait_for(cond, timeout: float = 30.0) -> None:
     """Poll until ``cond()``; the deadline only catches a hang (it is generous: cores here are shared)."""
     deadline = time.monotonic() + timeout
@@ -67,8 +72,7 @@ def sealed_on_node0(root: Path, address: str) -> tuple[Path, StoreClient, Path]:
 def test_sealed_versions_reach_the_next_node_and_can_be_pulled_back(two_stores) -> None:
     root, addresses = two_stores
     path, client, kept = sealed_on_node0(root, addresses[0])
-    replica = root / "node1" / "replica-rank-00003.slot1"
-    wait_for(lambda: slot_header(replica) is not None and slot_header(replica)[:2] == (COMPLETE, 7))
+    wait_for(lambda: 7 in replicas_of(root / "node1", 3))
 
     # the store keeps its own copy of what it replicated (the kept slot, checked above)
     # node 0 loses its memory; a new worker of rank 3 there asks its store
@@ -96,7 +100,7 @@ def test_a_torn_slot_is_never_replicated(two_stores) -> None:
     # after a fixed sleep would also pass when the store had not got to it yet.
     journal = root / "j0.jsonl"
     wait_for(lambda: journal.is_file() and "rewritten" in journal.read_text())
-    assert not (root / "node1" / f"replica-rank-00000.slot{slot_of(2)}").exists()
+    assert not replicas_of(root / "node1", 0)
     assert '"replicated"' not in journal.read_text()
 
 
@@ -122,8 +126,7 @@ def test_replicas_wait_for_training_traffic_to_pause(two_stores, monkeypatch: py
     client = StoreClient(addresses[0])
 
     def replicated(version: int) -> dict:
-        replica = root / "node1" / f"replica-rank-00000.slot{slot_of(version)}"
-        wait_for(lambda: slot_header(replica) is not None and slot_header(replica)[1] == version)
+        wait_for(lambda: version in replicas_of(root / "node1", 0))
         wait_for(lambda: any(json.loads(line).get("version") == version for line in
                              (root / "j0.jsonl").read_text().splitlines() if '"replicated"' in line))
         return [json.loads(line) for line in (root / "j0.jsonl").read_text().splitlines()
@@ -148,11 +151,10 @@ def test_rounds_replicate_one_version_for_every_local_rank(two_stores) -> None:
     client = StoreClient(addresses[0])
     client.sealed(0, 4, seal(root / "node0", rank=0, version=4, fill=1))
     # The first round is over (rank 0's version 4 sent) before rank 1 seals anything: no sleep to race.
-    wait_for(lambda: slot_header(root / "node1" / f"replica-rank-00000.slot{slot_of(4)}") is not None
-             and '"replicated"' in (root / "j0.jsonl").read_text())
+    wait_for(lambda: 4 in replicas_of(root / "node1", 0) and '"replicated"' in (root / "j0.jsonl").read_text())
     client.sealed(1, 5, seal(root / "node0", rank=1, version=5, fill=2))  # rank 1 has no version 4
     client.sealed(0, 5, seal(root / "node0", rank=0, version=5, fill=3))
-    wait_for(lambda: all(slot_header(root / "node1" / f"replica-rank-0000{r}.slot{slot_of(5)}") is not None for r in (0, 1)))
+    wait_for(lambda: all(5 in replicas_of(root / "node1", r) for r in (0, 1)))
     import json
 
     events = [json.loads(line) for line in (root / "j0.jsonl").read_text().splitlines()]
@@ -265,8 +267,22 @@ def test_a_request_never_makes_the_store_write_or_read_outside_its_root(two_stor
     assert client.sealed(3, 8, secret)  # a notification: no answer, the store journals the refusal
     journal = root / "j0.jsonl"
     wait_for(lambda: "not rank 3's slot for version 8" in journal.read_text())
-    assert not (root / "node1" / f"replica-rank-00003.slot{slot_of(8)}").exists()
+    assert 8 not in replicas_of(root / "node1", 3)
     client.close()
+
+
+def test_the_replica_ring_keeps_three_versions_whatever_the_stride(two_stores) -> None:
+    # Hole e: replicas of every 3rd version (replicate_every: 3) all went to slot v % 3 = 0, one replica kept
+    root, addresses = two_stores
+    payload = seal(root / "src", rank=5, version=0, fill=1).read_bytes()
+    for version in (0, 3, 6, 9):
+        head = bytearray(payload)
+        head[16:24] = version.to_bytes(8, "little")  # the header's version field
+        reply, _ = request(addresses[1], {"op": "put", "rank": 5, "version": version}, bytes(head))
+        assert reply["ok"], reply
+    assert replicas_of(root / "node1", 5) == {3, 6, 9}  # the newest three; the oldest made room
+    reply, _ = request(addresses[1], {"op": "put", "rank": 5, "version": 9}, bytes(head))  # the same again
+    assert replicas_of(root / "node1", 5) == {3, 6, 9}
 
 
 def test_a_request_with_a_bad_rank_or_version_is_refused(two_stores) -> None:
