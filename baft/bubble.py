@@ -20,6 +20,7 @@ plan order, so an early-ending window only moves chunks to the next one.
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import struct
 import sys
@@ -43,6 +44,8 @@ from .snapshot import Slot, SnapshotBuffer
 from .state import TrainState, local_view
 from .store import TRAFFIC_FILE, StoreClient
 from .traffic import TrafficFlag
+
+log = logging.getLogger("baft")
 
 META_CAPACITY = 1 << 20
 #: Captured at the step boundary itself; everything else is captured inside the bubbles.
@@ -138,7 +141,13 @@ class BubbleSnapshotter:
         self.config = config
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
         self.profiler = BubbleProfiler(config.profiler)
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        # Process-wide: the copier thread must hand the GIL back within half a millisecond when the
+        # training thread wants it. Said in the log, and put back by close().
+        self._switch_interval = sys.getswitchinterval()
+        if self._switch_interval > SWITCH_INTERVAL:
+            sys.setswitchinterval(SWITCH_INTERVAL)
+            log.info("baft: sys.setswitchinterval(%g) (was %g) while the snapshotter is attached, so the copier "
+                     "thread yields the GIL to training quickly", SWITCH_INTERVAL, self._switch_interval)
         self.engine = CopyEngine(config.planner.copier, budget=self._window_budget)
         self.profiler.listeners.append(self.engine.on_wait)
         self.buffer = SnapshotBuffer(shm_dir, rank)
@@ -159,6 +168,8 @@ class BubbleSnapshotter:
         self._torn: list[int] = []
         self._owner = ""
         """This writer's :func:`owner_tag`, once the layout is known."""
+        self.placements: dict[str, Any] = {}
+        """Where the DTensors among the bulk tensors lie (:meth:`TrainState.placements`), with the layout."""
         self._layout_at_boundary = False
         """Whether the model's state dict may only be taken at the step boundary (see :meth:`attach`)."""
         self._foreign: set[int] = set()
@@ -186,6 +197,8 @@ class BubbleSnapshotter:
             self.profiler.attach_optimizer(self.state.optimizer)
 
     def close(self) -> None:
+        if sys.getswitchinterval() == SWITCH_INTERVAL < self._switch_interval:
+            sys.setswitchinterval(self._switch_interval)
         self.profiler.detach()
         self.engine.close()
         self.buffer.close()
@@ -272,6 +285,7 @@ class BubbleSnapshotter:
         """Lay out the bulk tensors, make every slot's copy jobs, encode what does not change."""
         components = self.state.capture(only=BULK_COMPONENTS, omit=self.omit)
         skeleton, tensors = split(components)
+        self.placements = self.state.placements()
         specs = layout(tensors)
         if specs != self.specs:
             self._relayout(specs)

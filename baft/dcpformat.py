@@ -4,7 +4,12 @@ What a rank contributes to the DCP state dict:
 
 ``stage<S>/<component>.<path>``   every bulk tensor (parameters, buffers, optimizer
                                   tensors) of pipeline stage S, under a key shared
-                                  by its data-parallel replicas;
+                                  by its data-parallel replicas; a DTensor (FSDP2,
+                                  tensor parallelism) as the DTensor, so DCP stores
+                                  the whole tensor from its shards and a load into
+                                  another sharding (or none) reshards it;
+``stage<S>.shard<K>/...``         a plain tensor of a rank that holds piece K of a
+                                  sharded stage (its own copy: a buffer, a step);
 ``rank<R>/meta``                  a uint8 tensor holding ``torch.save`` of the rest
                                   (RNGs, data position, scheduler, step, optimizer
                                   hyper-parameters) with a marker for each bulk tensor.
@@ -31,6 +36,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from . import persist, storage
 from .errors import CheckpointCorrupt
 from .layout import MARKER, split
+from .state import Placement, is_dtensor, placement_for
 from .storage import Root
 
 METADATA = ".metadata"
@@ -41,11 +47,16 @@ def meta_key(rank: int) -> str:
     return f"rank{rank}/meta"
 
 
-def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: set[int] | None = None) -> dict[str, torch.Tensor]:
+def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: set[int] | None = None, *,
+                  shard_key: str | None = None, placements: dict[str, Placement] | None = None) -> dict[str, torch.Tensor]:
     """The DCP state dict of one rank. ``owned``: indices of the bulk tensors this rank writes
-    (data-parallel replicas split them); None: all."""
+    (data-parallel replicas split them); None: all. ``placements`` (:meth:`TrainState.placements`):
+    local shards in ``components`` that are DTensors' are written as those DTensors."""
     skeleton, tensors = split(components)
-    names = [f"{stage_key}/{name}" for name, _ in tensors]
+    if placements:
+        tensors = [(name, p.wrap(t) if (p := placement_for(placements, name, tuple(t.shape), local=True)) else t)
+                   for name, t in tensors]
+    names = [f"{stage_key if is_dtensor(t) else shard_key or stage_key}/{name}" for name, t in tensors]
     sd: dict[str, torch.Tensor] = {
         names[i]: t for i, (_, t) in enumerate(tensors) if owned is None or i in owned
     }
@@ -101,20 +112,29 @@ def commit(root: Root, step: int, world_size: int, extra: dict[str, Any] | None 
     persist.commit_directory(root, step, world_size, extra, required=required)
 
 
-def load(root: Root, step: int, rank: int, stage_key: str, process_group: Any = None) -> dict[str, Any]:
-    """Components of ``rank`` from a committed DCP checkpoint (with stock ``dcp.load``)."""
+def load(root: Root, step: int, rank: int, process_group: Any = None, *,
+         placements: dict[str, Placement] | None = None) -> dict[str, Any]:
+    """Components of ``rank`` from a committed DCP checkpoint (with stock ``dcp.load``): the tensors its
+    metadata names, each DTensor of ``placements`` loaded as this rank's shard of it (resharded if
+    the checkpoint was written under another sharding)."""
     d = persist.step_dir(root, step)
     md = reader(root, step).read_metadata().state_dict_metadata
     key = meta_key(rank)
-    if key not in md:
+    if key not in md or not isinstance(md[key], TensorStorageMetadata):
         raise KeyError(f"{d}: no entry {key}")
-    template: dict[str, torch.Tensor] = {}
-    for name, item in md.items():
-        if (name.startswith(f"{stage_key}/") or name == key) and isinstance(item, TensorStorageMetadata):
-            template[name] = torch.empty(tuple(item.size), dtype=item.properties.dtype)
-    dcp.load(template, storage_reader=reader(root, step), process_group=process_group)
-    meta = persist.deserialize(template[key].numpy().tobytes())
+    blob = {key: torch.empty(tuple(md[key].size), dtype=md[key].properties.dtype)}
+    dcp.load(blob, storage_reader=reader(root, step), process_group=process_group)
+    meta = persist.deserialize(blob[key].numpy().tobytes())
     names: list[str] = meta["names"]
+    template: dict[str, Any] = {}
+    for name in names:
+        item = md.get(name)
+        if not isinstance(item, TensorStorageMetadata):
+            raise KeyError(f"{d}: no tensor {name} (named by {key})")
+        size, dtype = tuple(item.size), item.properties.dtype
+        p = placement_for(placements or {}, name.split("/", 1)[1], size, local=False)
+        template[name] = p.empty(dtype) if p is not None and p.shape == size else torch.empty(size, dtype=dtype)
+    dcp.load(template, storage_reader=reader(root, step), process_group=process_group)
 
     def fill(tree: Any) -> Any:
         if isinstance(tree, dict):

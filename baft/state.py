@@ -57,16 +57,55 @@ def local_tensors(tree: Any) -> Any:
     return local_view(tree)
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """How a DTensor lies over its mesh: enough to make a local shard that DTensor again."""
+
+    mesh: Any
+    placements: tuple[Any, ...]
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    local_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, value: Any) -> Placement | None:
+        if not is_dtensor(value):
+            return None
+        return cls(value.device_mesh, tuple(value.placements), tuple(value.shape), tuple(value.stride()),
+                   tuple(value.to_local().shape))
+
+    def wrap(self, local: torch.Tensor) -> Any:
+        """``local`` (this rank's shard) as the DTensor this placement describes."""
+        if tuple(local.shape) != self.local_shape:
+            raise BaftError(f"a saved shard of shape {tuple(local.shape)} does not fit this rank's shard "
+                            f"{self.local_shape} of {self.shape} ({list(self.placements)}): the checkpoint "
+                            "was taken under another sharding")
+        return DTensor.from_local(local, self.mesh, self.placements, run_check=False, shape=torch.Size(self.shape),
+                                  stride=self.stride)
+
+    def empty(self, dtype: torch.dtype) -> Any:
+        """A DTensor of this placement to load into (its local shard uninitialised)."""
+        return self.wrap(torch.empty(self.local_shape, dtype=dtype))
+
+
+def placement_for(placements: Mapping[str, Placement], name: str, shape: tuple[int, ...], *,
+                  local: bool) -> Placement | None:
+    """The placement of the tensor named ``name`` (a :func:`baft.layout.split` name) of ``shape`` (its
+    local shard's with ``local``, else the whole tensor's), if it is a DTensor's."""
+    p = placements.get(name)
+    if p is None and name.startswith("optimizer.state."):
+        parts = name.split(".")
+        p = placements.get(f"optimizer.state.{parts[2]}.*") if len(parts) > 3 else None
+        if p is not None and tuple(shape) != (p.local_shape if local else p.shape):
+            return None  # a per-parameter tensor not shaped like the parameter (a scalar step)
+    return p
+
+
 def _like(saved: Any, live: Any) -> Any:
     """``saved`` (a local shard) as a DTensor laid out like ``live``, when ``live`` is one."""
     if not is_dtensor(live) or not isinstance(saved, torch.Tensor) or is_dtensor(saved):
         return saved
-    if tuple(saved.shape) != tuple(live.to_local().shape):
-        raise BaftError(f"a saved shard of shape {tuple(saved.shape)} does not fit this rank's shard "
-                        f"{tuple(live.to_local().shape)} of {tuple(live.shape)} ({live.placements}): "
-                        "the checkpoint was taken under another sharding")
-    return DTensor.from_local(saved, live.device_mesh, live.placements, run_check=False, shape=live.shape,
-                              stride=live.stride())
+    return Placement.of(live).wrap(saved)
 
 
 def _model_like(saved: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,17 +192,20 @@ class TrainState:
     generators: dict[str, torch.Generator] = field(default_factory=dict)
     step: int = 0
 
-    def capture(self, omit: tuple[str, ...] = (), only: tuple[str, ...] = COMPONENTS) -> dict[str, Any]:
+    def capture(self, omit: tuple[str, ...] = (), only: tuple[str, ...] = COMPONENTS, *,
+                local: bool = True) -> dict[str, Any]:
         """A nested dict of components, in :data:`COMPONENTS` order.
 
         ``only`` selects components (a snapshot captures the RNGs and the data
         position at the boundary and the rest later); ``omit`` leaves
         components out (a test knob that makes a broken checkpoint). DTensors (FSDP2, tensor
-        parallelism) appear as this rank's local shards; :meth:`restore` puts them back.
+        parallelism) appear as this rank's local shards (``local=False``: as DTensors, for a
+        format that reshards, DCP); :meth:`restore` takes either.
         """
+        shards = local_tensors if local else (lambda tree: tree)
         getters: dict[str, Any] = {
-            "model": lambda: local_tensors(self.model.state_dict()),
-            "optimizer": (lambda: local_tensors(self.optimizer.state_dict())) if self.optimizer is not None else None,
+            "model": lambda: shards(self.model.state_dict()),
+            "optimizer": (lambda: shards(self.optimizer.state_dict())) if self.optimizer is not None else None,
             "scheduler": self.scheduler.state_dict if self.scheduler is not None else None,
             "rng": lambda: rng_state(self.generators),
             "data": self.data.state_dict if self.data is not None else None,
@@ -188,6 +230,19 @@ class TrainState:
         if self.scaler is not None and "scaler" in components:
             self.scaler.load_state_dict(components["scaler"])
         self.step = int(components["step"]["step"])
+
+    def placements(self) -> dict[str, Placement]:
+        """Where the state's DTensors lie, by their name in :func:`baft.layout.split` order
+        (``model.<key>``; ``optimizer.state.<i>.*`` for every per-parameter tensor of parameter i shaped
+        like it, so a restore knows the layout of moments the optimizer has not created yet). Take it at
+        a step boundary: FSDP2's state dict reshards what it gathered for a forward."""
+        out = {f"model.{k}": p for k, v in self.model.state_dict().items() if (p := Placement.of(v)) is not None}
+        if self.optimizer is not None:
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            for i, param in enumerate(params):
+                if (p := Placement.of(param)) is not None:
+                    out[f"optimizer.state.{i}.*"] = p
+        return out
 
     def param_names(self) -> dict[int, str]:
         """Optimizer param index -> parameter name, for readable divergence keys."""

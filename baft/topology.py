@@ -31,6 +31,9 @@ class Topology:
     shard: int = 0
     """Which piece of the stage's state this rank holds, among ``shards`` (``dp_shard`` x ``tp`` ...)."""
     shards: int = 1
+    stage: int | None = None
+    """This rank's place along ``pp`` when the topology came from a mesh (0 if the mesh has no ``pp``:
+    one stage); None without a mesh."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.replica < self.replicas:
@@ -60,7 +63,8 @@ def from_mesh(mesh: Any) -> Topology:
     for n in (n for n in names if n in SHARD_DIMS):  # row-major over the shard dims, in mesh order
         size = mesh[n].size()
         shard, shards = shard * size + mesh[n].get_local_rank(), shards * size
-    return Topology(replica=replica, replicas=replicas, replica_group=group, shard=shard, shards=shards)
+    stage = mesh["pp"].get_local_rank() if "pp" in names else 0
+    return Topology(replica=replica, replicas=replicas, replica_group=group, shard=shard, shards=shards, stage=stage)
 
 
 def of(mesh: Any = None, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> Topology:
@@ -73,12 +77,17 @@ def of(mesh: Any = None, *, replica: int = 0, replicas: int = 1, replica_group: 
 
 
 def stage_key(stage: Any, rank: int, topology: Topology) -> str:
-    """Key prefix of this rank's tensors in the persistent tier: shared by the replicas of its piece of
-    the stage (``stage<S>``, ``stage<S>.shard<K>`` when the stage is sharded), ``rank<R>`` for a module
-    that is not a pipeline stage."""
+    """Key prefix of a stage's tensors in the persistent tier, shared by the ranks that hold it:
+    ``stage<S>`` for pipeline stage(s) S, or for a module attached with a mesh (S its ``pp``
+    coordinate); ``rank<R>`` for a module attached without one (each rank its own)."""
     stages = stage if isinstance(stage, (list, tuple)) else [stage]
     indices = [getattr(st, "stage_index", None) for st in stages]
-    if not indices or any(i is None for i in indices):
-        return f"rank{rank}"
-    key = "stage" + "-".join(str(i) for i in indices)
+    if indices and all(i is not None for i in indices):
+        return "stage" + "-".join(str(i) for i in indices)
+    return f"stage{topology.stage}" if topology.stage is not None else f"rank{rank}"
+
+
+def shard_key(key: str, topology: Topology) -> str:
+    """Key prefix of the plain tensors of a rank that holds one piece of a sharded stage (its DTensors
+    go under ``key``, whole: DCP assembles them from the pieces)."""
     return f"{key}.shard{topology.shard}" if topology.shards > 1 else key

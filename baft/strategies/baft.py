@@ -30,6 +30,7 @@ from .. import dcpformat, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
 from ..slotfile import slot_of
+from ..state import local_view
 from ..collective import all_gather, all_min, rank_world
 from .base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
 from .dcp import checkpoint_group, restore_dcp
@@ -85,7 +86,7 @@ class BaftStrategy(Strategy):
         # (replication can lag persistence): then the persistent tier is the fresher copy.
         version = self._snap().restore(floor=all_min(persistent_floor(self.root)))
         if version is None:
-            version = restore_dcp(self, self.stage_key, self.group)
+            version = restore_dcp(self, self.group)
         if version is not None:
             self._persisted = version
         return version
@@ -138,7 +139,8 @@ class BaftStrategy(Strategy):
         # versions that would land in it, so nothing slow may happen before this point.
         events.emit("phase", phase="persist", step=version)
         rank, world = rank_world()
-        sd = dcpformat.to_state_dict(components, rank, self.stage_key, snap.owned_tensors())
+        sd = dcpformat.to_state_dict(components, rank, self.stage_key, snap.owned_tensors(), shard_key=self.shard_key,
+                                     placements=snap.placements)
         try:
             dcpformat.save(self.root, version, sd, self.group)  # DCP raises a write error on every rank
         except WRITE_ERRORS as e:
@@ -154,7 +156,7 @@ class BaftStrategy(Strategy):
             persist_failed(version, reason)
             return
         events.emit("checkpoint_saved", step=version, tier="persistent",
-                    bytes=sum(t.numel() * t.element_size() for t in sd.values()),
+                    bytes=sum(local_view(t).numel() * t.element_size() for t in sd.values()),
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))
 
     def drain(self) -> None:

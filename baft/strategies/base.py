@@ -22,7 +22,7 @@ from ..errors import CheckpointCorrupt
 from ..config import CheckpointConfig
 from ..state import TrainState
 from ..traits import TRAITS
-from ..topology import Topology, of, stage_key
+from ..topology import Topology, of, shard_key, stage_key
 from ..storage import at
 
 
@@ -86,6 +86,11 @@ class Strategy:
         self.topology = of(mesh, replica=replica, replicas=replicas, replica_group=replica_group)
         self.stage_key = stage_key(stage, rank_world()[0], self.topology)
         self.attached(stage)
+
+    @property
+    def shard_key(self) -> str:
+        """Where this rank's plain tensors go in the persistent tier (:func:`baft.topology.shard_key`)."""
+        return shard_key(self.stage_key, self.topology)
 
     def attached(self, stage: Any) -> None:
         """What a strategy does once :attr:`topology` and :attr:`stage_key` are known."""

@@ -18,6 +18,7 @@ import torch.distributed.checkpoint as dcp
 from .. import dcpformat, events, persist
 from ..collective import initialized, rank_world
 from ..errors import CheckpointCorrupt
+from ..state import local_view
 from .base import WRITE_ERRORS, Strategy, persist_failed, restore_agreed
 
 
@@ -26,8 +27,9 @@ def checkpoint_group() -> Any:
     return dist.new_group(backend="gloo") if initialized() else None
 
 
-def restore_dcp(strategy: Strategy, stage_key: str, group: Any) -> int | None:
-    """Restore the newest DCP checkpoint under ``config.dir`` whose files all match the manifest."""
+def restore_dcp(strategy: Strategy, group: Any) -> int | None:
+    """Restore the newest DCP checkpoint under ``config.dir`` whose files all match the manifest, each
+    DTensor of the state as this rank's shard of it."""
     root = strategy.root
     rank, _ = rank_world()
     t0 = time.perf_counter()
@@ -45,7 +47,7 @@ def restore_dcp(strategy: Strategy, stage_key: str, group: Any) -> int | None:
 
     def load(step: int) -> None:
         events.emit("phase", phase="restore", step=step, tier="persistent")
-        strategy.state.restore(dcpformat.load(root, step, rank, stage_key, group))
+        strategy.state.restore(dcpformat.load(root, step, rank, group, placements=strategy.state.placements()))
         events.emit("checkpoint_restored", step=step, tier="persistent",
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))
 
@@ -66,7 +68,7 @@ class AsyncDCPStrategy(Strategy):
         self.group = checkpoint_group()
 
     def restore(self) -> int | None:
-        return restore_dcp(self, self.stage_key, self.group)
+        return restore_dcp(self, self.group)
 
     def after_step(self) -> bool:
         self._poll(block=False)
@@ -77,9 +79,10 @@ class AsyncDCPStrategy(Strategy):
         rank, _ = rank_world()
         t0 = time.perf_counter()
         events.emit("phase", phase="persist", step=step)
-        sd = dcpformat.to_state_dict(self.state.capture(omit=tuple(self.config.omit)), rank, self.stage_key)
+        sd = dcpformat.to_state_dict(self.state.capture(omit=tuple(self.config.omit), local=False), rank,
+                                     self.stage_key, shard_key=self.shard_key)
         fut = dcp.async_save(sd, storage_writer=dcpformat.writer(self.root, step), process_group=self.group)
-        nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+        nbytes = sum(local_view(t).numel() * t.element_size() for t in sd.values())
         self._inflight = (step, fut, t0, nbytes)
         return True
 

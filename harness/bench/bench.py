@@ -205,7 +205,7 @@ def _time_restores(cfg: BenchConfig, ckpts: dict[str, Any], restore_shards: Any,
         tiers.append(("shm", lambda: strat.snap.restore()))
         if strat.snap.store is not None and cfg.nodes > 1:
             tiers.append(("peer", lambda: _restore_without_own_memory(strat.snap)))
-        tiers.append(("persistent-dcp", lambda: restore_dcp(strat, strat.stage_key, strat.group)))
+        tiers.append(("persistent-dcp", lambda: restore_dcp(strat, strat.group)))
     if "sync" in ckpts:
         tiers.append(("persistent-sync", lambda: restore_shards(ckpts["sync"].strategy)))
     for tier, fn in tiers:

@@ -7,6 +7,7 @@ are identical. Both use dropout, so a checkpoint that forgets the RNG shows.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +121,18 @@ def build_stage(shape: ModelShape, seed: int, stage: int, stages: int) -> Stage:
     start = stage * per + min(stage, extra)
     stop = start + per + (1 if stage < extra else 0)
     return Stage(embed if stage == 0 else None, blocks[start:stop], head if stage == stages - 1 else None)
+
+
+def parallelize_mlps(stage: Stage, mesh: Any) -> None:
+    """Tensor parallelism on the MLP of every block of ``stage``: its first Linear column-wise, its
+    second row-wise over ``mesh`` (the hidden layer sharded, the block's output whole again). The
+    attention and the norms stay replicated: every tensor-parallel rank holds them whole."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for block in stage.blocks:
+        if not isinstance(block, Block):
+            raise ValueError("tensor parallelism needs a gpt model")
+        parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,12 @@ class WorkloadConfig:
     dp_shard: int = 1
     """FSDP2 inside each replica: each stage is sharded (``fully_shard``) over this many ranks, each
     training on its own part of the batch. 1: no FSDP."""
+    tp: int = 1
+    """Tensor parallelism inside each stage (gpt models): every block's MLP split over this many ranks
+    (``parallelize_module``, column-wise then row-wise); they see the same data. 1: none."""
+    layout: Literal["replica-major", "stage-major"] = "replica-major"
+    """The order of the ranks: replica-major (rank = d*P + s without sharding, the default) or stage-major
+    (the pipeline dimension outermost, as torchtitan orders its mesh)."""
     microbatches: int = 4
     """Microbatches per iteration and replica (>= stages)."""
     microbatch_size: int = 4
@@ -82,7 +88,7 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         layers = PRESETS[self.model].layers
-        for name in ("stages", "virtual_stages", "data_parallel", "dp_shard", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
+        for name in ("stages", "virtual_stages", "data_parallel", "dp_shard", "tp", "microbatches", "microbatch_size", "steps", "nodes", "dataset_size"):
             value = getattr(self, name)
             if value < 1:
                 raise ConfigValueError(name, "an integer >= 1", value)
@@ -101,13 +107,22 @@ class WorkloadConfig:
         if self.nproc < 1:
             raise ConfigValueError("nproc", "an integer >= 1", self.nproc)
         if self.world_size % self.nodes:
-            raise ConfigValueError("nodes", f"a divisor of stages*data_parallel*dp_shard = {self.world_size}", self.nodes)
+            raise ConfigValueError("nodes", f"a divisor of stages*data_parallel*dp_shard*tp = {self.world_size}", self.nodes)
         if self.seed < 0:
             raise ConfigValueError("seed", "an integer >= 0", self.seed)
         if self.lr <= 0:
             raise ConfigValueError("lr", "a number > 0", self.lr)
         if self.warmup < 0:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
+        if self.tp > 1:
+            shape = PRESETS[self.model]
+            if shape.kind != "gpt":
+                raise ConfigValueError("tp", f"1 with model {self.model} (tensor parallelism splits gpt blocks' MLPs)", self.tp)
+            if self.dp_shard > 1:
+                raise ConfigValueError("tp", "1 with dp_shard > 1 (FSDP and tensor parallelism in one stage are not "
+                                       "supported by this workload)", self.tp)
+            if (4 * shape.width) % self.tp:
+                raise ConfigValueError("tp", f"a divisor of the MLP width {4 * shape.width}", self.tp)
         if self.dp_shard > 1 and self.virtual_stages > 1:
             raise ConfigValueError("dp_shard", "1 with an interleaved schedule (FSDP of several model chunks per "
                                    "rank is not supported by this workload)", self.dp_shard)
@@ -126,7 +141,10 @@ class WorkloadConfig:
             return self
         if self.script is not None:
             raise ConfigValueError("script", "the built-in workload (a script's world size cannot change)", self.script)
-        per_replica = self.stages * self.dp_shard
+        if self.layout != "replica-major":
+            raise ConfigValueError("layout", "replica-major for an elastic restart (baft's shrunk restore finds the "
+                                   "old ranks of a stage in replica-major order)", self.layout)
+        per_replica = self.stages * self.dp_shard * self.tp
         if world_size % per_replica:
             raise ConfigValueError("data_parallel", f"a world size divisible by stages*dp_shard ({per_replica})", world_size)
         replicas = world_size // per_replica
@@ -138,7 +156,8 @@ class WorkloadConfig:
 
     @property
     def world_size(self) -> int:
-        return self.nproc * self.nodes if self.script is not None else self.stages * self.data_parallel * self.dp_shard
+        return (self.nproc * self.nodes if self.script is not None
+                else self.stages * self.data_parallel * self.dp_shard * self.tp)
 
     @property
     def global_batch(self) -> int:

@@ -1,7 +1,8 @@
 """The reference workload: pipeline-parallel training that the harness launches under torchrun.
 
-P pipeline stages x D data-parallel replicas x F FSDP shards (world size P*D*F, rank =
-(d*F + f)*P + s, the ranks of one DeviceMesh with dimensions dp_replicate, dp_shard, pp).
+P pipeline stages x D data-parallel replicas x F FSDP shards x T tensor-parallel ranks: one
+DeviceMesh (world size P*D*F*T) in the order ``workload.layout`` names (:data:`MESH_ORDERS`;
+replica-major: rank = ((d*F + f)*T + t)*P + s).
 Each replica is a ``torch.distributed.pipelining`` pipeline (GPipe or 1F1B on
 gloo). Without FSDP, after the schedule's backward each stage all-reduces its
 gradients over its D replicas; with F > 1 each stage is ``fully_shard``-ed over its
@@ -35,6 +36,14 @@ from harness.worker.spec import WorkloadConfig
 
 __all__ = ["PipelineTrainer", "WorkloadConfig", "announce_compute", "lr_lambda", "main", "seed_everything",
            "set_determinism"]
+
+
+#: The mesh's dimensions, outermost first, of each ``workload.layout``: replica-major keeps the pipeline
+#: innermost (rank = d*P + s without sharding), stage-major puts it outermost (torchtitan's order).
+MESH_ORDERS = {
+    "replica-major": ("dp_replicate", "dp_shard", "tp", "pp"),
+    "stage-major": ("pp", "dp_replicate", "dp_shard", "tp"),
+}
 
 
 def lr_lambda(warmup: int, total: int):
@@ -97,19 +106,26 @@ class PipelineTrainer:
         from harness.worker.data import ResumableBatchSampler, make_dataset, make_loader, mix
         from harness.worker.models import build_stage, loss_fn
 
-        self.cfg = cfg
         from torch.distributed.device_mesh import init_device_mesh
 
+        self.cfg = cfg
         self.rank = dist.get_rank()
-        P, D, F = cfg.stages, cfg.data_parallel, cfg.dp_shard
-        self.mesh = init_device_mesh("cpu", (D, F, P), mesh_dim_names=("dp_replicate", "dp_shard", "pp"))
-        s, d, f = (self.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard"))
+        P, D, F, T = cfg.stages, cfg.data_parallel, cfg.dp_shard, cfg.tp
+        dims = MESH_ORDERS[cfg.layout]
+        sizes = {"pp": P, "dp_replicate": D, "dp_shard": F, "tp": T}
+        self.mesh = init_device_mesh("cpu", tuple(sizes[n] for n in dims), mesh_dim_names=dims)
+        s, d, f, t = (self.mesh[n].get_local_rank() for n in ("pp", "dp_replicate", "dp_shard", "tp"))
         self.stage_index, self.replica, self.shard = s, d, f
         self.pp_group = self.mesh["pp"].get_group()
-        # The ranks of one stage that train on different data (replicas and shards), for the loss mean;
-        # every rank creates every group in the same order (a collective requirement).
-        dp_groups = [dist.new_group([(dd * F + ff) * P + ss for dd in range(D) for ff in range(F)]) for ss in range(P)]
+        self.replica_group = self.mesh["dp_replicate"].get_group()
+        ranks = self.mesh.mesh  # the rank at each coordinate, dimensions in mesh order
+        # The ranks of one stage (replicas, shards, tensor-parallel peers), for the loss mean; every rank
+        # creates every group in the same order (a collective requirement).
+        dp_groups = [dist.new_group(sorted(ranks.select(dims.index("pp"), ss).flatten().tolist())) for ss in range(P)]
         self.dp_group = dp_groups[s]
+        # Tensor-parallel peers compute on the same activations: they share the data and the dropout seed.
+        at = {"pp": s, "dp_replicate": d, "dp_shard": f, "tp": 0}
+        seed_rank = int(ranks[tuple(at[n] for n in dims)])
 
         shape = PRESETS[cfg.model]
         V = cfg.virtual_stages
@@ -121,8 +137,13 @@ class PipelineTrainer:
             shard_mesh = self.mesh["dp_shard"] if D == 1 else self.mesh["dp_replicate", "dp_shard"]
             for m in chunks:
                 fully_shard(m, mesh=shard_mesh)
+        if T > 1:
+            from harness.worker.models import parallelize_mlps
+
+            for m in chunks:
+                parallelize_mlps(m, self.mesh["tp"])
         self.module = chunks[0] if V == 1 else torch.nn.ModuleList(chunks)
-        seed_everything(mix(cfg.seed, 100, self.rank))  # dropout differs per rank, reproducibly
+        seed_everything(mix(cfg.seed, 100, seed_rank))  # dropout differs per data-parallel rank, reproducibly
         self.stages = [
             PipelineStage(m, s + k * P, P * V, torch.device("cpu"), group=self.pp_group) for k, m in enumerate(chunks)
         ]
@@ -172,9 +193,12 @@ class PipelineTrainer:
         else:
             self.schedule.step()
         if cfg.data_parallel > 1 and cfg.dp_shard == 1:  # FSDP2 reduces its own gradients
+            from baft.state import local_view
+
             for p in self.module.parameters():
-                dist.all_reduce(p.grad, group=self.dp_group)
-                p.grad.div_(cfg.data_parallel)
+                grad = local_view(p.grad)  # a tensor-parallel parameter's gradient: its shard
+                dist.all_reduce(grad, group=self.replica_group)
+                grad.div_(cfg.data_parallel)
         ckpt.before_optimizer_step()
         events.emit("phase", phase="optimizer", step=step)
         self.optimizer.step()
@@ -182,9 +206,9 @@ class PipelineTrainer:
         loss = None
         if last:
             mean = torch.stack([l.detach() for l in losses]).mean()
-            if cfg.data_parallel * cfg.dp_shard > 1:
+            if cfg.world_size > cfg.stages:
                 dist.all_reduce(mean, group=self.dp_group)
-                mean.div_(cfg.data_parallel * cfg.dp_shard)
+                mean.div_(cfg.world_size // cfg.stages)
             loss = float(mean)
         self.state.step = step + 1
         return loss

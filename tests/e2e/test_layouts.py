@@ -1,6 +1,7 @@
 """baft on the layouts real pipeline jobs use: stages sharded with FSDP2 on a DeviceMesh (DTensor state)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,35 @@ def test_pp_fsdp_kill_during_snapshot_restores_every_shard_bit_for_bit(tmp_path:
     assert rec["restored_tier"] == "shm" and rec["restored_step"] == 11
     j = Journal.load(tmp_path / "out" / "faulted")
     assert any(r["reason"].startswith("torn") for r in j.events("checkpoint_rejected", 1))
-    # The persistent tier holds each FSDP shard under its own key, half of each sharded tensor.
+    # The persistent tier holds each sharded tensor whole (DCP assembles it from the two ranks' halves), so a
+    # load into another sharding reshards it; the snapshot copied each rank's half.
     root = tmp_path / "out" / "faulted" / "checkpoints"
     md = FileSystemReader(str(persist.step_dir(root, persist.committed_steps(root)[0]))).read_metadata()
     sizes = {k: tuple(m.size) for k, m in md.state_dict_metadata.items() if k.endswith("blocks.0.ln1.weight")}
-    assert sizes == {f"stage{s}.shard{f}/model.blocks.0.ln1.weight": (32,) for s in (0, 1) for f in (0, 1)}
+    assert sizes == {f"stage{s}/model.blocks.0.ln1.weight": (64,) for s in (0, 1)}
+    stage0 = sum(math.prod(m.size) * m.properties.dtype.itemsize for k, m in md.state_dict_metadata.items()
+                 if k.startswith(("stage0/", "stage0.shard0/")))
+    (copied,) = [e["bytes"] for e in j.events("snapshot", 0) if e["step"] == 5]
+    assert 0.4 * stage0 < copied < 0.6 * stage0, (copied, stage0)  # rank 0 snapshots its half
+
+
+def test_pp_tp_kill_during_persist_restores_the_tensor_parallel_shards(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/pp-tp-kill-persist.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    (rec,) = v["recoveries"]
+    assert v["bitwise_equal"] and rec["restored_tier"] == "shm" and rec["restored_step"] >= 10
+    root = tmp_path / "out" / "faulted" / "checkpoints"
+    md = FileSystemReader(str(persist.step_dir(root, persist.committed_steps(root)[0]))).read_metadata()
+    sizes = {k: tuple(m.size) for k, m in md.state_dict_metadata.items() if k.endswith("blocks.0.mlp.0.weight")}
+    # the column-wise weight is one whole tensor assembled from both ranks' halves (4*64 rows of 64)
+    assert sizes == {f"stage{s}/model.blocks.0.mlp.0.weight": (256, 64) for s in (0, 1)}
+
+
+def test_stage_major_node_loss_pulls_the_lost_stage_from_the_peer(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/stage-major-node-loss.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    (rec,) = v["recoveries"]
+    assert v["bitwise_equal"] and rec["restored_tier"] == "peer+shm", rec
+    j = Journal.load(tmp_path / "out" / "faulted")
+    tiers = {e["rank"]: e["tier"] for e in j.events("checkpoint_restored")}
+    assert tiers == {0: "shm", 1: "shm", 2: "peer", 3: "peer"}  # node 1 held stage 1: ranks 2 and 3

@@ -29,3 +29,13 @@ def test_an_unseeded_rng_in_a_script_is_caught(tmp_path: Path, ref_cache: Path) 
     (tmp_path / "s.yaml").write_text(scenario)
     rc, out, v = run_cli(tmp_path / "s.yaml", tmp_path / "out", ref_cache)
     assert rc == 1 and v["first_divergence"]["component"] == "rng" and v["first_divergence"]["key"].startswith("numpy")
+
+
+def test_the_pipeline_fsdp_example_survives_a_kill_in_a_snapshot(tmp_path: Path, ref_cache: Path) -> None:
+    # examples/train_pp_fsdp.py: a torchtitan-style script (PipelineStage, fully_shard on a mesh, 1F1B)
+    rc, out, v = run_cli(ROOT / "examples" / "pp-fsdp-kill.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    (rec,) = v["recoveries"]
+    assert v["bitwise_equal"] and rec["restored_tier"] == "shm" and rec["restored_step"] == 8
+    j = Journal.load(tmp_path / "out" / "faulted")
+    assert any(r["reason"].startswith("torn") for r in j.events("checkpoint_rejected", 2))

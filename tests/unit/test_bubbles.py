@@ -284,3 +284,19 @@ def test_a_loader_state_with_numpy_scalars_and_megabytes_of_metadata_seals_and_r
         assert 2 in {again.slots[k].info(k).version for k in again.slots if again.slots[k].info(k).state == COMPLETE}
     finally:
         again.close()
+
+
+def test_the_switch_interval_is_said_and_put_back(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)  # Python's default
+    try:
+        with caplog.at_level(logging.INFO, logger="baft"):
+            snap = BubbleSnapshotter(make_state(0), BAFT, tmp_path, rank=0)
+        assert sys.getswitchinterval() == 0.0005 and "setswitchinterval(0.0005) (was 0.005)" in caplog.text
+        snap.close()
+        assert sys.getswitchinterval() == 0.005
+    finally:
+        sys.setswitchinterval(before)

@@ -29,7 +29,7 @@ kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes clie
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = sorted((ROOT / "scenarios" / "ci").glob("*.yaml")) + [ROOT / "examples" / "mlp-kill.yaml"]
+SCENARIOS = sorted((ROOT / "scenarios" / "ci").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
 MODELS = {"ServiceAccount": "V1ServiceAccount", "Role": "V1Role", "RoleBinding": "V1RoleBinding",
           "ClusterRole": "V1ClusterRole", "ClusterRoleBinding": "V1ClusterRoleBinding",
           "ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job"}
