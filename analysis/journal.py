@@ -43,6 +43,8 @@ Event fields:
                         sealed on every rank, so none was persisted)
 ``restore_candidates``  tier, local (versions in the rank's own memory), remote ([version, node] held by stores)
 ``persist_backpressure`` step, seconds the training thread waited for the previous persist
+``snapshots_discarded`` after, versions (baft: copies of this rank newer than the version restored, from the
+                        timeline the job left, marked abandoned; the stores drop theirs too)
 ``store_start`` / ``store_exit`` (launcher) node, pid / returncode
 
 Each node's store writes ``journal/store-node<N>.jsonl``: store_start, replicated
@@ -91,6 +93,7 @@ EVENTS = (
     "replan",
     "restore_candidates",
     "persist_backpressure",
+    "snapshots_discarded",
     "store_start",
     "store_exit",
     "agent_start",

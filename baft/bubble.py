@@ -24,6 +24,7 @@ import logging
 import shutil
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,11 @@ from .components import COMPONENTS
 from .config import CheckpointConfig
 from .planner import Chunk, Plan, make_chunks, owned, plan
 from .profiler import BubbleProfiler
-from .slotfile import COMPLETE, WRITING, slot_of
+from .slotfile import COMPLETE, WRITING, discard_newer, slot_of
 from .snapshot import Slot, SnapshotBuffer
 from .state import TrainState, local_view
-from .store import TRAFFIC_FILE, StoreClient
+from .store import TRAFFIC_FILE
+from .storeclient import StoreClient
 from .traffic import TrafficFlag
 
 log = logging.getLogger("baft")
@@ -159,6 +161,9 @@ class BubbleSnapshotter:
         self.restored_version: int | None = None
         self._pending: dict[str, Any] | None = None
         self._jobs: dict[int, list[CopyJob]] = {}
+        self._boundary_jobs: dict[int, list[CopyJob]] = {}
+        """Per slot, the copies of the model's buffers: done at the step boundary (see :meth:`attach`)."""
+        self._buffer_names: set[str] = set()
         self._static: tuple[tuple, bytes | None] | None = None
         self.store = StoreClient(config.store) if config.store else None
         self.traffic: TrafficFlag | None = None
@@ -177,6 +182,8 @@ class BubbleSnapshotter:
         zeroed before their next version, or the bytes this replica does not own would keep theirs."""
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
+        self._slots_lock = threading.Lock()
+        """Held while a reader (the persister thread) reads a slot and while the slots are remapped."""
         self.pinned: set[int] = set()
         """Slots a reader (the persister) still needs; a version due for a pinned slot is skipped."""
 
@@ -191,7 +198,13 @@ class BubbleSnapshotter:
         # backward needs and make this rank gather again on its own (a collective its peers never
         # join: the job hangs). Such a model's state dict is taken only at the step boundary. FSDP2
         # registers its hooks at the first forward, after this: its modules are recognised by type.
-        self._layout_at_boundary = any(_acts_on_state_dict(m) for m in self.state.model.modules())
+        #
+        # Buffers may change in the forward (BatchNorm's running statistics move with every
+        # microbatch): copied inside the bubbles, a version would mix microbatches. They are copied
+        # at the step boundary, before the first forward, which needs the layout there too.
+        self._buffer_names = {f"model.{name}" for name, _ in self.state.model.named_buffers()}
+        self._layout_at_boundary = bool(self._buffer_names) or any(
+            _acts_on_state_dict(m) for m in self.state.model.modules())
         self.profiler.attach(stage)
         if self.state.optimizer is not None:
             self.profiler.attach_optimizer(self.state.optimizer)
@@ -230,6 +243,13 @@ class BubbleSnapshotter:
             if self._static is not None and self._static[1] is None:
                 boundary["bulk_skeleton"] = split(self.state.capture(only=BULK_COMPONENTS, omit=self.omit))[0]
         pending: dict[str, Any] = {"version": version}
+        if self._layout_at_boundary and self._boundary_jobs.get(slot_of(version)):
+            t = time.perf_counter()
+            pending["slot"] = self._open_slot(version)
+            jobs = self._boundary_jobs[slot_of(version)]
+            for job in jobs:
+                job.dst.copy_(job.src)
+            pending["boundary_copy"] = (sum(j.src.numel() for j in jobs), time.perf_counter() - t)
         self._pending = pending
         self.engine.start([Task("prepare", lambda: self._prepare(version, boundary, pending))])
 
@@ -263,17 +283,22 @@ class BubbleSnapshotter:
         if not self._layout_at_boundary:
             self._current_layout()
         static_meta = self._static[1]
+        if "slot" not in pending:
+            pending["slot"] = self._open_slot(version)
+        dynamic = self._dynamic(boundary, full=static_meta is None)
+        items: list[Item] = list(self._jobs[slot_of(version)])
+        items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(self._static[1] or b"", codec.encode(dynamic)))))
+        return items
+
+    def _open_slot(self, version: int) -> Slot:
+        """Mark ``version``'s slot as being written (cleared first if another ownership filled it)."""
         slot = self.buffer.slot_for(version)
         slot.begin(version)
         if slot_of(version) in self._foreign:
             slot.data().zero_()
             self._foreign.discard(slot_of(version))
-        pending["slot"] = slot
         events.emit("phase", phase="snapshot", step=version)  # the slot is now being written
-        dynamic = self._dynamic(boundary, full=static_meta is None)
-        items: list[Item] = list(self._jobs[slot_of(version)])
-        items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(self._static[1] or b"", codec.encode(dynamic)))))
-        return items
+        return slot
 
     def _current_layout(self) -> None:
         """Rebuild the layout and copy jobs if the bulk tensors moved (or their skeleton cannot be cached)."""
@@ -289,14 +314,19 @@ class BubbleSnapshotter:
         specs = layout(tensors)
         if specs != self.specs:
             self._relayout(specs)
-        self._jobs = {}
+        self._jobs, self._boundary_jobs = {}, {}
+        buffers = {i for i, (name, _) in enumerate(tensors) if name in self._buffer_names}
         for k, slot in self.buffer.slots.items():
             data = slot.data()
-            self._jobs[k] = [
-                CopyJob(index=c.index, src=as_bytes(tensors[c.tensor][1])[c.tensor_offset : c.tensor_offset + c.nbytes],
-                        dst=data[c.offset : c.offset + c.nbytes])
+            jobs = [
+                (c.tensor in buffers,
+                 CopyJob(index=c.index, src=as_bytes(tensors[c.tensor][1])[c.tensor_offset : c.tensor_offset + c.nbytes],
+                         dst=data[c.offset : c.offset + c.nbytes]))
                 for c in self.mine
             ]
+            at_boundary = self._layout_at_boundary  # else the copies run in the bubbles, buffers too (none here)
+            self._jobs[k] = [j for b, j in jobs if not (b and at_boundary)]
+            self._boundary_jobs[k] = [j for b, j in jobs if b and at_boundary]
         static = {"model": skeleton.get("model"), "optimizer_state": (skeleton.get("optimizer") or {}).get("state")}
         meta_static = {
             "layout": [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in self.specs or []],
@@ -325,7 +355,8 @@ class BubbleSnapshotter:
         self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.config.planner.chunk_bytes)
         self.mine = owned(self.chunks, self.replica, self.replicas)
         self._owner = owner_tag(self.replica, self.replicas, [c.tensor for c in self.mine], specs)
-        self.buffer.allocate(total_bytes(specs), META_CAPACITY)
+        with self._slots_lock:  # a persister reading a sealed version finishes first
+            self.buffer.allocate(total_bytes(specs), META_CAPACITY)
         self._foreign = {k for k, slot in self.buffer.slots.items()
                          if not slot.fresh and (_static_meta(slot) or {}).get("owner") != self._owner}
         self._replan(reason)
@@ -344,6 +375,9 @@ class BubbleSnapshotter:
         if (self.store is not None and version % self.config.replicate_every == 0
                 and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)))):
             events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
+        if "boundary_copy" in pending:  # the buffers, copied on the training thread at the boundary
+            stats.stall_bytes += pending["boundary_copy"][0]
+            stats.stall_seconds += pending["boundary_copy"][1]
         self.last_stats = stats
         if stats.bandwidth > 0:
             self.bandwidth = 0.7 * self.bandwidth + 0.3 * stats.bandwidth
@@ -391,11 +425,12 @@ class BubbleSnapshotter:
 
     def read_version(self, version: int) -> dict[str, Any]:
         """A private copy of sealed ``version``'s components (only this replica's tensors are real)."""
-        slot = self.buffer.slot_for(version)
-        info = slot.info(slot_of(version))
-        if info is None or info.state != COMPLETE or info.version != version:
-            raise RuntimeError(f"version {version} is no longer in shared memory")
-        return _components(slot.meta(), slot.data())[0]
+        with self._slots_lock:
+            slot = self.buffer.slot_for(version)
+            info = slot.info(slot_of(version))
+            if info is None or info.state != COMPLETE or info.version != version:
+                raise RuntimeError(f"version {version} is no longer in shared memory")
+            return _components(slot.meta(), slot.data())[0]
 
     # -- restore ----------------------------------------------------------------------------
     def restore(self, floor: int = -1) -> int | None:
@@ -505,6 +540,17 @@ class BubbleSnapshotter:
         events.emit("checkpoint_restored", step=version, tier=tier, seconds=time.perf_counter() - t0,
                     path=str(self.buffer.root), resized_from=saved, replicas=self.replicas)
         return version
+
+    def discard_newer(self, version: int) -> None:
+        """After the job restored ``version`` (-1: nothing) from any tier: forget this rank's copies of the
+        timeline it left, newer than that, in its own slots and (through the node's store) on every node.
+        A version is a step number only: without this, the old timeline's v+1 left in one rank's slot could
+        be restored later beside the new timeline's v+1 of another rank."""
+        dropped = discard_newer(self.buffer.root, self.rank, version, own=True)
+        if self.store is not None:
+            self.store.discard(self.rank, version)
+        if dropped:
+            events.emit("snapshots_discarded", after=version, versions=dropped, reason="newer than the version restored")
 
     def _open_slots(self) -> dict[int, int]:
         """Map this rank's slot files; complete versions -> slot index (torn ones in ``_torn``)."""

@@ -259,6 +259,50 @@ def prune(root: Root, keep: int) -> None:
             st.remove_tree(name)
 
 
+COMMIT_FAILED = "commit.failed"
+"""The marker rank 0 leaves in a step's directory when it could not commit it (the reason inside)."""
+
+
+def write_commit_failure(root: Root, step: int, reason: str) -> None:
+    """Tell every rank waiting in :func:`wait_commit` that ``step`` will not be committed (best effort)."""
+    try:
+        storage.at(root).write(f"{step_name(step)}/{COMMIT_FAILED}", reason.encode())
+    except OSError:
+        pass
+
+
+def commit_outcome(root: Root, step: int) -> tuple[bool, str | None]:
+    """What became of ``step``'s commit: (True, None) committed; (True, why) it will not be (rank 0 said
+    its commit failed, or a rank that it cannot deliver its shard); (False, None) not decided yet."""
+    st = storage.at(root)
+    d = step_name(step)
+    if st.is_file(f"{d}/{MANIFEST}") and (latest(root) or -1) >= step:
+        return True, None
+    names = st.files(d)  # [] while the directory is missing
+    if COMMIT_FAILED in names:
+        try:
+            return True, st.read(f"{d}/{COMMIT_FAILED}").decode(errors="replace") or "rank 0 could not commit"
+        except OSError:
+            return True, "rank 0 could not commit"
+    failed = sorted(n for n in names if fnmatch.fnmatch(n, "rank-*.failed"))
+    if failed:
+        return True, f"{failed[0].removesuffix('.failed')} could not deliver its shard"
+    return False, None
+
+
+def wait_commit(root: Root, step: int, timeout: float) -> str | None:
+    """Wait until :func:`commit_outcome` decides: None once committed, else why not (also after
+    ``timeout`` seconds), for the journal."""
+    deadline = time.monotonic() + timeout
+    while True:
+        decided, reason = commit_outcome(root, step)
+        if decided:
+            return reason
+        if time.monotonic() > deadline:
+            return f"rank 0 did not commit step {step} within {timeout:.0f} s"
+        time.sleep(0.01)
+
+
 def write_failure(root: Root, step: int, rank: int, reason: str) -> None:
     """Tell the committer that ``rank`` cannot deliver its shard of ``step`` (best effort: an
     empty marker needs no data blocks, so it usually fits on a full disk)."""

@@ -25,7 +25,9 @@ from pathlib import Path
 
 MAGIC = 0x42414654_534E4150  # "BAFTSNAP"
 HEADER = 4096
-WRITING, COMPLETE = 1, 2
+WRITING, COMPLETE, ABANDONED = 1, 2, 3
+"""A slot's states; ABANDONED: a complete version newer than the one the job rolled back to, of the
+timeline it left (kept for nothing: a restore must never take it for the new timeline's version)."""
 FIELDS = 6
 HEAD = struct.Struct(f"<{FIELDS}q")
 
@@ -120,6 +122,34 @@ def ring_slot(root: Path, rank: int, version: int) -> Path:
         else:
             held.setdefault(h[1], k)
     return replica_slot(root, rank, held[min(held)])
+
+
+def abandon(path: Path) -> None:
+    """Mark the slot file at ``path`` ABANDONED in place (its header's state field)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, struct.pack("<q", ABANDONED), 8)
+    finally:
+        os.close(fd)
+
+
+def discard_newer(root: Path, rank: int, version: int, *, own: bool) -> list[int]:
+    """Drop the copies of ``rank`` newer than ``version`` under ``root``: with ``own``, mark the rank's
+    own slots ABANDONED (the worker does this), else remove the store's replicas and kept copies of
+    it (the store does); the versions dropped."""
+    dropped = []
+    for k in range(SLOTS):
+        for p, mine in ((replica_slot(root, rank, k), False), (kept_slot(root, rank, k), False),
+                        (own_slot(root, rank, k), True)):
+            h = slot_header(p)
+            if h is None or h[0] != COMPLETE or h[1] <= version or mine != own:
+                continue
+            if mine:
+                abandon(p)
+            else:
+                p.unlink(missing_ok=True)
+            dropped.append(h[1])
+    return sorted(dropped)
 
 
 def kept_slot(root: Path, rank: int, k: int) -> Path:

@@ -15,7 +15,10 @@ snapshot slots are files in the node's shared-memory directory; the store
 * keeps the replicas it receives as slot files of the same format
   (``replica-rank-R.slotK``), double-buffered like the originals;
 * answers restores: ``locate`` lists every complete copy of a rank's state on
-  every node, ``pull`` brings a copy into the asking worker's own slot file.
+  every node, ``pull`` brings a copy into the asking worker's own slot file;
+* forgets a timeline the job left: after a restore at version v, ``discard``
+  removes every copy of the rank newer than v, on every node (a version is only
+  a step number: the abandoned timeline's v+1 must never pass for the new one's).
 
 Wire format: a 4-byte big-endian length, a JSON header, then ``nbytes`` of
 payload when the header says so. Everything is on the node's loopback or
@@ -43,7 +46,8 @@ from typing import Any
 
 from .errors import BaftConfigError
 from .fields import field_docs
-from .slotfile import SLOTS, copies, kept_slot, own_slot, read_complete, ring_slot, slot_of, write_slot
+from .slotfile import (SLOTS, copies, discard_newer, kept_slot, own_slot, read_complete, ring_slot, slot_of,
+                       write_slot)
 from .traffic import TrafficFlags
 from .wire import recv, request, send
 
@@ -165,6 +169,7 @@ class Store:
         self._lost: set[int] = set()  # ranks whose copy of the current round could not be taken
         self._round_t0 = 0.0
         self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
+        self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
         self.stride = 1
         """Replicate only versions that are multiples of this (a power of two, grown while the
         link cannot carry every version, so every node's choice of versions lines up)."""
@@ -243,6 +248,20 @@ class Store:
             _check_rank_version(header.get("rank"), header.get("version"))
             write_slot(ring_slot(self.root, header["rank"], header["version"]), payload)
             return {"ok": True}, b""
+        if op == "discard":
+            rank, version = header.get("rank"), header.get("version")
+            if type(version) is not int or version < -1:
+                raise ValueError(f"version must be an integer >= -1 (-1: every version), got {version!r}")
+            _check_rank_version(rank, 0)
+            dropped = self.discard(rank, version)
+            if header.get("forward", True):
+                for i, addr in enumerate(self.addresses):
+                    if i != self.node:
+                        try:
+                            request(addr, {"op": "discard", "rank": rank, "version": version, "forward": False}, timeout=30)
+                        except OSError:
+                            continue  # that node is down: its copies are gone with it
+            return {"ok": True, "dropped": dropped}, b""
         if op == "query":
             return {"copies": [[v, str(p)] for v, p in copies(self.root, header["rank"])]}, b""
         if op == "fetch":
@@ -281,6 +300,24 @@ class Store:
                     return {"ok": True, "source": i}, b""
             return {"ok": False}, b""
         return {"ok": False, "error": f"unknown op {op!r}"}, b""
+
+    def discard(self, rank: int, version: int) -> list[int]:
+        """Forget every copy of ``rank`` newer than ``version`` on this node: sealed versions not yet
+        replicated, the round in progress if it is newer, replicas and kept copies. A replica of a
+        newer version being sent from here finishes first, so none lands after the discard."""
+        with self._cond:
+            versions = self._sealed.get(rank, {})
+            for v in [v for v in versions if v > version]:
+                del versions[v]
+            if self._current is not None and self._current > version:
+                self._current, self._captured, self._sent, self._lost = None, {}, set(), set()
+            self._done = min(self._done, version)
+            while self._inflight is not None and self._inflight[0] == rank and self._inflight[1] > version:
+                self._cond.wait(0.1)
+            dropped = discard_newer(self.root, rank, version, own=False)
+        if dropped:
+            self.log("discarded", rank=rank, after=version, versions=dropped)
+        return dropped
 
     def _note_period(self, version: int) -> None:
         now = time.monotonic()
@@ -368,16 +405,26 @@ class Store:
                     return
                 rank, version, data = job
                 self._sent.add(rank)
-            for target in self.targets:
-                t = time.perf_counter()
-                try:
-                    deferred = self._send_put(target, rank, version, data)
-                except OSError as e:
-                    self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
-                    continue
-                self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data),
-                         seconds=time.perf_counter() - t, deferred_seconds=deferred,
-                         blocked_share=round(sum(self._blocked) / max(1, len(self._blocked)), 3))
+                self._inflight = (rank, version)
+            try:
+                self._send_all(rank, version, data)
+            finally:
+                with self._cond:
+                    self._inflight = None
+                    self._cond.notify_all()
+
+    def _send_all(self, rank: int, version: int, data: bytes) -> None:
+        """Send one replica to every target node."""
+        for target in self.targets:
+            t = time.perf_counter()
+            try:
+                deferred = self._send_put(target, rank, version, data)
+            except OSError as e:
+                self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
+                continue
+            self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data),
+                     seconds=time.perf_counter() - t, deferred_seconds=deferred,
+                     blocked_share=round(sum(self._blocked) / max(1, len(self._blocked)), 3))
 
     def _adapt(self, seconds: float) -> None:
         """Double the stride while a round takes longer than the versions it covers; halve it when
@@ -481,50 +528,6 @@ class _Server(socketserver.ThreadingTCPServer):
 
 
 # -- the worker's side ------------------------------------------------------------------------------
-class StoreClient:
-    """How a worker talks to its node's store. Notifications use one kept-open connection."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self._sock: socket.socket | None = None
-
-    def sealed(self, rank: int, version: int, file: Path) -> bool:
-        """Tell the store a version is complete (fire and forget; False if the store is unreachable)."""
-        for _ in range(2):
-            try:
-                if self._sock is None:
-                    host, port = self.address.rsplit(":", 1)
-                    self._sock = socket.create_connection((host, int(port)), timeout=5)
-                send(self._sock, {"op": "sealed", "rank": rank, "version": version, "file": str(file)})
-                return True
-            except OSError:
-                self.close()
-        return False
-
-    def locate(self, rank: int) -> list[tuple[int, int]]:
-        """(version, node) of every complete copy of ``rank``'s state the stores hold."""
-        try:
-            reply, _ = request(self.address, {"op": "locate", "rank": rank})
-        except OSError:
-            return []
-        return [(int(v), int(n)) for v, n in reply["copies"]]
-
-    def pull(self, rank: int, version: int, dest: Path) -> int | None:
-        """Have the store bring ``version`` of ``rank`` into ``dest``; returns the source node."""
-        try:
-            reply, _ = request(self.address, {"op": "pull", "rank": rank, "version": version, "dest": str(dest)}, timeout=120)
-        except OSError:
-            return None
-        return int(reply["source"]) if reply.get("ok") else None
-
-    def close(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
-
-
 def _replication_help() -> str:
     """The keys of ``--replication`` with their defaults and what they mean."""
     docs = field_docs(ReplicationConfig)

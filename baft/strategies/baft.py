@@ -89,6 +89,7 @@ class BaftStrategy(Strategy):
             version = restore_dcp(self, self.group)
         if version is not None:
             self._persisted = version
+        self._snap().discard_newer(-1 if version is None else version)
         return version
 
     def begin_iteration(self) -> None:

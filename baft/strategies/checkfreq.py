@@ -18,7 +18,7 @@ import torch
 from .. import events, persist
 from ..background import OneInFlight
 from ..collective import rank_world
-from .base import Strategy
+from .base import WRITE_ERRORS, Strategy, persist_failed
 from .sync import restore_shards
 
 COMMIT_TIMEOUT = 300.0
@@ -72,21 +72,36 @@ class CheckFreqStrategy(Strategy):
         try:
             record = persist.write_shard(self.root, step, rank, data)
             persist.write_record(self.root, step, record)
-            if rank == 0:
-                records = persist.wait_records(self.root, step, world, COMMIT_TIMEOUT)
-                if records is None:
-                    events.emit("checkpoint_failed", step=step, tier="persistent",
-                                reason=f"not every rank's shard arrived within {COMMIT_TIMEOUT:.0f} s")
-                    return
-                persist.commit(self.root, step, records, {"omit": list(self.config.omit)})
-                persist.prune(self.root, self.config.keep)
         except OSError as e:  # e.g. ENOSPC: this checkpoint is lost, the last good one stays
             persist.write_failure(self.root, step, rank, str(e))
             events.emit("checkpoint_failed", step=step, tier="persistent", reason=f"rank {rank}: {e}")
             return
+        # Saved only once rank 0 has committed it: rank 0 commits, every other rank waits to see that
+        # (or rank 0's word that it could not), through the checkpoint's directory, without a collective.
+        if rank == 0:
+            reason = self._commit(step, world)
+            if reason is not None:
+                persist.write_commit_failure(self.root, step, reason)
+        else:
+            reason = persist.wait_commit(self.root, step, COMMIT_TIMEOUT)
+        if reason is not None:
+            persist_failed(step, reason)
+            return
         events.emit("checkpoint_saved", step=step, tier="persistent", bytes=len(data),
                     seconds=time.perf_counter() - t0, snapshot_seconds=snap_seconds,
                     path=str(persist.step_dir(self.root, step)))
+
+    def _commit(self, step: int, world: int) -> str | None:
+        """Rank 0: commit ``step`` once every rank's shard is there; None, or why it could not."""
+        records = persist.wait_records(self.root, step, world, COMMIT_TIMEOUT)
+        if records is None:
+            return f"not every rank's shard of step {step} arrived within {COMMIT_TIMEOUT:.0f} s (or one failed)"
+        try:
+            persist.commit(self.root, step, records, {"omit": list(self.config.omit)})
+            persist.prune(self.root, self.config.keep)
+        except WRITE_ERRORS as e:
+            return f"rank 0 commit: {type(e).__name__}: {e}"
+        return None
 
     def drain(self) -> None:
         self._writer.drain()

@@ -21,6 +21,9 @@ from ..errors import CheckpointCorrupt
 from ..state import local_view
 from .base import WRITE_ERRORS, Strategy, persist_failed, restore_agreed
 
+COMMIT_TIMEOUT = 300.0
+"""Seconds a rank other than 0 waits, when it must, for rank 0 to commit a save."""
+
 
 def checkpoint_group() -> Any:
     """A gloo group over all ranks, only for checkpoint traffic (collective: every rank calls it)."""
@@ -92,15 +95,33 @@ class AsyncDCPStrategy(Strategy):
         step, fut, t0, nbytes = self._inflight
         if not block and not fut.done():
             return
-        self._inflight = None
         rank, world = rank_world()
         try:
             fut.result()
-            if rank == 0:
+        except WRITE_ERRORS as e:
+            self._inflight = None
+            persist_failed(step, e)
+            return
+        # Saved only once rank 0 has committed it: rank 0 commits; the others learn it from the
+        # checkpoint's directory (without a collective: ranks poll at different steps), waiting for
+        # it only when they must (a drain, the next save).
+        if rank == 0:
+            reason = None
+            try:
                 dcpformat.commit(self.root, step, world, {"format": "dcp"})
                 persist.prune(self.root, self.config.keep)
-        except WRITE_ERRORS as e:
-            persist_failed(step, e)
+            except WRITE_ERRORS as e:
+                reason = f"rank 0 commit: {type(e).__name__}: {e}"
+                persist.write_commit_failure(self.root, step, reason)
+        else:
+            decided, reason = persist.commit_outcome(self.root, step)
+            if not decided:
+                if not block:
+                    return  # look again after the next step
+                reason = persist.wait_commit(self.root, step, COMMIT_TIMEOUT)
+        self._inflight = None
+        if reason is not None:
+            persist_failed(step, reason)
             return
         events.emit("checkpoint_saved", step=step, tier="persistent", bytes=nbytes,
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, step)))

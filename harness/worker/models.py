@@ -75,13 +75,14 @@ class GPTHead(nn.Module):
 
 
 class MLPBlock(nn.Module):
-    def __init__(self, width_in: int, width: int, dropout: float) -> None:
+    def __init__(self, width_in: int, width: int, dropout: float, batchnorm: bool = False) -> None:
         super().__init__()
         self.fc = nn.Linear(width_in, width)
+        self.norm = nn.BatchNorm1d(width) if batchnorm else nn.Identity()
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(F.gelu(self.fc(x)))
+        return self.drop(F.gelu(self.norm(self.fc(x))))
 
 
 class Stage(nn.Module):
@@ -114,8 +115,8 @@ def build_stage(shape: ModelShape, seed: int, stage: int, stages: int) -> Stage:
             blocks: list[nn.Module] = [Block(shape) for _ in range(shape.layers)]
             head: nn.Module = GPTHead(shape)
         else:
-            embed = MLPBlock(shape.in_dim, shape.width, shape.dropout)
-            blocks = [MLPBlock(shape.width, shape.width, shape.dropout) for _ in range(shape.layers - 1)]
+            embed = MLPBlock(shape.in_dim, shape.width, shape.dropout, shape.batchnorm)
+            blocks = [MLPBlock(shape.width, shape.width, shape.dropout, shape.batchnorm) for _ in range(shape.layers - 1)]
             head = nn.Linear(shape.width, shape.classes)
     per, extra = divmod(len(blocks), stages)
     start = stage * per + min(stage, extra)
@@ -133,6 +134,26 @@ def parallelize_mlps(stage: Stage, mesh: Any) -> None:
         if not isinstance(block, Block):
             raise ValueError("tensor parallelism needs a gpt model")
         parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def stage_io(shape: ModelShape, microbatch: int, stage: int, stages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Example input and output of one microbatch through ``stage`` (shapes and dtypes only).
+
+    Given to ``PipelineStage``, they spare it the metadata inference that torch 2.13 runs otherwise on
+    the first step: an extra forward of a microbatch through every stage, in training mode, which moves
+    BatchNorm's running statistics and so makes a job restarted from a checkpoint diverge from one
+    that was not (the restarted job infers again at its first step)."""
+    # Activations carry gradients (without requires_grad a stage would neither send nor expect them);
+    # the first stage's input is data.
+    if shape.kind == "gpt":
+        x = (torch.empty(microbatch, shape.seq_len, dtype=torch.long) if stage == 0
+             else torch.empty(microbatch, shape.seq_len, shape.width, requires_grad=True))
+        y = torch.empty(microbatch, shape.seq_len, shape.vocab if stage == stages - 1 else shape.width, requires_grad=True)
+    else:
+        x = (torch.empty(microbatch, shape.in_dim) if stage == 0
+             else torch.empty(microbatch, shape.width, requires_grad=True))
+        y = torch.empty(microbatch, shape.classes if stage == stages - 1 else shape.width, requires_grad=True)
+    return x, y
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

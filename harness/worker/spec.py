@@ -39,8 +39,9 @@ Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 class WorkloadConfig:
     """The built-in training job."""
 
-    model: Literal["gpt-tiny", "gpt-small", "mlp"] = "gpt-tiny"
-    """Model preset: a small GPT (dropout, causal attention) or an MLP classifier."""
+    model: Literal["gpt-tiny", "gpt-small", "mlp", "mlp-bn"] = "gpt-tiny"
+    """Model preset: a small GPT (dropout, causal attention), an MLP classifier, or the MLP with BatchNorm
+    (running statistics that change in every forward)."""
     stages: int = 2
     """Pipeline stages P (1..the model's layer count)."""
     data_parallel: int = 1

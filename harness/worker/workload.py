@@ -104,7 +104,7 @@ class PipelineTrainer:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
         from harness.worker.data import ResumableBatchSampler, make_dataset, make_loader, mix
-        from harness.worker.models import build_stage, loss_fn
+        from harness.worker.models import build_stage, loss_fn, stage_io
 
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -145,7 +145,9 @@ class PipelineTrainer:
         self.module = chunks[0] if V == 1 else torch.nn.ModuleList(chunks)
         seed_everything(mix(cfg.seed, 100, seed_rank))  # dropout differs per data-parallel rank, reproducibly
         self.stages = [
-            PipelineStage(m, s + k * P, P * V, torch.device("cpu"), group=self.pp_group) for k, m in enumerate(chunks)
+            PipelineStage(m, s + k * P, P * V, torch.device("cpu"), *stage_io(shape, cfg.microbatch_size, s + k * P, P * V),
+                          group=self.pp_group)
+            for k, m in enumerate(chunks)
         ]
         self.step = 0
         for st in self.stages:

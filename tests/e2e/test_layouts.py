@@ -55,3 +55,14 @@ def test_stage_major_node_loss_pulls_the_lost_stage_from_the_peer(tmp_path: Path
     j = Journal.load(tmp_path / "out" / "faulted")
     tiers = {e["rank"]: e["tier"] for e in j.events("checkpoint_restored")}
     assert tiers == {0: "shm", 1: "shm", 2: "peer", 3: "peer"}  # node 1 held stage 1: ranks 2 and 3
+
+
+def test_batchnorm_statistics_are_snapshotted_at_the_step_boundary(tmp_path: Path, ref_cache: Path) -> None:
+    # Hole c: copied inside the bubbles, the running statistics of a version mixed microbatches of the next
+    # step; the restored state then differed from the reference's at the restored step (norm.running_mean).
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-batchnorm.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    (rec,) = v["recoveries"]
+    assert v["bitwise_equal"] and rec["restored_tier"] == "shm" and rec["restored_step"] == 11
+    j = Journal.load(tmp_path / "out" / "faulted")
+    assert any(k.endswith("norm.running_mean") for k in j.events("state", 0)[-1]["digests"]["model"])

@@ -300,3 +300,40 @@ def test_the_switch_interval_is_said_and_put_back(tmp_path: Path, caplog: pytest
         assert sys.getswitchinterval() == 0.005
     finally:
         sys.setswitchinterval(before)
+
+
+def test_a_relayout_waits_for_a_reader_of_the_slots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hole e: the persister thread reads a sealed version from its slot while the training thread may
+    # re-lay the slots out (the state's layout changed): the remap unmapped the slots under the reader.
+    import threading
+
+    import baft.bubble as bubble
+
+    st = make_state(0)
+    snap = BubbleSnapshotter(st, BAFT, tmp_path, rank=0)
+    try:
+        for _ in range(3):
+            step(st, snap)
+        reading, release = threading.Event(), threading.Event()
+        real = bubble._components
+
+        def slow(meta: bytes, data: torch.Tensor):
+            reading.set()
+            release.wait(10)
+            return real(meta, data)
+
+        monkeypatch.setattr(bubble, "_components", slow)
+        got: list[object] = []
+        reader = threading.Thread(target=lambda: got.append(snap.read_version(2)))
+        reader.start()
+        assert reading.wait(10)
+        relaid = threading.Thread(target=lambda: snap._relayout(snap.specs[:-1]))  # one tensor fewer
+        relaid.start()
+        relaid.join(0.3)
+        assert relaid.is_alive()  # it waits for the reader, instead of unmapping what the reader reads
+        release.set()
+        reader.join(10)
+        relaid.join(10)
+        assert isinstance(got[0], dict) and "model" in got[0] and not relaid.is_alive()
+    finally:
+        snap.close()

@@ -10,7 +10,8 @@ import torch
 
 from baft.slotfile import COMPLETE, copies, slot_header, slot_of
 from baft.snapshot import SnapshotBuffer
-from baft.store import ReplicationConfig, Store, StoreClient, StoreConfig, _Handler, _Server
+from baft.store import ReplicationConfig, Store, StoreConfig, _Handler, _Server
+from baft.storeclient import StoreClient
 from baft.wire import request
 from harness.run.nodeenv import free_port
 
@@ -294,3 +295,21 @@ def test_a_request_with_a_bad_rank_or_version_is_refused(two_stores) -> None:
         assert reply["ok"] is False and "integers" in reply["error"], reply
     reply, _ = request(addresses[0], {"op": "put", "rank": 0, "version": 1}, b"\0" * 64)  # not a slot's bytes
     assert reply["ok"] is False and "not a snapshot slot" in reply["error"], reply
+
+
+def test_a_discard_forgets_a_ranks_newer_copies_on_every_node(two_stores) -> None:
+    root, addresses = two_stores
+    client = StoreClient(addresses[0])
+    for v in (1, 2, 3):
+        client.sealed(0, v, seal(root / "node0", rank=0, version=v, fill=v))
+        wait_for(lambda: v in replicas_of(root / "node1", 0))
+    kept = {v for v, p in copies(root / "node0", 0) if p.name.startswith("kept-")}
+    assert 3 in kept
+    assert client.discard(0, 1) == sorted(v for v in kept if v > 1)  # this node's kept copies
+    assert replicas_of(root / "node1", 0) <= {1}  # and the peer's replicas, forwarded
+    assert not {v for v, p in copies(root / "node0", 0) if p.name.startswith("kept-") and v > 1}
+    # the worker's own slots are its own to mark: the store leaves them
+    assert {v for v, p in copies(root / "node0", 0) if p.name.startswith("rank-")} == {1, 2, 3}
+    reply, _ = request(addresses[0], {"op": "discard", "rank": 0, "version": "2"})
+    assert reply["ok"] is False and ">= -1" in reply["error"]
+    client.close()
