@@ -10,15 +10,14 @@ import pytest
 
 from tests.gloo_ranks import run_ranks
 
-RANK = """
+PRELUDE = """
 import json, os, sys
 import torch, torch.distributed as dist
-from baft import CheckpointConfig, TrainState, events, persist
-from baft.strategies import SyncStrategy
+from baft import CheckpointConfig, TrainState, dcpformat, events, persist
+from baft.strategies import AsyncDCPStrategy, CheckFreqStrategy, SyncStrategy
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-commit = persist.commit
 def refuse(*args, **kwargs):
     raise OSError(28, "No space left on device")
 seen = []
@@ -27,6 +26,10 @@ events.subscribe(lambda kind, fields: seen.append({"kind": kind, **{k: v for k, 
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 2)
 state = TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), step=1)
+"""
+
+RANK = PRELUDE + """
+commit = persist.commit
 strategy = SyncStrategy(CheckpointConfig(strategy="sync", every=1, dir=sys.argv[1]), state)
 if rank == 0:
     persist.commit = refuse  # what SyncStrategy calls to make the step the latest
@@ -49,25 +52,10 @@ def test_no_rank_journals_a_checkpoint_saved_that_rank_0_could_not_commit(tmp_pa
         assert "rank 0 commit" in seen[0]["reason"] and "No space left" in seen[0]["reason"]
 
 
-ASYNC = """
-import json, os, sys
-import torch, torch.distributed as dist
-from baft import CheckpointConfig, TrainState, dcpformat, events, persist
-from baft.strategies import AsyncDCPStrategy, CheckFreqStrategy
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
+ASYNC = PRELUDE + """
 name = sys.argv[2]
 module = dcpformat if name == "async-dcp" else persist
 commit = module.commit
-def refuse(*args, **kwargs):
-    raise OSError(28, "No space left on device")
-seen = []
-events.subscribe(lambda kind, fields: seen.append({"kind": kind, **{k: v for k, v in fields.items() if k in ("step", "reason")}})
-                 if kind in ("checkpoint_saved", "checkpoint_failed") else None)
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 2)
-state = TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), step=1)
 cls = AsyncDCPStrategy if name == "async-dcp" else CheckFreqStrategy
 strategy = cls(CheckpointConfig(strategy=name, every=1, dir=sys.argv[1]), state)
 strategy.attach(model)

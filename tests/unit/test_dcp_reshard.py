@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from baft import CheckpointConfig, TrainState
 from baft.strategies import BaftStrategy
+from tests.rank_step import train_step
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -34,14 +35,7 @@ config = CheckpointConfig(strategy="baft", every=2, dir=os.path.join(out, "ckpt"
 strategy = BaftStrategy(config, state)
 strategy.attach(model, mesh=mesh)
 for step in range(4):
-    strategy.begin_iteration()
-    torch.manual_seed(100 + 10 * step + rank)
-    model(torch.randn(4, 6)).pow(2).mean().backward()
-    strategy.before_optimizer_step()
-    state.optimizer.step()
-    state.optimizer.zero_grad()
-    state.step = step + 1
-    strategy.after_step()
+    train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(100 + 10 * step + rank)))
 strategy.close()  # persists step 4
 full = {"model": {k: v.full_tensor() for k, v in model.state_dict().items()},
         "moments": {i: {k: v.full_tensor() for k, v in s.items() if k != "step"}

@@ -17,6 +17,7 @@ import torch, torch.distributed as dist
 from baft import CheckpointConfig, TrainState, events
 from baft.slotfile import slot_of
 from baft.strategies import BaftStrategy
+from tests.rank_step import train_step
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -31,17 +32,11 @@ config = CheckpointConfig(strategy="baft", every=5, dir=os.path.join(out, "ckpt"
 strategy = BaftStrategy(config, state)
 strategy.attach(model)
 for step in range(12):
-    if rank == 1 and step == 5:
+    skip = rank == 1 and step == 5
+    if skip:
         strategy.snap.pinned.add(slot_of(5))  # version 5 is skipped on this rank only
-    strategy.begin_iteration()
-    if rank == 1 and step == 5:
-        strategy.snap.pinned.discard(slot_of(5))
-    model(torch.randn(4, 8)).pow(2).mean().backward()
-    strategy.before_optimizer_step()
-    state.optimizer.step()
-    state.optimizer.zero_grad()
-    state.step = step + 1
-    strategy.after_step()
+    train_step(strategy, state, step, torch.randn(4, 8),
+               after_begin=(lambda: strategy.snap.pinned.discard(slot_of(5))) if skip else None)
 strategy.close()
 with open(os.path.join(out, f"events-{rank}.json"), "w") as f:
     json.dump(seen, f)

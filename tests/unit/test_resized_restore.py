@@ -16,6 +16,7 @@ import json, os, sys
 import torch, torch.distributed as dist
 from baft import CheckpointConfig, TrainState, events
 from baft.strategies import BaftStrategy
+from tests.rank_step import train_step
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -38,15 +39,8 @@ def record(step):
                        for k, v in s.items()})
 record(start)
 for step in range(start, stop):
-    strategy.begin_iteration()
-    torch.manual_seed(step)  # every replica sees the same batch: their states stay equal
-    model(torch.randn(4, 8)).pow(2).mean().backward()
-    strategy.before_optimizer_step()
-    state.optimizer.step()
-    state.optimizer.zero_grad()
-    state.step = step + 1
-    strategy.after_step()
-    record(step + 1)
+    train_step(strategy, state, step, torch.randn(4, 8, generator=torch.Generator().manual_seed(step)))  # every
+    record(step + 1)  # replica sees the same batch: their states stay equal
 strategy.snap.close()  # a crash: nothing persisted at the end, the slots stay
 with open(os.path.join(out, f"{phase}-{rank}.json"), "w") as f:
     json.dump({"restored": restored, "states": seen}, f)

@@ -16,6 +16,7 @@ from baft import CheckpointConfig, TrainState, events
 from baft.slotfile import COMPLETE
 from baft.snapshot import SnapshotBuffer
 from baft.strategies import BaftStrategy
+from tests.rank_step import train_step
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -33,13 +34,7 @@ strategy.attach(model)
 start = strategy.restore() or 0
 held = sorted(i.version for i in SnapshotBuffer(__import__("pathlib").Path(shm), rank).open_existing() if i.state == COMPLETE)
 for step in range(start, 7 if phase == "a" else start):
-    strategy.begin_iteration()
-    model(torch.randn(4, 8)).pow(2).mean().backward()
-    strategy.before_optimizer_step()
-    state.optimizer.step()
-    state.optimizer.zero_grad()
-    state.step = step + 1
-    strategy.after_step()
+    train_step(strategy, state, step, torch.randn(4, 8))
 strategy.drain()
 strategy.snap.close()  # a crash: the slots stay
 with open(os.path.join(out, f"{phase}-{rank}.json"), "w") as f:

@@ -1,0 +1,21 @@
+"""One training iteration with a checkpoint strategy's hooks, for the rank scripts of the gloo tests
+(``tests.gloo_ranks``): the hooks in the order a training loop calls them, on a toy model."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def train_step(strategy: Any, state: Any, step: int, inputs: torch.Tensor, *, after_begin: Any = None) -> None:
+    """Iteration ``step`` on ``inputs`` (a squared-output loss); ``after_begin()`` runs once the step
+    boundary's hook has (a test's way to interfere with that iteration's snapshot)."""
+    strategy.begin_iteration()
+    if after_begin is not None:
+        after_begin()
+    state.model(inputs).pow(2).mean().backward()
+    strategy.before_optimizer_step()
+    state.optimizer.step()
+    state.optimizer.zero_grad()
+    state.step = step + 1
+    strategy.after_step()
