@@ -161,9 +161,8 @@ class BubbleSnapshotter:
         self.restored_version: int | None = None
         self._pending: dict[str, Any] | None = None
         self._jobs: dict[int, list[CopyJob]] = {}
-        self._boundary_jobs: dict[int, list[CopyJob]] = {}
-        """Per slot, the copies of the model's buffers: done at the step boundary (see :meth:`attach`)."""
-        self._buffer_names: set[str] = set()
+        self._staged: dict[str, torch.Tensor] = {}
+        """The model's buffers as they were at the last step boundary (see :meth:`_stage_buffers`)."""
         self._static: tuple[tuple, bytes | None] | None = None
         self.store = StoreClient(config.store) if config.store else None
         self.traffic: TrafficFlag | None = None
@@ -198,13 +197,7 @@ class BubbleSnapshotter:
         # backward needs and make this rank gather again on its own (a collective its peers never
         # join: the job hangs). Such a model's state dict is taken only at the step boundary. FSDP2
         # registers its hooks at the first forward, after this: its modules are recognised by type.
-        #
-        # Buffers may change in the forward (BatchNorm's running statistics move with every
-        # microbatch): copied inside the bubbles, a version would mix microbatches. They are copied
-        # at the step boundary, before the first forward, which needs the layout there too.
-        self._buffer_names = {f"model.{name}" for name, _ in self.state.model.named_buffers()}
-        self._layout_at_boundary = bool(self._buffer_names) or any(
-            _acts_on_state_dict(m) for m in self.state.model.modules())
+        self._layout_at_boundary = any(_acts_on_state_dict(m) for m in self.state.model.modules())
         self.profiler.attach(stage)
         if self.state.optimizer is not None:
             self.profiler.attach_optimizer(self.state.optimizer)
@@ -238,20 +231,31 @@ class BubbleSnapshotter:
         # these are taken now. Parameters, optimizer and scheduler stay put until the
         # optimizer step, so capturing them is part of the work done inside the bubbles.
         boundary = self.state.capture(only=BOUNDARY_COMPONENTS, omit=self.omit)
+        self._stage_buffers()
         if self._layout_at_boundary:
             self._current_layout()
             if self._static is not None and self._static[1] is None:
                 boundary["bulk_skeleton"] = split(self.state.capture(only=BULK_COMPONENTS, omit=self.omit))[0]
         pending: dict[str, Any] = {"version": version}
-        if self._layout_at_boundary and self._boundary_jobs.get(slot_of(version)):
-            t = time.perf_counter()
-            pending["slot"] = self._open_slot(version)
-            jobs = self._boundary_jobs[slot_of(version)]
-            for job in jobs:
-                job.dst.copy_(job.src)
-            pending["boundary_copy"] = (sum(j.src.numel() for j in jobs), time.perf_counter() - t)
         self._pending = pending
         self.engine.start([Task("prepare", lambda: self._prepare(version, boundary, pending))])
+
+    def _stage_buffers(self) -> None:
+        """Copy the model's buffers aside now, at the step boundary; the bubbles copy them from there.
+
+        Buffers may change in the forward (BatchNorm's running statistics move with every
+        microbatch): copied from the live tensors inside the bubbles, a version would mix
+        microbatches of the next step. They are small, so the copy costs little on the training
+        thread. A buffer that appears or changes shape gets new staging, and the copy jobs are
+        rebuilt (they read from it)."""
+        for name, buf in self.state.model.named_buffers():
+            buf = local_view(buf)
+            staged = self._staged.get(f"model.{name}")
+            if staged is None or staged.shape != buf.shape or staged.dtype != buf.dtype:
+                self._staged[f"model.{name}"] = buf.detach().clone()
+                self._static = None
+            else:
+                staged.copy_(buf)
 
     def _window_budget(self, window: int) -> float:
         """Seconds of snapshot work the current plan allows in the window at ``window``."""
@@ -283,8 +287,7 @@ class BubbleSnapshotter:
         if not self._layout_at_boundary:
             self._current_layout()
         static_meta = self._static[1]
-        if "slot" not in pending:
-            pending["slot"] = self._open_slot(version)
+        pending["slot"] = self._open_slot(version)
         dynamic = self._dynamic(boundary, full=static_meta is None)
         items: list[Item] = list(self._jobs[slot_of(version)])
         items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(self._static[1] or b"", codec.encode(dynamic)))))
@@ -314,19 +317,16 @@ class BubbleSnapshotter:
         specs = layout(tensors)
         if specs != self.specs:
             self._relayout(specs)
-        self._jobs, self._boundary_jobs = {}, {}
-        buffers = {i for i, (name, _) in enumerate(tensors) if name in self._buffer_names}
+        # a buffer is copied from its staging (the boundary's value), everything else from the live tensor
+        sources = [as_bytes(self._staged.get(name, t)) for name, t in tensors]
+        self._jobs = {}
         for k, slot in self.buffer.slots.items():
             data = slot.data()
-            jobs = [
-                (c.tensor in buffers,
-                 CopyJob(index=c.index, src=as_bytes(tensors[c.tensor][1])[c.tensor_offset : c.tensor_offset + c.nbytes],
-                         dst=data[c.offset : c.offset + c.nbytes]))
+            self._jobs[k] = [
+                CopyJob(index=c.index, src=sources[c.tensor][c.tensor_offset : c.tensor_offset + c.nbytes],
+                        dst=data[c.offset : c.offset + c.nbytes])
                 for c in self.mine
             ]
-            at_boundary = self._layout_at_boundary  # else the copies run in the bubbles, buffers too (none here)
-            self._jobs[k] = [j for b, j in jobs if not (b and at_boundary)]
-            self._boundary_jobs[k] = [j for b, j in jobs if b and at_boundary]
         static = {"model": skeleton.get("model"), "optimizer_state": (skeleton.get("optimizer") or {}).get("state")}
         meta_static = {
             "layout": [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in self.specs or []],
@@ -375,9 +375,6 @@ class BubbleSnapshotter:
         if (self.store is not None and version % self.config.replicate_every == 0
                 and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)))):
             events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
-        if "boundary_copy" in pending:  # the buffers, copied on the training thread at the boundary
-            stats.stall_bytes += pending["boundary_copy"][0]
-            stats.stall_seconds += pending["boundary_copy"][1]
         self.last_stats = stats
         if stats.bandwidth > 0:
             self.bandwidth = 0.7 * self.bandwidth + 0.3 * stats.bandwidth

@@ -51,6 +51,19 @@ def run_cli(scenario: Path | dict[str, Any], out: Path, cache: Path,
     return rc, buf.getvalue(), verdict
 
 
+def delivered(run_dir: Path, node: int, ranks: list[int]) -> tuple[float, set[int]]:
+    """When node ``node`` was lost (its ``node_loss`` fault) and the versions of which node's store had
+    delivered every one of ``ranks``'s replicas to its peer before that: what a restore from memory can
+    use. How far replication gets depends on the machine's load, so tests of node loss judge the
+    restore against this rather than a fixed number of steps."""
+    from analysis.journal import Journal, read_events
+
+    (lost,) = [e["t"] for e in Journal.load(run_dir).events("fault") if e.get("fault") == "node_loss"]
+    sent = [e for e in read_events(run_dir / "journal" / f"store-node{node}.jsonl")
+            if e["event"] == "replicated" and e["t"] < lost]
+    return lost, set.intersection(*({e["version"] for e in sent if e["rank"] == r} for r in ranks))
+
+
 def kill_pair(name: str = "kill-rank0-step12") -> tuple[dict[str, Any], dict[str, Any]]:
     """A passing scenario and its negative control (the RNG left out of the checkpoint), sharing one
     reference: what the suite and the pytest plugin tests judge, and the spine's ``rng`` control."""

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.journal import Journal, read_events
+from analysis.journal import Journal
 from baft import persist
 from injectors.process import KillConfig
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, delivered, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CI = ROOT / "scenarios" / "ci"
@@ -146,17 +146,14 @@ def test_a_node_lost_for_good_leaves_an_elastic_job_on_fewer_replicas(tmp_path: 
     # loaded CI machine the peer's replicas lag): if both of node 1's ranks had delivered a version no older
     # than the newest persistent checkpoint to node 0's store, the restore must use memory; otherwise it
     # must fall back to that checkpoint, unless a copy still in flight arrived (its sender died unjournaled).
-    (lost,) = [e["t"] for e in j.events("fault") if e.get("fault") == "node_loss"]
+    lost, sent = delivered(tmp_path / "out" / "faulted", 1, [2, 3])
     floor = max(e["step"] for e in j.events("checkpoint_saved", 0) if e["tier"] == "persistent" and e["t"] < lost)
-    sent = [e for e in read_events(tmp_path / "out" / "faulted" / "journal" / "store-node1.jsonl")
-            if e["event"] == "replicated" and e["t"] < lost]
-    delivered = {e["version"] for e in sent if e["rank"] == 2} & {e["version"] for e in sent if e["rank"] == 3}
-    fresh = [s for s in delivered if s >= floor]
+    fresh = [s for s in sent if s >= floor]
     if fresh:
-        assert rec["restored_tier"] == "shm" and rec["restored_step"] >= max(fresh), (rec, floor, delivered)
+        assert rec["restored_tier"] == "shm" and rec["restored_step"] >= max(fresh), (rec, floor, sent)
     else:
         assert (rec["restored_tier"], rec["restored_step"]) == ("persistent", floor) or (
-            rec["restored_tier"] == "shm" and rec["restored_step"] >= floor), (rec, floor, delivered)
+            rec["restored_tier"] == "shm" and rec["restored_step"] >= floor), (rec, floor, sent)
     if rec["restored_tier"] == "shm":
         (restored,) = {(e["step"], e.get("resized_from")) for e in j.events("checkpoint_restored")}
         assert restored[1] == 2  # rebuilt from two replicas' shares

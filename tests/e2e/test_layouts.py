@@ -10,7 +10,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from analysis.journal import Journal
 from baft import persist
 
-from .conftest import ROOT, run_cli
+from .conftest import ROOT, delivered, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -52,6 +52,8 @@ def test_stage_major_node_loss_pulls_the_lost_stage_from_the_peer(tmp_path: Path
     assert rc == 0, out
     (rec,) = v["recoveries"]
     assert v["bitwise_equal"] and rec["restored_tier"] == "peer+shm", rec
+    _, sent = delivered(tmp_path / "out" / "faulted", 1, [2, 3])
+    assert rec["restored_step"] >= max(sent), (rec, sorted(sent))  # the newest both had delivered
     j = Journal.load(tmp_path / "out" / "faulted")
     tiers = {e["rank"]: e["tier"] for e in j.events("checkpoint_restored")}
     assert tiers == {0: "shm", 1: "shm", 2: "peer", 3: "peer"}  # node 1 held stage 1: ranks 2 and 3
