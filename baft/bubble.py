@@ -106,12 +106,17 @@ def _static_meta(slot: Slot) -> dict[str, Any] | None:
     return out if isinstance(out, dict) else None
 
 
+def _writer_place(slot: Slot) -> tuple[int, int]:
+    """(replica, replicas) of whoever wrote the version in ``slot``: which share of the tensors it holds."""
+    meta = _static_meta(slot) or {}
+    return int(meta.get("replica", 0)), int(meta.get("replicas", 1))
+
+
 def _saved_replicas(buffer: SnapshotBuffer, complete: dict[int, int]) -> int:
     """How many data-parallel replicas made the newest complete version in ``buffer`` (0: none)."""
     if not complete:
         return 0
-    meta = _static_meta(buffer.slots[complete[max(complete)]]) or {}
-    return int(meta.get("replicas", 1))
+    return _writer_place(buffer.slots[complete[max(complete)]])[1]
 
 
 def _acts_on_state_dict(module: torch.nn.Module) -> bool:
@@ -516,8 +521,7 @@ class BubbleSnapshotter:
                 if info is None or info.state != COMPLETE or info.version != version:
                     ok = False
                     break
-                meta_d = _static_meta(slot) or {}
-                if (meta_d.get("replica", 0), meta_d.get("replicas", 1)) != (d, saved):
+                if _writer_place(slot) != (d, saved):
                     ok = False  # not the share this old rank held in the world being restored
                     break
                 part = slot.data()
@@ -558,7 +562,6 @@ class BubbleSnapshotter:
     def _written_as_mine(self, slot: Slot) -> bool:
         """Whether ``slot``'s version was written by this rank's place among this many replicas: a version
         an earlier world wrote (before an elastic restart) holds another share of the tensors."""
-        meta = _static_meta(slot) or {}
-        return (meta.get("replica", 0), meta.get("replicas", 1)) == (self.replica, self.replicas)
+        return _writer_place(slot) == (self.replica, self.replicas)
 
 
