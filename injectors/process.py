@@ -138,8 +138,12 @@ class NodeLossConfig(PointFault):
 
 
 #: What the command line of multiprocessing's own helper processes runs: the fork server (torchrun's
-#: ``forkserver`` start method, see harness.run.agent) and the resource tracker.
+#: ``forkserver`` start method) and the resource tracker.
 MP_HELPERS = (b"from multiprocessing.forkserver import", b"from multiprocessing.resource_tracker import")
+
+#: The process name (``/proc/PID/comm``, at most 15 bytes) of a fork server forked from its agent
+#: (harness.run.agent), whose command line is the agent's own.
+FORK_SERVER_NAME = b"baft-forkserver"
 
 
 def _parent(pid: int) -> int | None:
@@ -152,9 +156,10 @@ def _parent(pid: int) -> int | None:
 def _mp_helper(pid: int) -> bool:
     try:
         cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+        comm = (Path("/proc") / str(pid) / "comm").read_bytes().strip()
     except OSError:
         return False
-    return any(h in cmdline for h in MP_HELPERS)
+    return comm == FORK_SERVER_NAME or any(h in cmdline for h in MP_HELPERS)
 
 
 def descendants(pid: int) -> list[tuple[int, str]]:

@@ -64,7 +64,12 @@ def default_cache_dir() -> Path:
 
 def _reference_workload(workload: WorkloadConfig) -> WorkloadConfig:
     """The workload the reference runs: the same, without a planted bug (a mutant lives only in
-    the faulted run)."""
+    the faulted run), and the built-in one on a single node: its training depends on the ranks, not
+    on how they are spread over agents, so the reference of 4 ranks on 2 nodes is that of 4 ranks on
+    one (one agent to start instead of two, and one cache entry for both). A user's script keeps its
+    nodes: it may read ``LOCAL_RANK`` or ``LOCAL_WORLD_SIZE``."""
+    if workload.script is None:
+        return dataclasses.replace(workload, mutant=None, nodes=1)
     return dataclasses.replace(workload, mutant=None)
 
 
@@ -111,7 +116,7 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
         shutil.rmtree(tmp, ignore_errors=True)
         spec = WorkerSpec(workload=_reference_workload(workload), checkpoint=CheckpointConfig(strategy="none"))
         try:
-            result = launch(tmp, spec, LaunchConfig(nodes=workload.nodes, world_size=workload.world_size,
+            result = launch(tmp, spec, LaunchConfig(nodes=spec.workload.nodes, world_size=workload.world_size,
                                                     max_restarts=0, timeout=timeout, script=script_command(workload)))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a reference cut short is never cached, nor left behind

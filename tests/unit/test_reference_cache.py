@@ -69,3 +69,23 @@ def test_a_failed_reference_is_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_p
     with pytest.raises(runner.LaunchError):
         runner.ensure_reference(WorkloadConfig(), tmp_path, 10)
     assert not [p for p in (tmp_path / "reference").iterdir() if p.suffix != ".lock" and (p / "complete").exists()]
+
+
+def test_the_built_in_reference_runs_on_one_node_and_a_script_keeps_its_nodes(monkeypatch: pytest.MonkeyPatch,
+                                                                              tmp_path: Path) -> None:
+    two = WorkloadConfig(stages=2, data_parallel=2, nodes=2)
+    assert runner.reference_key(two) == runner.reference_key(WorkloadConfig(stages=2, data_parallel=2, nodes=1))
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert (runner.reference_key(WorkloadConfig(script=str(script), nproc=2, nodes=2))
+            != runner.reference_key(WorkloadConfig(script=str(script), nproc=2, nodes=1)))
+    launched = []
+
+    def fake_launch(run_dir: Path, spec, config):
+        launched.append((spec.workload.nodes, config.nodes, config.world_size))
+        (run_dir / "journal").mkdir(parents=True)
+        return LaunchResult(returncodes=[0], timed_out=False, seconds=0.1)
+
+    monkeypatch.setattr(runner, "launch", fake_launch)
+    runner.ensure_reference(two, tmp_path / "cache", timeout=60)
+    assert launched == [(1, 1, 4)]  # the four ranks on one agent
