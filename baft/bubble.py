@@ -179,6 +179,8 @@ class BubbleSnapshotter:
         """This writer's :func:`owner_tag`, once the layout is known."""
         self.placements: dict[str, Any] = {}
         """Where the DTensors among the bulk tensors lie (:meth:`TrainState.placements`), with the layout."""
+        self.param_names: dict[int, str] = {}
+        """The optimizer's parameter index -> name (:meth:`TrainState.param_names`), with the layout."""
         self._layout_at_boundary = False
         """Whether the model's state dict may only be taken at the step boundary (see :meth:`attach`)."""
         self._foreign: set[int] = set()
@@ -319,6 +321,7 @@ class BubbleSnapshotter:
         components = self.state.capture(only=BULK_COMPONENTS, omit=self.omit)
         skeleton, tensors = split(components)
         self.placements = self.state.placements()
+        self.param_names = self.state.param_names()
         specs = layout(tensors)
         if specs != self.specs:
             self._relayout(specs)

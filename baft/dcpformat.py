@@ -1,18 +1,27 @@
 """The persistent tier in ``torch.distributed.checkpoint`` (DCP) format.
 
-What a rank contributes to the DCP state dict:
+What a rank contributes to the DCP state dict, keyed the way
+``torch.distributed.checkpoint.state_dict.get_state_dict`` keys a model and its optimizer
+(fully qualified names), so a stock ``dcp.load`` reads it into a model laid out otherwise:
 
-``stage<S>/<component>.<path>``   every bulk tensor (parameters, buffers, optimizer
-                                  tensors) of pipeline stage S, under a key shared
-                                  by its data-parallel replicas; a DTensor (FSDP2,
-                                  tensor parallelism) as the DTensor, so DCP stores
-                                  the whole tensor from its shards and a load into
-                                  another sharding (or none) reshards it;
-``stage<S>.shard<K>/...``         a plain tensor of a rank that holds piece K of a
-                                  sharded stage (its own copy: a buffer, a step);
+``model.<fqn>``                   a parameter or buffer of the model (a DTensor, from FSDP2 or tensor
+                                  parallelism, as the DTensor: DCP stores the whole tensor from its
+                                  shards and a load into another sharding, or none, reshards it);
+``optimizer.state.<fqn>.<name>``  the optimizer's per-parameter state (Adam's ``exp_avg``, ``step``),
+                                  keyed by its parameter's name instead of its index;
+``stage<S>/<component>.<path>``   what has no such name, and any name two pipeline stages both use
+                                  (the stages' modules named alike, not after the whole model: the
+                                  stage key keeps them apart; a ``checkpoint_keys`` event says which);
+``stage<S>.shard<K>/...``         a plain buffer of a rank that holds piece K of a sharded stage (its
+                                  own copy: BatchNorm statistics of its part of the batch);
 ``rank<R>/meta``                  a uint8 tensor holding ``torch.save`` of the rest
                                   (RNGs, data position, scheduler, step, optimizer
                                   hyper-parameters) with a marker for each bulk tensor.
+
+Data-parallel replicas of a stage write the same keys (each its share of them, ``owned``); a
+model whose stages keep the whole model's names (torchtitan's: each stage the whole model with the
+other layers deleted) gives keys that a job with another stage count, or one process holding the
+whole model, loads with stock DCP (:func:`load_model`).
 
 Only tensors go into DCP, so a plain ``dcp.load`` reads the checkpoint and
 nothing is unpickled beyond ``weights_only=True``: the default DCP load planner
@@ -26,6 +35,7 @@ files fsynced) or an fsspec URL (DCP's ``FsspecWriter``/``FsspecReader``).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -33,7 +43,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, StorageReader, StorageWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from . import persist, storage
+from . import events, persist, storage
 from .errors import CheckpointCorrupt
 from .layout import MARKER, split
 from .state import Placement, is_dtensor, placement_for
@@ -47,20 +57,66 @@ def meta_key(rank: int) -> str:
     return f"rank{rank}/meta"
 
 
+def dcp_keys(tensors: list[tuple[str, Any]], stage_key: str, shard_key: str | None = None,
+             param_names: Mapping[int, str] | None = None) -> list[str]:
+    """The DCP key of each bulk tensor (``(path, tensor)`` in :func:`baft.layout.split` order): its
+    fully qualified name where every rank that holds it holds the same values (module docstring),
+    else under the stage's (or the shard's) key."""
+    names = param_names or {}
+    params = set(names.values())
+    keys = []
+    for path, t in tensors:
+        comp, _, rest = path.partition(".")
+        idx, _, leaf = rest.removeprefix("state.").partition(".")
+        if comp == "model" and (shard_key is None or is_dtensor(t) or rest in params):
+            keys.append(path)
+        elif comp == "optimizer" and rest.startswith("state.") and idx.isdigit() and int(idx) in names and leaf:
+            keys.append(f"optimizer.state.{names[int(idx)]}.{leaf}")
+        else:
+            keys.append(f"{shard_key if shard_key and not is_dtensor(t) else stage_key}/{path}")
+    return keys
+
+
+def shared_by_stages(keys: list[str], stage_key: str, process_group: Any = None) -> set[str]:
+    """The unprefixed keys of ``keys`` that ranks of another stage also write (collective over
+    ``process_group``, every rank with its own keys): DCP would keep one of them, so those go under
+    the stage key instead. Outside a process group, none."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return set()
+    mine = sorted(k for k in keys if "/" not in k)
+    everyone: list[Any] = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(everyone, (stage_key, mine), group=process_group)
+    stages_of: dict[str, set[str]] = {}
+    for stage, ks in everyone:
+        for k in ks:
+            stages_of.setdefault(k, set()).add(stage)
+    return {k for k in mine if len(stages_of[k]) > 1}
+
+
 def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: set[int] | None = None, *,
-                  shard_key: str | None = None, placements: dict[str, Placement] | None = None) -> dict[str, torch.Tensor]:
-    """The DCP state dict of one rank. ``owned``: indices of the bulk tensors this rank writes
-    (data-parallel replicas split them); None: all. ``placements`` (:meth:`TrainState.placements`):
-    local shards in ``components`` that are DTensors' are written as those DTensors."""
+                  shard_key: str | None = None, placements: dict[str, Placement] | None = None,
+                  param_names: Mapping[int, str] | None = None, process_group: Any = None) -> dict[str, torch.Tensor]:
+    """The DCP state dict of one rank (collective over ``process_group``: :func:`shared_by_stages`).
+    ``owned``: indices of the bulk tensors this rank writes (data-parallel replicas split them);
+    None: all. ``placements`` (:meth:`TrainState.placements`): local shards in ``components`` that are
+    DTensors' are written as those DTensors. ``param_names`` (:meth:`TrainState.param_names`): the
+    optimizer's parameter index -> name, for its FQN keys."""
     skeleton, tensors = split(components)
     if placements:
         tensors = [(name, p.wrap(t) if (p := placement_for(placements, name, tuple(t.shape), local=True)) else t)
                    for name, t in tensors]
-    names = [f"{stage_key if is_dtensor(t) else shard_key or stage_key}/{name}" for name, t in tensors]
+    names = dcp_keys(tensors, stage_key, shard_key, param_names)
+    if shared := shared_by_stages(names, stage_key, process_group):
+        names = [f"{stage_key}/{tensors[i][0]}" if k in shared else k for i, k in enumerate(names)]
+        events.emit("checkpoint_keys", stage_keyed=len(shared), example=min(shared),
+                    why="another pipeline stage's module has a tensor of the same name; name stage modules "
+                        "after the whole model for keys that reshard across stage counts")
     sd: dict[str, torch.Tensor] = {
         names[i]: t for i, (_, t) in enumerate(tensors) if owned is None or i in owned
     }
-    blob = persist.serialize({"skeleton": skeleton, "names": names})
+    blob = persist.serialize({"skeleton": skeleton, "names": names, "paths": [name for name, _ in tensors]})
     sd[meta_key(rank)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
     return sd
 
@@ -126,13 +182,14 @@ def load(root: Root, step: int, rank: int, process_group: Any = None, *,
     dcp.load(blob, storage_reader=reader(root, step), process_group=process_group)
     meta = persist.deserialize(blob[key].numpy().tobytes())
     names: list[str] = meta["names"]
+    paths: list[str] = meta.get("paths") or [n.split("/", 1)[1] for n in names]  # before FQN keys: all prefixed
     template: dict[str, Any] = {}
-    for name in names:
+    for name, path in zip(names, paths):
         item = md.get(name)
         if not isinstance(item, TensorStorageMetadata):
             raise KeyError(f"{d}: no tensor {name} (named by {key})")
         size, dtype = tuple(item.size), item.properties.dtype
-        p = placement_for(placements or {}, name.split("/", 1)[1], size, local=False)
+        p = placement_for(placements or {}, path, size, local=False)
         template[name] = p.empty(dtype) if p is not None and p.shape == size else torch.empty(size, dtype=dtype)
     dcp.load(template, storage_reader=reader(root, step), process_group=process_group)
 
@@ -148,3 +205,27 @@ def load(root: Root, step: int, rank: int, process_group: Any = None, *,
         return tree
 
     return fill(meta["skeleton"])
+
+
+def load_model(root: Root, model: torch.nn.Module, step: int | None = None) -> int:
+    """Load the model tensors of a committed DCP checkpoint (the newest, or ``step``) into ``model``,
+    by name, with stock ``dcp.load``: any module whose names are the job's, laid out any way (one
+    process holding the whole model, another stage count, another sharding: a DTensor loads as its
+    shard). Returns the step. Call it in a process group as DCP does, or without one in one process."""
+    import torch.distributed as dist
+
+    if step is None:
+        steps = persist.committed_steps(root)
+        if not steps:
+            raise CheckpointCorrupt(f"{root}: no committed checkpoint")
+        step = steps[0]
+    live = model.state_dict()
+    md = reader(root, step).read_metadata().state_dict_metadata
+    missing = [k for k in live if f"model.{k}" not in md]
+    if missing:
+        raise KeyError(f"{persist.step_dir(root, step)}: no model.{missing[0]} (and {len(missing) - 1} more "
+                       "missing); the checkpoint's stages name their tensors otherwise")
+    sd = {f"model.{k}": v for k, v in live.items()}
+    dcp.load(sd, storage_reader=reader(root, step), no_dist=not (dist.is_available() and dist.is_initialized()))
+    model.load_state_dict({k: sd[f"model.{k}"] for k in live})
+    return step

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.campaign.fuzz import LAYOUTS
 from harness.cliconfig import add_config_arguments, config_from_args, flag_error
 from harness.errors import Cancelled, HarnessError, UsageError
 
@@ -75,6 +76,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     fz.add_argument("--budget", type=int, default=10, help="generated schedules to try (default 10)")
     fz.add_argument("--shrink-budget", type=int, dest="shrink_budget", help="more runs to shrink a failure (default 2x budget)")
     fz.add_argument("--max-faults", type=int, default=3, dest="max_faults", help="faults per schedule at most (default 3)")
+    fz.add_argument("--layout", choices=sorted(LAYOUTS), help="run the base scenario's workload on this layout "
+                    "(pp-fsdp: PP2 x FSDP2; pp-tp: PP2 x TP2; stage-major-dp: PP2 x DP2, stage-major, on 2 nodes)")
+    fz.add_argument("--vary-policy", action="store_true", dest="vary_policy",
+                    help="draw the checkpoint's every (and baft's replicate_every) with each schedule")
     fz.add_argument("--out", type=Path, help="output directory (default runs/fuzz-NAME-TIMESTAMP)")
     fz.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
     rep = sub.add_parser("report", help="write report.html, report.md and plots for a run (or suite) directory")
@@ -210,7 +215,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     if args.budget < 1 or args.max_faults < 1 or (args.shrink_budget is not None and args.shrink_budget < 0):
         raise UsageError("--budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)")
     out = args.out or Path("runs") / f"fuzz-{args.scenario.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget)
+    r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget,
+             layout=args.layout, vary_policy=args.vary_policy)
     failed = sum(not t.passed for t in r.trials)
     print(f"{len(r.trials)} trials, {failed} failed; fuzz.json: {out / 'fuzz.json'}")
     if r.minimal_file is None:

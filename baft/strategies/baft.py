@@ -141,7 +141,8 @@ class BaftStrategy(Strategy):
         events.emit("phase", phase="persist", step=version)
         rank, world = rank_world()
         sd = dcpformat.to_state_dict(components, rank, self.stage_key, snap.owned_tensors(), shard_key=self.shard_key,
-                                     placements=snap.placements)
+                                     placements=snap.placements, param_names=snap.param_names,
+                                     process_group=self.group)
         try:
             dcpformat.save(self.root, version, sd, self.group)  # DCP raises a write error on every rank
         except WRITE_ERRORS as e:

@@ -35,6 +35,8 @@ class Trial:
     passed: bool
     out: Path
     why: list[str] = field(default_factory=list)
+    policy: dict[str, Any] | None = None
+    """The checkpoint policy it ran with, when the campaign draws it (None: the scenario's)."""
 
 
 @dataclass(slots=True)
@@ -45,14 +47,36 @@ class FuzzResult:
     minimal_file: Path | None
 
 
+#: ``baft fuzz --layout NAME``: the workload keys each layout sets on the base scenario.
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "pp-fsdp": {"stages": 2, "data_parallel": 1, "dp_shard": 2, "tp": 1, "layout": "replica-major"},
+    "pp-tp": {"stages": 2, "data_parallel": 1, "dp_shard": 1, "tp": 2, "layout": "replica-major", "model": "gpt-tiny"},
+    "stage-major-dp": {"stages": 2, "data_parallel": 2, "dp_shard": 1, "tp": 1, "layout": "stage-major", "nodes": 2},
+}
+
+
+def with_layout(data: dict[str, Any], layout: str) -> dict[str, Any]:
+    """The base scenario on one of :data:`LAYOUTS`."""
+    if layout not in LAYOUTS:
+        raise ScenarioError("--layout", "", f"one of {', '.join(LAYOUTS)}", layout)
+    out = copy.deepcopy(data)
+    out["name"] = f"{data['name']}-{layout}"
+    out["workload"] = {**(data.get("workload") or {}), **LAYOUTS[layout]}
+    return out
+
+
+def _world(w: dict[str, Any]) -> int:
+    return int(w.get("stages", 2)) * int(w.get("data_parallel", 1)) * int(w.get("dp_shard", 1)) * int(w.get("tp", 1))
+
+
 def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
     """A hypothesis strategy of fault lists valid for the scenario's workload and strategy."""
     from hypothesis import strategies as st
 
     w = data.get("workload") or {}
-    stages, dp, nodes = int(w.get("stages", 2)), int(w.get("data_parallel", 1)), int(w.get("nodes", 1))
+    nodes = int(w.get("nodes", 1))
     steps = int(w.get("steps", 30))
-    world = stages * dp
+    world = _world(w)  # every rank of the layout, sharded ones too
     strategy = TRAITS.get((data.get("checkpoint") or {}).get("strategy", "none"), Traits())
     phases = LOOP_PHASES + strategy.step_phases  # what every step announces under this strategy
     step = st.integers(1, max(1, steps - 2))
@@ -68,11 +92,29 @@ def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
     return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults)
 
 
-def with_schedule(data: dict[str, Any], schedule: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    """The scenario with ``schedule`` as its faults and enough restarts for them."""
+def policies(data: dict[str, Any]) -> Any:
+    """A hypothesis strategy of checkpoint policies around the scenario's: ``every`` and, under
+    ``baft``, ``replicate_every`` drawn (shrinking toward 1); the rest as the scenario has it."""
+    from hypothesis import strategies as st
+
+    ck = dict(data.get("checkpoint") or {})
+    steps = int((data.get("workload") or {}).get("steps", 30))
+    top = max(1, min(8, steps // 2))
+    fields: dict[str, Any] = {"every": st.integers(1, top)}
+    if ck.get("strategy") == "baft":
+        fields["replicate_every"] = st.integers(1, 6)
+    return st.fixed_dictionaries(fields).map(lambda drawn: {**ck, **drawn})
+
+
+def with_schedule(data: dict[str, Any], schedule: list[dict[str, Any]], name: str,
+                  checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The scenario with ``schedule`` as its faults (and ``checkpoint`` as its policy, if given) and
+    enough restarts for them."""
     out = copy.deepcopy(data)
     out["name"] = name
     out["faults"] = schedule
+    if checkpoint is not None:
+        out["checkpoint"] = checkpoint
     run = dict(out.get("run") or {})
     run["max_restarts"] = max(int(run.get("max_restarts", 3)), len(schedule) + 1)
     out["run"] = run
@@ -84,17 +126,23 @@ class _Spent(Exception):
 
 
 def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None, max_faults: int = 3,
-         shrink_budget: int | None = None,
+         shrink_budget: int | None = None, *, layout: str | None = None, vary_policy: bool = False,
          echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> FuzzResult:
     """Run up to ``budget`` generated schedules; once one fails, up to ``shrink_budget`` more
-    (default ``2 * budget``) to shrink it. The search is deterministic: the same scenario and
-    budget try the same schedules."""
+    (default ``2 * budget``) to shrink it. ``layout`` (:data:`LAYOUTS`) sets the workload's layout;
+    ``vary_policy`` draws the checkpoint intervals too (:func:`policies`). The search is
+    deterministic: the same scenario and budget try the same schedules."""
     from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis import strategies as st
     from hypothesis.errors import NoSuchExample
 
     from harness.run.runner import run_scenario
 
     data = yaml.safe_load(scenario_file.read_text())
+    if not isinstance(data, dict) or "name" not in data:
+        raise ScenarioError(str(scenario_file), "name", "a scenario mapping with a name", type(data).__name__)
+    if layout is not None:
+        data = with_layout(data, layout)
     parse(data, str(scenario_file))  # the base scenario must be valid
     base = data["name"]
     out.mkdir(parents=True, exist_ok=True)
@@ -103,61 +151,66 @@ def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None,
 
     limit = budget + (2 * budget if shrink_budget is None else shrink_budget)
 
-    def fails(schedule: list[dict[str, Any]]) -> bool:
-        key = json.dumps(schedule, sort_keys=True)
+    def fails(drawn: tuple[dict[str, Any] | None, list[dict[str, Any]]]) -> bool:
+        policy, schedule = drawn
+        key = json.dumps(drawn, sort_keys=True)
         if key in seen:
             return not seen[key].passed
         n = len(trials)
         if n >= limit:
             raise _Spent
-        candidate = with_schedule(data, schedule, f"{base}-trial-{n:03d}")
+        candidate = with_schedule(data, schedule, f"{base}-trial-{n:03d}", policy)
         try:
             scenario = parse(candidate, f"{scenario_file} (trial {n})")
         except ScenarioError as e:  # a schedule this scenario cannot run (e.g. more restarts than allowed)
             echo(f"trial {n:03d}: skipped ({e.expected})")
-            seen[key] = Trial(schedule, True, out, [f"invalid: {e}"])
+            seen[key] = Trial(schedule, True, out, [f"invalid: {e}"], policy)
             return False
         run_dir = out / f"trial-{n:03d}"
         try:
             v = run_scenario(scenario, run_dir, cache, report=False)
-            trial = Trial(schedule, v.passed, run_dir, list(v.failures))
+            trial = Trial(schedule, v.passed, run_dir, list(v.failures), policy)
         except HarnessError as e:
-            trial = Trial(schedule, False, run_dir, [f"harness error: {e}"])
+            trial = Trial(schedule, False, run_dir, [f"harness error: {e}"], policy)
         trials.append(trial)
         seen[key] = trial
-        echo(f"trial {n:03d}: {'passed' if trial.passed else 'FAILED'}  {_describe(schedule)}"
+        echo(f"trial {n:03d}: {'passed' if trial.passed else 'FAILED'}  {_describe(schedule, policy)}"
              + ("" if trial.passed else f"  ({'; '.join(trial.why)[:120]})"))
         return not trial.passed
 
     cfg = settings(max_examples=budget, deadline=None, database=None, derandomize=True,
                    phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck))
     minimal: list[dict[str, Any]] | None = None
+    minimal_policy: dict[str, Any] | None = None
     minimal_file = None
+    drawn = st.tuples(policies(data) if vary_policy else st.none(), schedules(data, max_faults))
     try:
-        minimal = find(schedules(data, max_faults), fails, settings=cfg)
+        minimal_policy, minimal = find(drawn, fails, settings=cfg)
     except NoSuchExample:
         pass
     except _Spent:  # shrinking cut short: the smallest failure seen so far
-        failed = [t.schedule for t in trials if not t.passed]
-        minimal = min(failed, key=lambda sch: (len(sch), sum(next(iter(f.values()))["at_step"] for f in sch)))
+        failed = [t for t in trials if not t.passed]
+        smallest = min(failed, key=lambda t: (len(t.schedule), sum(next(iter(f.values()))["at_step"] for f in t.schedule)))
+        minimal, minimal_policy = smallest.schedule, smallest.policy
         echo(f"trial budget ({limit}) spent while shrinking; keeping the smallest failure seen")
     if minimal is not None:
-        doc = with_schedule(data, minimal, f"{base}-minimal")
+        doc = with_schedule(data, minimal, f"{base}-minimal", minimal_policy)
         doc["description"] = (f"The smallest failing fault schedule `baft fuzz` found for {scenario_file.name}: "
-                              f"{_describe(minimal)}. It failed with: "
-                              + "; ".join(seen[json.dumps(minimal, sort_keys=True)].why))
+                              f"{_describe(minimal, minimal_policy)}. It failed with: "
+                              + "; ".join(seen[json.dumps((minimal_policy, minimal), sort_keys=True)].why))
         minimal_file = out / "minimal.yaml"
         minimal_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
     (out / "fuzz.json").write_text(json.dumps({
-        "scenario": str(scenario_file), "budget": budget,
-        "trials": [{"schedule": t.schedule, "passed": t.passed, "out": str(t.out), "failures": t.why} for t in trials],
+        "scenario": str(scenario_file), "budget": budget, "layout": layout, "workload": data.get("workload"),
+        "trials": [{"schedule": t.schedule, "checkpoint": t.policy, "passed": t.passed, "out": str(t.out),
+                    "failures": t.why} for t in trials],
         "minimal": minimal, "minimal_file": str(minimal_file) if minimal_file else None,
     }, indent=2) + "\n")
     return FuzzResult(trials=trials, minimal=minimal, minimal_file=minimal_file)
 
 
-def _describe(schedule: list[dict[str, Any]]) -> str:
-    parts = []
+def _describe(schedule: list[dict[str, Any]], policy: dict[str, Any] | None = None) -> str:
+    parts = [] if policy is None else [" ".join(f"{k}={policy[k]}" for k in ("every", "replicate_every") if k in policy) + ":"]
     for f in schedule:
         ((kind, body),) = f.items()
         target = f"node {body['node']}" if "node" in body else f"rank {body['rank']}"

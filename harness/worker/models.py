@@ -86,18 +86,21 @@ class MLPBlock(nn.Module):
 
 
 class Stage(nn.Module):
-    """One pipeline stage: an optional input part, some blocks, an optional output part."""
+    """One pipeline stage: an optional input part, some blocks, an optional output part. Its tensors
+    keep the whole model's names (``blocks.<i>`` with i the block's index in the whole model, as
+    torchtitan keeps a stage's layers), so every stage's checkpoint keys are distinct and load into
+    the same model split into any number of stages."""
 
-    def __init__(self, embed: nn.Module | None, blocks: list[nn.Module], head: nn.Module | None) -> None:
+    def __init__(self, embed: nn.Module | None, blocks: dict[int, nn.Module], head: nn.Module | None) -> None:
         super().__init__()
         self.embed = embed
-        self.blocks = nn.ModuleList(blocks)
+        self.blocks = nn.ModuleDict({str(i): b for i, b in blocks.items()})
         self.head = head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
-        for b in self.blocks:
+        for b in self.blocks.values():
             x = b(x)
         if self.head is not None:
             x = self.head(x)
@@ -121,7 +124,8 @@ def build_stage(shape: ModelShape, seed: int, stage: int, stages: int) -> Stage:
     per, extra = divmod(len(blocks), stages)
     start = stage * per + min(stage, extra)
     stop = start + per + (1 if stage < extra else 0)
-    return Stage(embed if stage == 0 else None, blocks[start:stop], head if stage == stages - 1 else None)
+    return Stage(embed if stage == 0 else None, {i: blocks[i] for i in range(start, stop)},
+                 head if stage == stages - 1 else None)
 
 
 def parallelize_mlps(stage: Stage, mesh: Any) -> None:
@@ -130,7 +134,7 @@ def parallelize_mlps(stage: Stage, mesh: Any) -> None:
     attention and the norms stay replicated: every tensor-parallel rank holds them whole."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    for block in stage.blocks:
+    for block in stage.blocks.values():
         if not isinstance(block, Block):
             raise ValueError("tensor parallelism needs a gpt model")
         parallelize_module(block.mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})

@@ -58,12 +58,12 @@ def test_an_fsdp_checkpoint_loads_into_an_unsharded_model_in_one_process(tmp_pat
     root = tmp_path / "ckpt"
     assert persist.committed_steps(root)[0] == 4
 
-    # stock DCP, no process group: the whole tensors under the stage's keys
+    # stock DCP, no process group: the whole tensors under their names (``model.<fqn>``, get_state_dict's keys)
     model = plain_model()
-    sd = {f"stage0/model.{k}": torch.empty_like(v) for k, v in model.state_dict().items()}
+    sd = {f"model.{k}": torch.empty_like(v) for k, v in model.state_dict().items()}
     dcp.load(sd, checkpoint_id=str(persist.step_dir(root, 4)), no_dist=True)
     for k, v in full["model"].items():
-        assert torch.equal(sd[f"stage0/model.{k}"], v), k
+        assert torch.equal(sd[f"model.{k}"], v), k
 
     # baft's own restore into an unsharded model and optimizer (the shared memory is another job's)
     model = plain_model()

@@ -7,7 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.fuzz import _describe, schedules, with_schedule
+from harness.campaign.fuzz import LAYOUTS, _describe, policies, schedules, with_layout, with_schedule
 from harness.scenario import parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,3 +31,28 @@ def test_every_generated_schedule_is_a_valid_scenario(data: st.DataObject, which
         else:
             assert 0 <= f.config.rank < w.world_size
     assert _describe(schedule).count(" at step ") == len(schedule)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), layout=st.sampled_from(sorted(LAYOUTS)))
+def test_each_layout_draws_faults_on_all_its_ranks_and_valid_policies(data: st.DataObject, layout: str) -> None:
+    base = with_layout(yaml.safe_load((ROOT / "scenarios/ci/baft-kill-during-snapshot.yaml").read_text()), layout)
+    policy = data.draw(policies(base))
+    schedule = data.draw(schedules(base, max_faults=2))
+    s = parse(with_schedule(base, schedule, "t", policy), "t.yaml")
+    w = s.workload
+    assert w.world_size == 4 and (w.dp_shard, w.tp, w.layout) == (
+        LAYOUTS[layout]["dp_shard"], LAYOUTS[layout]["tp"], LAYOUTS[layout]["layout"])
+    assert 1 <= s.checkpoint.every <= 8 and 1 <= s.checkpoint.replicate_every <= 6
+    assert all(0 <= f.config.rank < 4 for f in s.faults if f.kind != "node_loss")
+
+
+def test_sharded_ranks_are_drawn_too() -> None:
+    """A PP2 x FSDP2 job has four ranks; the schedules reach ranks 2 and 3 (they once stopped at
+    stages x data_parallel = 2)."""
+    from hypothesis import find
+
+    base = with_layout(yaml.safe_load((ROOT / "scenarios/ci/baft-kill-during-snapshot.yaml").read_text()), "pp-fsdp")
+    found = find(schedules(base, max_faults=1), lambda sch: next(iter(sch[0].values())).get("rank") == 3,
+                 settings=settings(max_examples=500, database=None))
+    assert next(iter(found[0].values()))["rank"] == 3

@@ -84,8 +84,9 @@ def test_dcp_format_loads_with_stock_dcp_load(tmp_path: Path) -> None:
     template = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in md.items()}
     dcp.load(template, checkpoint_id=str(d))  # plain DCP, no baft code
     weight = st.model.state_dict()["0.weight"]
-    assert torch.equal(template["rank0/model.0.weight"], weight)
-    assert any(k.startswith("rank0/optimizer.state.") for k in template)
+    assert torch.equal(template["model.0.weight"], weight)  # get_state_dict's keys
+    moment = next(s["exp_avg"] for s in st.optimizer.state.values())
+    assert torch.equal(template["optimizer.state.0.weight.exp_avg"], moment)
     persist.verify_directory(tmp_path, 2)
     (d / next(n for n in sorted(p.name for p in d.iterdir()) if n.endswith(".distcp"))).write_bytes(b"junk")
     with pytest.raises(persist.CheckpointCorrupt):
