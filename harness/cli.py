@@ -135,7 +135,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.digest is not None:
         return _digest_bench(args.digest, args.out)
     cfg = config_from_args(BenchConfig, args)
-    print(f"baft: bench {cfg.model}, {cfg.stages} stages, {cfg.microbatches} microbatches, {cfg.schedule}; "
+    inside = "".join(f" x {label}{n}" for label, n in (("FSDP", cfg.dp_shard), ("TP", cfg.tp)) if n > 1)
+    print(f"baft: bench {cfg.model}, {cfg.stages} stages{inside} ({cfg.world_size} ranks), {cfg.microbatches} microbatches, {cfg.schedule}; "
           f"{cfg.cycles} cycles x {len(cfg.strategies)} strategies x {cfg.block} iterations -> {args.out}", flush=True)
     try:
         result = run_bench(cfg, args.out)

@@ -40,7 +40,11 @@ class BenchConfig:
     model: Literal["gpt-tiny", "gpt-small", "mlp"] = "gpt-tiny"
     """Model preset of the reference workload."""
     stages: int = 2
-    """Pipeline stages (one rank each)."""
+    """Pipeline stages."""
+    dp_shard: int = 1
+    """FSDP2 inside each stage: every stage sharded over this many ranks (``fully_shard``)."""
+    tp: int = 1
+    """Tensor parallelism inside each stage (gpt models): every block's MLP split over this many ranks."""
     nodes: int = 1
     """Hosts to spread the ranks over; with 2+ and ``baft``, node stores replicate and the
     restore from a peer's replica is timed too."""
@@ -74,8 +78,12 @@ class BenchConfig:
     seed: int = 0
     """Seed of the model, the data and the block order."""
 
+    @property
+    def world_size(self) -> int:
+        return self.stages * self.dp_shard * self.tp
+
     def __post_init__(self) -> None:
-        for name in ("stages", "nodes", "replicate_every", "microbatches", "microbatch_size", "cycles", "block", "persist_every", "restore_repeats"):
+        for name in ("stages", "dp_shard", "tp", "nodes", "replicate_every", "microbatches", "microbatch_size", "cycles", "block", "persist_every", "restore_repeats"):
             if getattr(self, name) < 1:
                 raise ConfigValueError(name, "an integer >= 1", getattr(self, name))
         if self.block < 2:
@@ -84,8 +92,10 @@ class BenchConfig:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
         if self.stages > PRESETS[self.model].layers:
             raise ConfigValueError("stages", f"at most {PRESETS[self.model].layers} for {self.model}", self.stages)
-        if self.stages % self.nodes:
-            raise ConfigValueError("nodes", f"a divisor of stages ({self.stages})", self.nodes)
+        if self.tp > 1 and not self.model.startswith("gpt"):
+            raise ConfigValueError("tp", f"1 with model {self.model} (tensor parallelism splits gpt blocks' MLPs)", self.tp)
+        if self.world_size % self.nodes:
+            raise ConfigValueError("nodes", f"a divisor of stages*dp_shard*tp ({self.world_size})", self.nodes)
         if self.microbatches < self.stages:
             raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
         for s in self.strategies:
@@ -144,7 +154,8 @@ def worker(spec_path: Path) -> int:
     set_determinism()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    wl = WorkloadConfig(model=cfg.model, stages=cfg.stages, nodes=cfg.nodes, microbatches=cfg.microbatches,
+    wl = WorkloadConfig(model=cfg.model, stages=cfg.stages, dp_shard=cfg.dp_shard, tp=cfg.tp, nodes=cfg.nodes,
+                        microbatches=cfg.microbatches,
                         microbatch_size=cfg.microbatch_size, schedule=cfg.schedule,
                         steps=cfg.iterations, seed=cfg.seed, dataset_size=max(512, cfg.microbatches * cfg.microbatch_size))
     trainer = PipelineTrainer(wl)
@@ -346,7 +357,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
             link = {"rate_bit": rate, "measured_bit": measure_throttle(topology, 0, 1, rate)}
         try:
             result = launch(out, BenchSpec(bench=cfg, shm_dir=str(shm)),
-                            LaunchConfig(nodes=cfg.nodes, world_size=cfg.stages, max_restarts=0, timeout=timeout,
+                            LaunchConfig(nodes=cfg.nodes, world_size=cfg.world_size, max_restarts=0, timeout=timeout,
                                          module="harness.bench.bench", stores=stores, topology=topology))
         finally:
             shutil.rmtree(shm, ignore_errors=True)

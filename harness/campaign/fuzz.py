@@ -210,9 +210,10 @@ def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None,
 
 
 def _describe(schedule: list[dict[str, Any]], policy: dict[str, Any] | None = None) -> str:
-    parts = [] if policy is None else [" ".join(f"{k}={policy[k]}" for k in ("every", "replicate_every") if k in policy) + ":"]
+    head = "" if policy is None else " ".join(f"{k}={policy[k]}" for k in ("every", "replicate_every") if k in policy) + ": "
+    parts = []
     for f in schedule:
         ((kind, body),) = f.items()
         target = f"node {body['node']}" if "node" in body else f"rank {body['rank']}"
         parts.append(f"{kind} {target} at step {body['at_step']} ({body.get('phase', 'iteration')})")
-    return ", ".join(parts)
+    return head + ", ".join(parts)

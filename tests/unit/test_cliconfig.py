@@ -177,3 +177,12 @@ def test_bench_flags_round_trip(cfg: BenchConfig | None) -> None:
                  count=st.integers(0, 10**6)))
 def test_every_kind_of_flag_round_trips(cfg: Toy) -> None:
     assert parsed(Toy, argv_of(cfg)) == cfg
+
+
+def test_bench_layouts_inside_a_stage() -> None:
+    assert parsed(BenchConfig, ["--dp-shard", "2"]).world_size == 4
+    assert parsed(BenchConfig, ["--tp", "2", "--stages", "4", "--nodes", "2"]).world_size == 8
+    with pytest.raises(UsageError, match=r"^--tp: expected 1 with model mlp"):
+        parsed(BenchConfig, ["--tp", "2", "--model", "mlp"])
+    with pytest.raises(UsageError, match=r"^--nodes: expected a divisor of stages\*dp_shard\*tp \(6\)"):
+        parsed(BenchConfig, ["--stages", "3", "--dp-shard", "2", "--nodes", "4"])
