@@ -45,6 +45,10 @@ Event fields:
 ``persist_backpressure`` step, seconds the training thread waited for the previous persist
 ``snapshots_discarded`` after, versions (baft: copies of this rank newer than the version restored, from the
                         timeline the job left, marked abandoned; the stores drop theirs too)
+``checkpoint_keys``     stage_keyed, example, why (DCP tier: tensor names two pipeline stages share, written
+                        under the stage's key instead of their fully qualified name)
+``amp_step_skipped``    step, scale (fp16: a gradient overflowed on some rank; every rank skipped the step
+                        and the scaler halved its scale)
 ``store_start`` / ``store_exit`` (launcher) node, pid / returncode
 
 Each node's store writes ``journal/store-node<N>.jsonl``: store_start, replicated
@@ -94,6 +98,8 @@ EVENTS = (
     "restore_candidates",
     "persist_backpressure",
     "snapshots_discarded",
+    "checkpoint_keys",
+    "amp_step_skipped",
     "store_start",
     "store_exit",
     "agent_start",

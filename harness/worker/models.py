@@ -96,8 +96,17 @@ class Stage(nn.Module):
         self.embed = embed
         self.blocks = nn.ModuleDict({str(i): b for i, b in blocks.items()})
         self.head = head
+        self.autocast: torch.dtype | None = None
+        """Mixed precision: the forward under ``torch.autocast`` in this dtype, its output in float32."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.autocast is None:
+            return self._layers(x)
+        with torch.autocast("cpu", dtype=self.autocast):
+            y = self._layers(x)
+        return y.float()  # what the next stage (and the loss) receive, as the stage's metadata says
+
+    def _layers(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
         for b in self.blocks.values():

@@ -15,6 +15,7 @@ class seen in training stacks, implemented where it would live:
 ``latest-before-durable``          ``latest`` moves before the shards are written, and restore trusts it
 ``stale-replica``                  baft restores a peer's replica although a newer persistent copy exists
 ``silent-bitflip``                 restore skips the shard checksums, so a flipped byte loads silently
+``scaler-not-restored``            the fp16 loss scaler's scale and growth tracker are not loaded
 =================================  ============================================================
 
 ``scenarios/mutants/`` holds one scenario per mutant whose ``expect.caught`` says
@@ -37,6 +38,7 @@ MUTANTS: dict[str, str] = {
     "latest-before-durable": "'latest' advanced before the shards are durable, and trusted on restore",
     "stale-replica": "a stale peer replica preferred over a newer persistent checkpoint",
     "silent-bitflip": "shard checksums not verified on restore",
+    "scaler-not-restored": "the mixed-precision loss scaler's state is not loaded",
 }
 
 
@@ -162,6 +164,7 @@ _APPLY: dict[str, Callable[[], None]] = {
     "latest-before-durable": _latest_before_durable,
     "stale-replica": _stale_replica,
     "silent-bitflip": _silent_bitflip,
+    "scaler-not-restored": lambda: _drop_on_restore("scaler"),
 }
 
 

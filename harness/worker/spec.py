@@ -75,6 +75,14 @@ class WorkloadConfig:
     """Linear warm-up steps before the cosine decay."""
     dataset_size: int = 512
     """Samples in the synthetic dataset (one epoch)."""
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    """Mixed precision: each stage's forward under ``torch.autocast`` in bfloat16 or float16 (its
+    output back in float32 between stages); ``fp16`` also scales the loss with a ``torch.amp.GradScaler``
+    whose overflow check every rank agrees on (a step one stage overflows is skipped by all)."""
+    amp_init_scale: float = 65536.0
+    """``fp16``: the scaler's first loss scale (large values overflow at first: steps skipped, scale halved)."""
+    amp_growth_interval: int = 2000
+    """``fp16``: clean steps before the scaler doubles the scale."""
     script: str | None = None
     """A training script to run instead of the built-in pipeline (path relative to the scenario
     file); it reports through ``harness.worker.session.Session``. The built-in's fields are then unused,
@@ -124,6 +132,13 @@ class WorkloadConfig:
                                        "supported by this workload)", self.tp)
             if (4 * shape.width) % self.tp:
                 raise ConfigValueError("tp", f"a divisor of the MLP width {4 * shape.width}", self.tp)
+        if self.amp != "none" and (self.dp_shard > 1 or self.tp > 1):
+            raise ConfigValueError("amp", "none with dp_shard or tp > 1 (mixed precision of DTensor state is not "
+                                   "supported by this workload)", self.amp)
+        if self.amp_init_scale <= 0:
+            raise ConfigValueError("amp_init_scale", "a number > 0", self.amp_init_scale)
+        if self.amp_growth_interval < 1:
+            raise ConfigValueError("amp_growth_interval", "an integer >= 1", self.amp_growth_interval)
         if self.dp_shard > 1 and self.virtual_stages > 1:
             raise ConfigValueError("dp_shard", "1 with an interleaved schedule (FSDP of several model chunks per "
                                    "rank is not supported by this workload)", self.dp_shard)

@@ -142,6 +142,9 @@ class PipelineTrainer:
 
             for m in chunks:
                 parallelize_mlps(m, self.mesh["tp"])
+        if cfg.amp != "none":
+            for m in chunks:
+                m.autocast = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
         self.module = chunks[0] if V == 1 else torch.nn.ModuleList(chunks)
         seed_everything(mix(cfg.seed, 100, seed_rank))  # dropout differs per data-parallel rank, reproducibly
         self.stages = [
@@ -152,11 +155,17 @@ class PipelineTrainer:
         self.step = 0
         for st in self.stages:
             announce_compute(st, self)
+        # fp16: the loss scaled (on the last stage) before its backward; every stage's gradients carry the scale
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=cfg.amp_init_scale,
+                                           growth_interval=cfg.amp_growth_interval) if cfg.amp == "fp16" else None
+        if self.scaler is not None:
+            self.scaler.scale(torch.zeros(()))  # creates its scale on every rank (only the last one scales a loss)
+        loss = loss_fn if self.scaler is None else (lambda out, target: self.scaler.scale(loss_fn(out, target)))
         if cfg.schedule == "interleaved-1f1b":
-            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=cfg.microbatches, loss_fn=loss)
         else:
             schedule_cls = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
-            self.schedule = schedule_cls(self.stages[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+            self.schedule = schedule_cls(self.stages[0], n_microbatches=cfg.microbatches, loss_fn=loss)
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.warmup, cfg.steps))
 
@@ -168,7 +177,7 @@ class PipelineTrainer:
         self.batches = iter(loader)
         self.state = TrainState(
             model=self.module, optimizer=self.optimizer, scheduler=self.scheduler, data=sampler,
-            generators={"loader": loader_gen},
+            scaler=self.scaler, generators={"loader": loader_gen},
         )
 
     def attach(self, ckpt: Any) -> None:
@@ -203,17 +212,41 @@ class PipelineTrainer:
                 grad.div_(cfg.data_parallel)
         ckpt.before_optimizer_step()
         events.emit("phase", phase="optimizer", step=step)
-        self.optimizer.step()
+        scale = 1.0
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            scale = float(self.scaler.get_scale())
+            self._scaled_step()
         self.scheduler.step()
         loss = None
         if last:
-            mean = torch.stack([l.detach() for l in losses]).mean()
+            mean = torch.stack([l.detach() for l in losses]).mean() / scale
             if cfg.world_size > cfg.stages:
                 dist.all_reduce(mean, group=self.dp_group)
                 mean.div_(cfg.world_size // cfg.stages)
             loss = float(mean)
         self.state.step = step + 1
         return loss
+
+    def _scaled_step(self) -> None:
+        """The fp16 optimizer step: gradients unscaled, the overflow check agreed by every rank (one
+        stage's inf skips the step on all of them, as one model's step would be skipped), then the
+        scaler's step and update. The agreement goes into the found-inf tensors ``unscale_`` leaves for
+        ``step`` (``GradScaler`` keeps them per optimizer; torch 2.13)."""
+        assert self.scaler is not None
+        self.scaler.unscale_(self.optimizer)
+        found = self.scaler._per_optimizer_states[id(self.optimizer)]["found_inf_per_device"]
+        any_inf = torch.stack([t.reshape(()) for t in found.values()]).amax() if found else torch.zeros(())
+        dist.all_reduce(any_inf, op=dist.ReduceOp.MAX)
+        for t in found.values():
+            t.fill_(any_inf)
+        if any_inf.item():
+            from baft import events
+
+            events.emit("amp_step_skipped", step=self.step, scale=float(self.scaler.get_scale()))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
 
 def main(argv: list[str] | None = None) -> int:

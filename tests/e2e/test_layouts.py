@@ -73,3 +73,17 @@ def test_batchnorm_statistics_are_snapshotted_at_the_step_boundary(tmp_path: Pat
     assert v["bitwise_equal"] and rec["restored_tier"] == "shm" and rec["restored_step"] == 11
     j = Journal.load(tmp_path / "out" / "faulted")
     assert any(k.endswith("norm.running_mean") for k in j.events("state", 0)[-1]["digests"]["model"])
+
+
+def test_fp16_with_a_moving_loss_scale_resumes_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/amp-fp16-kill.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    (rec,) = v["recoveries"]
+    assert v["bitwise_equal"] and rec["restored_tier"] == "shm" and rec["restored_step"] >= 10
+    j = Journal.load(tmp_path / "out" / "faulted")
+    skipped = {e["step"]: e["scale"] for e in j.events("amp_step_skipped", 0)}
+    # the scale moved before the kill: steps 0 and 1 overflowed at 2^24 and 2^23, then it grew again
+    assert skipped.get(0) == 2.0**24 and skipped.get(1) == 2.0**23 and any(2 < s < 11 for s in skipped), skipped
+    # every rank skipped the same steps (an overflow on one stage skips the step on both)
+    assert {e["step"] for e in j.events("amp_step_skipped", 1)} == set(skipped)
+    assert "scaler" in j.events("state", 0)[-1]["digests"]
