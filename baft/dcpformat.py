@@ -227,5 +227,6 @@ def load_model(root: Root, model: torch.nn.Module, step: int | None = None) -> i
                        "missing); the checkpoint's stages name their tensors otherwise")
     sd = {f"model.{k}": v for k, v in live.items()}
     dcp.load(sd, storage_reader=reader(root, step), no_dist=not (dist.is_available() and dist.is_initialized()))
-    model.load_state_dict({k: sd[f"model.{k}"] for k in live})
+    model.load_state_dict({k: sd[f"model.{k}"] for k in live})  # DCP filled the tensors state_dict gave; a
+    # module whose state_dict returns copies (its own hooks) gets them here
     return step

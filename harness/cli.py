@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.campaign.fuzz import LAYOUTS
+from harness.campaign.layouts import LAYOUTS
 from harness.cliconfig import add_config_arguments, config_from_args, flag_error
 from harness.errors import Cancelled, HarnessError, UsageError
 

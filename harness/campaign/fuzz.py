@@ -25,8 +25,11 @@ import yaml
 from baft.traits import TRAITS, Traits
 from injectors.process import LOOP_PHASES
 
+from harness.campaign.layouts import LAYOUTS
 from harness.errors import HarnessError, ScenarioError
 from harness.scenario import parse
+from harness.schema import build
+from harness.worker.spec import WorkloadConfig
 
 
 @dataclass(slots=True)
@@ -47,14 +50,6 @@ class FuzzResult:
     minimal_file: Path | None
 
 
-#: ``baft fuzz --layout NAME``: the workload keys each layout sets on the base scenario.
-LAYOUTS: dict[str, dict[str, Any]] = {
-    "pp-fsdp": {"stages": 2, "data_parallel": 1, "dp_shard": 2, "tp": 1, "layout": "replica-major"},
-    "pp-tp": {"stages": 2, "data_parallel": 1, "dp_shard": 1, "tp": 2, "layout": "replica-major", "model": "gpt-tiny"},
-    "stage-major-dp": {"stages": 2, "data_parallel": 2, "dp_shard": 1, "tp": 1, "layout": "stage-major", "nodes": 2},
-}
-
-
 def with_layout(data: dict[str, Any], layout: str) -> dict[str, Any]:
     """The base scenario on one of :data:`LAYOUTS`."""
     if layout not in LAYOUTS:
@@ -65,18 +60,13 @@ def with_layout(data: dict[str, Any], layout: str) -> dict[str, Any]:
     return out
 
 
-def _world(w: dict[str, Any]) -> int:
-    return int(w.get("stages", 2)) * int(w.get("data_parallel", 1)) * int(w.get("dp_shard", 1)) * int(w.get("tp", 1))
-
-
 def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
     """A hypothesis strategy of fault lists valid for the scenario's workload and strategy."""
     from hypothesis import strategies as st
 
-    w = data.get("workload") or {}
-    nodes = int(w.get("nodes", 1))
-    steps = int(w.get("steps", 30))
-    world = _world(w)  # every rank of the layout, sharded ones too
+    w = build(WorkloadConfig, data.get("workload"), "the base scenario", "workload")
+    nodes, steps = w.nodes, w.steps
+    world = w.world_size  # every rank of the layout, sharded ones too
     strategy = TRAITS.get((data.get("checkpoint") or {}).get("strategy", "none"), Traits())
     phases = LOOP_PHASES + strategy.step_phases  # what every step announces under this strategy
     step = st.integers(1, max(1, steps - 2))

@@ -7,7 +7,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.fuzz import LAYOUTS, _describe, policies, schedules, with_layout, with_schedule
+from harness.campaign.fuzz import _describe, policies, schedules, with_layout, with_schedule
+from harness.campaign.layouts import LAYOUTS
 from harness.scenario import parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +54,16 @@ def test_sharded_ranks_are_drawn_too() -> None:
     from hypothesis import find
 
     base = with_layout(yaml.safe_load((ROOT / "scenarios/ci/baft-kill-during-snapshot.yaml").read_text()), "pp-fsdp")
+    found = find(schedules(base, max_faults=1), lambda sch: next(iter(sch[0].values())).get("rank") == 3,
+                 settings=settings(max_examples=500, database=None))
+    assert next(iter(found[0].values()))["rank"] == 3
+
+
+def test_a_script_workload_draws_over_its_nproc_times_nodes_ranks() -> None:
+    from hypothesis import find
+
+    base = {"name": "s", "workload": {"script": "train.py", "nproc": 4, "steps": 10},
+            "checkpoint": {"strategy": "sync", "every": 2}, "expect": {"bitwise": True}}
     found = find(schedules(base, max_faults=1), lambda sch: next(iter(sch[0].values())).get("rank") == 3,
                  settings=settings(max_examples=500, database=None))
     assert next(iter(found[0].values()))["rank"] == 3
