@@ -168,9 +168,11 @@ def test_faults_fire_at_the_steps_the_wandb_run_reports(wb: WandbStandIn, standi
                   {"throttle": {"link": [0, 1], "rate": "10mbit", "from_step": 6, "to_step": 9}}])
     cfg = ClusterConfig(wandb_run=RUN, wandb_base_url=wb.url, poll=0.02, inject_timeout=5, recover_timeout=5,
                         start_timeout=10)
-    # 0.6 s a step: the window (steps 6-9) must outlast a poll on a machine whose cores the other test
-    # workers keep busy (at 0.3 s a CI run once saw the job pass it between two reads)
-    with WandbJob(wb, 12, delay=0.6, restore_at=7):
+    # 0.5 s a step, counted from the harness's first query: the kill's step and the window (steps 6-9) must
+    # outlast a poll on a machine whose cores the other test workers keep busy. (This once passed delay=0.6,
+    # a start-up delay, for the period: at the default 0.08 s a step a CI run saw the job reach step 11
+    # before the harness's first read and fire nothing.)
+    with WandbJob(wb, 12, period=0.5, restore_at=7, after_first_query=True):
         verdict = run_on_cluster(s, client, TARGET, cfg, tmp_path / "out", "r1", report=False)
     assert verdict.passed, verdict
     assert verdict.cluster is not None and verdict.cluster.wandb_run == RUN and verdict.cluster.job_dir is None
