@@ -208,6 +208,8 @@ class Verdict(Record):
     """Firings: every occurrence of every fault (files from before it: ``faults_fired``)."""
     faults_declared: int = 0
     """Faults the scenario declares."""
+    faults_unfired: list[int] = field(default_factory=list)
+    """The indices (in the scenario's ``faults``) of those that never fired."""
     completed: bool = False
     """Every rank of the job as it ended finished the scenario's steps."""
     recoveries: list[Recovery] = field(default_factory=list)
@@ -327,8 +329,8 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         failures.extend(f"loss curve: {f}" for f in loss.failures)
     fault_events = run.events("fault")
     fired = len({e.get("id") for e in fault_events})
+    missing = sorted(set(range(faults_declared)) - {e.get("id") for e in fault_events})
     if fired < faults_declared:
-        missing = sorted(set(range(faults_declared)) - {e.get("id") for e in fault_events})
         failures.append(f"only {fired} of {faults_declared} faults fired (never fired: faults[{'], faults['.join(map(str, missing))}])")
     if expect.bitwise and not cmp.equal:
         first = cmp.first
@@ -376,7 +378,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         losses_compared=cmp.losses_compared,
         lost_steps=lost,
         recovery_seconds=worst,
-        faults_fired=fired,
+        faults_fired=fired, faults_unfired=missing,
         fault_occurrences=len(fault_events),
         faults_declared=faults_declared,
         completed=completed,

@@ -219,7 +219,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget,
              layout=args.layout, vary_policy=args.vary_policy)
     failed = sum(not t.passed for t in r.trials)
-    print(f"{len(r.trials)} trials, {failed} failed; fuzz.json: {out / 'fuzz.json'}")
+    unrealized = sum(t.unrealized for t in r.trials)
+    print(f"{len(r.trials)} trials, {failed} failed" + (f", {unrealized} unrealized (a persist or replicate fault "
+          "whose version an earlier fault's restart went past)" if unrealized else "") + f"; fuzz.json: {out / 'fuzz.json'}")
     if r.minimal_file is None:
         print("no failing schedule found")
         return 0

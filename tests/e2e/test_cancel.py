@@ -93,7 +93,9 @@ def _cancel(scenario: Path, out: Path, cache: Path, ready: Callable[[], bool], s
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     time.sleep(0.2)  # let init reap what the killed ones left as zombies
-    left = {pid: c for pid, c in _cmdlines().items() if str(out) in c or str(cache) in c}
+    # The run's own processes: those naming its directory, or its reference run's (under the cache, in a
+    # directory named after the harness's pid; the cache is shared with the tests running beside this one).
+    left = {pid: c for pid, c in _cmdlines().items() if str(out) in c or f".tmp{proc.pid}/" in c}
     assert not left, f"processes of the cancelled run still there: {left}"
     assert not _shm_of(proc.pid), "the run's /dev/shm directory is still there"
     assert not any(d.exists() for d in shm), shm

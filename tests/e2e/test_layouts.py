@@ -15,17 +15,31 @@ from .conftest import ROOT, delivered, run_cli
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_pp_fsdp_kill_during_snapshot_restores_every_shard_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
-    rc, out, v = run_cli(ROOT / "scenarios/ci/pp-fsdp-kill-snapshot.yaml", tmp_path / "out", ref_cache)
+def _recoveries(v: dict) -> list[tuple[str, int]]:
+    return [(r["restored_tier"], r["restored_step"]) for r in v["recoveries"]]
+
+
+def _peer_ranks(run: Path) -> set[int]:
+    """The ranks whose last restore pulled their copy from another node's store."""
+    last = {e["rank"]: e["tier"] for e in Journal.load(run).events("checkpoint_restored")}
+    return {r for r, tier in last.items() if tier == "peer"}
+
+
+def test_pp_fsdp_survives_a_fault_at_every_phase_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/pp-fsdp-every-phase.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out
-    assert v["bitwise_equal"] and v["states_compared"] > 0 and v["passed"]
-    (rec,) = v["recoveries"]  # one restart: the kill's (a state dict taken inside a bubble hung the job once more)
-    assert rec["restored_tier"] == "shm" and rec["restored_step"] == 11
-    j = Journal.load(tmp_path / "out" / "faulted")
+    assert v["bitwise_equal"] and v["states_compared"] > 0 and v["passed"] and v["faults_fired"] == 4
+    snapshot, replicate, persisting, node = _recoveries(v)
+    assert snapshot == ("shm", 3)  # the torn version 4 is discarded
+    assert replicate[0] == "shm" and replicate[1] >= 7 and persisting[0] == "shm" and persisting[1] >= 12
+    assert node[0] == "peer+shm" and node[1] >= persisting[1]
+    run = tmp_path / "out" / "faulted"
+    assert _peer_ranks(run) == {2, 3}  # node 1's ranks: the second shard of both stages
+    j = Journal.load(run)
     assert any(r["reason"].startswith("torn") for r in j.events("checkpoint_rejected", 1))
     # The persistent tier holds each sharded tensor whole (DCP assembles it from the two ranks' halves), so a
     # load into another sharding reshards it; the snapshot copied each rank's half.
-    root = tmp_path / "out" / "faulted" / "checkpoints"
+    root = run / "checkpoints"
     md = FileSystemReader(str(persist.step_dir(root, persist.committed_steps(root)[0]))).read_metadata()
     sizes = {k: tuple(m.size) for k, m in md.state_dict_metadata.items() if k.endswith("ln1.weight")}
     assert sizes == {f"model.blocks.{i}.ln1.weight": (64,) for i in range(4)}  # the whole model's names
@@ -40,28 +54,34 @@ def test_pp_fsdp_kill_during_snapshot_restores_every_shard_bit_for_bit(tmp_path:
     assert 0.4 * stage0 < copied < 0.6 * stage0, (copied, stage0)  # rank 0 snapshots its half
 
 
-def test_pp_tp_kill_during_persist_restores_the_tensor_parallel_shards(tmp_path: Path, ref_cache: Path) -> None:
-    rc, out, v = run_cli(ROOT / "scenarios/ci/pp-tp-kill-persist.yaml", tmp_path / "out", ref_cache)
+def test_pp_tp_survives_a_fault_at_every_phase_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/pp-tp-every-phase.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out
-    (rec,) = v["recoveries"]
-    assert v["bitwise_equal"] and rec["restored_tier"] == "shm" and rec["restored_step"] >= 10
-    root = tmp_path / "out" / "faulted" / "checkpoints"
+    assert v["bitwise_equal"] and v["passed"] and v["faults_fired"] == 4
+    snapshot, replicate, persisting, node = _recoveries(v)
+    assert snapshot == ("shm", 2) and replicate[0] == "shm" and persisting[0] == "shm" and persisting[1] >= 10
+    assert node[0] == "peer+shm"
+    run = tmp_path / "out" / "faulted"
+    assert _peer_ranks(run) == {0, 1}  # node 0's ranks: the first tensor-parallel rank of both stages
+    root = run / "checkpoints"
     md = FileSystemReader(str(persist.step_dir(root, persist.committed_steps(root)[0]))).read_metadata()
     sizes = {k: tuple(m.size) for k, m in md.state_dict_metadata.items() if k.endswith("mlp.0.weight")}
     # the column-wise weight is one whole tensor assembled from both ranks' halves (4*64 rows of 64)
     assert sizes == {f"model.blocks.{i}.mlp.0.weight": (256, 64) for i in range(4)}
 
 
-def test_stage_major_node_loss_pulls_the_lost_stage_from_the_peer(tmp_path: Path, ref_cache: Path) -> None:
-    rc, out, v = run_cli(ROOT / "scenarios/ci/stage-major-node-loss.yaml", tmp_path / "out", ref_cache)
+def test_stage_major_survives_a_fault_at_every_phase_and_pulls_the_lost_stage_from_the_peer(
+        tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / "scenarios/ci/stage-major-every-phase.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out
-    (rec,) = v["recoveries"]
-    assert v["bitwise_equal"] and rec["restored_tier"] == "peer+shm", rec
-    _, sent = delivered(tmp_path / "out" / "faulted", 1, [2, 3])
-    assert rec["restored_step"] >= max(sent), (rec, sorted(sent))  # the newest both had delivered
-    j = Journal.load(tmp_path / "out" / "faulted")
-    tiers = {e["rank"]: e["tier"] for e in j.events("checkpoint_restored")}
-    assert tiers == {0: "shm", 1: "shm", 2: "peer", 3: "peer"}  # node 1 held stage 1: ranks 2 and 3
+    assert v["bitwise_equal"] and v["passed"] and v["faults_fired"] == 4
+    snapshot, replicate, persisting, node = _recoveries(v)
+    assert snapshot == ("shm", 2) and replicate[0] == "shm" and persisting[0] == "shm" and persisting[1] >= 8
+    assert node[0] == "peer+shm", v["recoveries"]
+    run = tmp_path / "out" / "faulted"
+    _, sent = delivered(run, 1, [2, 3])
+    assert node[1] >= max(sent), (node, sorted(sent))  # the newest both had delivered
+    assert _peer_ranks(run) == {2, 3}  # node 1 held stage 1: ranks 2 and 3
 
 
 def test_batchnorm_statistics_are_snapshotted_at_the_step_boundary(tmp_path: Path, ref_cache: Path) -> None:

@@ -7,7 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.fuzz import _describe, policies, schedules, with_layout, with_schedule
+from harness.campaign.fuzz import _describe, _phase, phase_steps, policies, schedules, with_layout, with_schedule
 from harness.campaign.layouts import LAYOUTS
 from harness.scenario import parse
 
@@ -39,10 +39,10 @@ def test_every_generated_schedule_is_a_valid_scenario(data: st.DataObject, which
 def test_each_layout_draws_faults_on_all_its_ranks_and_valid_policies(data: st.DataObject, layout: str) -> None:
     base = with_layout(yaml.safe_load((ROOT / "scenarios/ci/baft-kill-during-snapshot.yaml").read_text()), layout)
     policy = data.draw(policies(base))
-    schedule = data.draw(schedules(base, max_faults=2))
+    schedule = data.draw(schedules({**base, "checkpoint": policy}, max_faults=2))
     s = parse(with_schedule(base, schedule, "t", policy), "t.yaml")
     w = s.workload
-    assert w.world_size == 4 and (w.dp_shard, w.tp, w.layout) == (
+    assert w.world_size == 4 and w.nodes == 2 and (w.dp_shard, w.tp, w.layout) == (
         LAYOUTS[layout]["dp_shard"], LAYOUTS[layout]["tp"], LAYOUTS[layout]["layout"])
     assert 1 <= s.checkpoint.every <= 8 and 1 <= s.checkpoint.replicate_every <= 6
     assert all(0 <= f.config.rank < 4 for f in s.faults if f.kind != "node_loss")
@@ -67,3 +67,37 @@ def test_a_script_workload_draws_over_its_nproc_times_nodes_ranks() -> None:
     found = find(schedules(base, max_faults=1), lambda sch: next(iter(sch[0].values())).get("rank") == 3,
                  settings=settings(max_examples=500, database=None))
     assert next(iter(found[0].values()))["rank"] == 3
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), layout=st.sampled_from(sorted(LAYOUTS)))
+def test_checkpoint_phase_faults_are_drawn_at_versions_the_policy_writes(data: st.DataObject, layout: str) -> None:
+    """A persist fault lands on a multiple of the drawn ``every``, a replicate fault on a multiple of the
+    drawn ``replicate_every`` and only where there is a peer to replicate to; each is a valid scenario."""
+    base = with_layout(yaml.safe_load((ROOT / "scenarios/ci/baft-kill-during-snapshot.yaml").read_text()), layout)
+    policy = data.draw(policies(base))
+    drawn = {**base, "checkpoint": policy}
+    schedule = data.draw(schedules(drawn, max_faults=3))
+    s = parse(with_schedule(base, schedule, "t", policy), "t.yaml")
+    for f in s.faults:
+        if f.config.phase == "persist":
+            assert f.config.at_step % policy["every"] == 0
+        if f.config.phase == "replicate":
+            assert s.workload.nodes > 1 and f.config.at_step % policy["replicate_every"] == 0
+
+
+def test_every_phase_baft_announces_is_drawn() -> None:
+    from hypothesis import find
+
+    base = with_layout(yaml.safe_load((ROOT / "scenarios/ci/baft-kill-during-snapshot.yaml").read_text()), "stage-major-dp")
+    steps = phase_steps(base)
+    assert {"iteration", "forward", "backward", "optimizer", "snapshot", "persist", "replicate"} == set(steps)
+    assert "restore" not in steps  # its version is known only after a fault
+    every = base["checkpoint"].get("every", 1)
+    assert steps["persist"] == [s for s in steps["iteration"] if s % every == 0]
+    for phase in ("persist", "replicate", "snapshot"):
+        found = find(schedules(base, max_faults=1), lambda sch, p=phase: _phase(sch[0]) == p,
+                     settings=settings(max_examples=500, database=None))
+        assert _phase(found[0]) == phase
+    # one node: nothing to replicate to
+    assert "replicate" not in phase_steps({**base, "workload": {**base["workload"], "nodes": 1}})

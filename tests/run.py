@@ -1,0 +1,64 @@
+"""The test run of CI and tox: ``python -m tests.run [PYTEST PATHS OR OPTIONS]``.
+
+Two pytest processes run side by side:
+
+* the tests marked ``serial`` (they measure times or rates, shape links, bound a stop in seconds), one at a
+  time, at normal CPU priority;
+* everything else on three pytest-xdist workers (``--dist loadgroup``) at the lowest priority (nice 19),
+  what their torchrun jobs inherit.
+
+On two cores the parallel part keeps both busy, so a measuring test alone after it would leave CPU idle
+while it waits on a throttled link or a watchdog. Beside it at nice 19 the measuring tests still get a core
+whenever they want one: the kernel gives a nice-0 task about 68 times the share of a nice-19 one. The
+output of the serial part is printed after the parallel part's; the exit status is the first non-zero of the two.
+SIGINT or SIGTERM is passed to both, and the run waits for them to stop (each pytest stops its jobs)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+NO_TESTS = 5  # pytest's exit status when it collected nothing
+SERIAL = ["-m", "serial"]
+PARALLEL = ["-n", "3", "--dist", "loadgroup", "-m", "not serial"]
+
+
+def _lowest_priority() -> None:
+    os.nice(19)
+
+
+def main(args: list[str]) -> int:
+    args = args or ["tests"]
+    pytest = [sys.executable, "-m", "pytest"]
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as serial_out:
+        serial = subprocess.Popen([*pytest, *SERIAL, *args], stdout=serial_out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        parallel = subprocess.Popen([*pytest, *PARALLEL, *args], preexec_fn=_lowest_priority, start_new_session=True)
+        children = (serial, parallel)
+
+        def forward(signum: int, _frame: object) -> None:
+            for p in children:
+                if p.poll() is None:
+                    p.send_signal(signum)
+
+        signal.signal(signal.SIGINT, forward)
+        signal.signal(signal.SIGTERM, forward)
+        serial_rc = serial.wait()
+        serial_seconds = time.monotonic() - t0
+        parallel_rc = parallel.wait()
+        serial_out.seek(0)
+        print(f"\n===== the serial tests (beside the parallel part; done after {serial_seconds:.0f} s) =====",
+              flush=True)
+        sys.stdout.write(serial_out.read())
+    print(f"tests.run: serial exit {serial_rc} ({serial_seconds:.0f} s), parallel exit {parallel_rc} "
+          f"({time.monotonic() - t0:.0f} s)", flush=True)
+    codes = [rc for rc in (serial_rc, parallel_rc) if rc != NO_TESTS]  # paths with tests of one kind only
+    return next((rc for rc in codes if rc), 0) if codes else NO_TESTS
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
