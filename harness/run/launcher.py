@@ -12,13 +12,14 @@ Measured on this kind of machine: an elastic restart on gloo fails with
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from analysis.journal import JournalWriter, launcher_journal
 
@@ -172,8 +173,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                 # what a Session reads
                 env = {**worker_env(node, config.topology, token), SPEC_VARIABLE: str(spec_path.resolve())}
                 with open(logs / f"node{node}.log", "ab") as log:
-                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  start_new_session=True))
+                    procs.append(_start_agent(cmd, env, log, warm=config.topology is None))
                 journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
             if config.hang_timeout is not None:
                 watchdog = Watchdog(run_dir, procs, journal, config.hang_timeout)
@@ -197,6 +197,23 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
     if not procs:
         raise LaunchError("no torchrun agent started")
     return LaunchResult(returncodes=[p.returncode for p in procs], seconds=time.monotonic() - t0, timed_out=timed_out)
+
+
+def _start_agent(cmd: list[str], env: dict[str, str], log: Any, warm: bool) -> Any:
+    """Start one torchrun agent (``cmd`` is ``python -m harness.run.agent ARGS``): forked by this
+    process's zygote (:mod:`harness.run.zygote`, torch imported once for every agent) when ``warm``
+    and not switched off (``BAFT_ZYGOTE=0``), else a fresh interpreter in a session of its own."""
+    if warm and os.environ.get("BAFT_ZYGOTE", "1") != "0":
+        from harness.run.agent import PRELOAD
+        from harness.run.zygote import ZygoteError, shared
+
+        try:
+            return shared([*PRELOAD, "harness.run.agent", "harness.worker.workload"]).spawn(
+                cmd[3:], env, os.getcwd(), log)
+        except ZygoteError as e:
+            log.write(f"harness: no agent zygote ({e}); starting the agent in a fresh interpreter\n".encode())
+            log.flush()
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _journal_exits(journal: JournalWriter, procs: list[subprocess.Popen]) -> None:
