@@ -119,6 +119,19 @@ def _saved_replicas(buffer: SnapshotBuffer, complete: dict[int, int]) -> int:
     return _writer_place(buffer.slots[complete[max(complete)]])[1]
 
 
+def _old_ranks(rank: int, replica: int, replicas: int, saved: int, world: list[tuple[str, int]] | None,
+               old_world: list[list[Any]] | None) -> list[int]:
+    """The ranks that held this rank's stage among ``saved`` replicas before the world changed, by
+    their replica index; [] when the old world's map shows another number of them."""
+    if world is not None and old_world is not None:
+        place = world[rank][0]
+        olds = sorted((int(r), i) for i, (p, r) in enumerate(old_world) if p == place)
+        return [i for _, i in olds] if [r for r, _ in olds] == list(range(saved)) else []
+    _, size = rank_world()  # no map (a version from before it was recorded): replica-major order
+    stages = size // replicas
+    return [d * stages + rank - replica * stages for d in range(saved)]
+
+
 def _acts_on_state_dict(module: torch.nn.Module) -> bool:
     if module._state_dict_pre_hooks:
         return True
@@ -140,13 +153,16 @@ class BubbleSnapshotter:
     """Snapshots one stage's state into shared memory, inside its idle windows."""
 
     def __init__(self, state: TrainState, config: CheckpointConfig, shm_dir: Path, *, rank: int, replica: int = 0,
-                 replicas: int = 1, replica_group: Any = None) -> None:
+                 replicas: int = 1, replica_group: Any = None, world: list[tuple[str, int]] | None = None) -> None:
         """``config``: the checkpoint policy (its profiler, planner, ``omit``, node store and
         replication stride); ``shm_dir``: where the slots live; ``rank`` and its place among the
-        stage's data-parallel ``replicas`` (which chunks it copies; ``replica_group`` reduces them)."""
+        stage's data-parallel ``replicas`` (which chunks it copies; ``replica_group`` reduces them);
+        ``world``: every rank's (the pieces it holds, its replica index), recorded with each version
+        so a restore in a resized world finds the old ranks of its stage (None: rank-major order)."""
         self.state = state
         self.config = config
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
+        self.world = world
         self.profiler = BubbleProfiler(config.profiler)
         # Process-wide: the copier thread must hand the GIL back within half a millisecond when the
         # training thread wants it. Said in the log, and put back by close().
@@ -339,6 +355,7 @@ class BubbleSnapshotter:
         meta_static = {
             "layout": [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in self.specs or []],
             "replica": self.replica, "replicas": self.replicas, "owner": self._owner, **static,
+            "world": [list(p) for p in self.world] if self.world is not None else None,
         }
         # Only markers and structure may be cached; any other leaf could change between steps.
         self._static = (identity, codec.encode(meta_static) if _only_markers(static) else None)
@@ -449,7 +466,8 @@ class BubbleSnapshotter:
             events.emit("checkpoint_rejected", step=i, tier="shm", reason="torn: the writer stopped mid-copy")
         saved = max(all_gather(_saved_replicas(self.buffer, complete)))
         if saved and saved != self.replicas:
-            return self._restore_resized(saved, t0, floor)
+            old_world = (_static_meta(self.buffer.slots[complete[max(complete)]]) or {}).get("world") if complete else None
+            return self._restore_resized(saved, t0, floor, old_world)
         complete = {v: k for v, k in complete.items() if self._written_as_mine(self.buffer.slots[k])}
         remote = self.store.locate(self.rank) if self.store is not None else []
         events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=sorted(remote))
@@ -482,24 +500,23 @@ class BubbleSnapshotter:
         events.emit("checkpoint_restored", step=version, tier=tier, seconds=time.perf_counter() - t0, path=str(self.buffer.root))
         return version
 
-    def _restore_resized(self, saved: int, t0: float, floor: int) -> int | None:
+    def _restore_resized(self, saved: int, t0: float, floor: int, old_world: list[list[Any]] | None) -> int | None:
         """Restore after the number of data-parallel replicas changed (an elastic restart).
 
-        Ranks are replica-major (``rank = replica * stages + stage``). Each of the
-        ``saved`` replicas of this rank's stage held its own share of the bulk tensors
-        (zeros elsewhere), so their copies of one version, from this node's memory or
-        pulled from a store, sum to the whole stage; the small state (RNGs, data position,
-        scheduler) comes from the old rank with this rank's replica index (modulo ``saved``).
+        The old ranks of this rank's stage are those that held the same pieces of state in the old
+        world (``old_world``, recorded with this rank's newest version: every old rank's pieces and
+        replica index), in any rank order; without that map, in replica-major order
+        (``rank = replica * stages + stage``). Each of the ``saved`` replicas of the stage held its
+        own share of the bulk tensors (zeros elsewhere), so their copies of one version, from this
+        node's memory or pulled from a store, sum to the whole stage; the small state (RNGs, data
+        position, scheduler) comes from the old rank with this rank's replica index (modulo ``saved``).
         """
-        _, world = rank_world()
-        stages = world // self.replicas
-        stage = self.rank - self.replica * stages
-        olds = [d * stages + stage for d in range(saved)]
+        olds = _old_ranks(self.rank, self.replica, self.replicas, saved, self.world, old_world)
         here = {o: SnapshotBuffer(self.buffer.root, o) for o in olds}
         local = {o: {i.version for i in buf.open_existing() if i.state == COMPLETE} for o, buf in here.items()}
         remote = {o: ({v for v, _ in self.store.locate(o)} if self.store is not None else set()) for o in olds}
-        mine = set.intersection(*(local[o] | remote[o] for o in olds))
-        events.emit("restore_candidates", tier="shm", local=sorted(set.intersection(*local.values())),
+        mine = set.intersection(*(local[o] | remote[o] for o in olds)) if olds else set()
+        events.emit("restore_candidates", tier="shm", local=sorted(set.intersection(*local.values())) if olds else [],
                     remote=sorted(mine), resized_from=saved)
         everyone = all_gather(sorted(mine))
         common = {v for v in set(everyone[0]).intersection(*map(set, everyone[1:])) if v >= floor}

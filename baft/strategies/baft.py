@@ -70,8 +70,14 @@ class BaftStrategy(Strategy):
     def attached(self, stage: Any) -> None:
         rank, _ = rank_world()
         t = self.topology
+        # Which pieces of state every rank holds and its replica index: what an elastic restore after a
+        # change of world reads to find the old ranks of this rank's stage, in any rank order. A module
+        # attached without a mesh or a stage index holds "its own" state (rank<R>): no map, replica-major.
+        place = None if self.stage_key.startswith("rank") else self.shard_key
+        places = all_gather([place, t.replica])
+        world = None if any(p is None for p, _ in places) else [(p, r) for p, r in places]
         self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=t.replica,
-                                      replicas=t.replicas, replica_group=t.replica_group)
+                                      replicas=t.replicas, replica_group=t.replica_group, world=world)
         self.snap.attach(stage)
         self.group = checkpoint_group()
         self.decisions = checkpoint_group()

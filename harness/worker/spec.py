@@ -152,14 +152,12 @@ class WorkloadConfig:
 
     def resized(self, world_size: int) -> WorkloadConfig:
         """The same training on ``world_size`` ranks: the stages stay, the data-parallel replicas
-        change, and each replica runs more (or fewer) microbatches so the global batch stays."""
+        change, and each replica runs more (or fewer) microbatches so the global batch stays; each
+        node keeps its number of ranks."""
         if world_size == self.world_size:
             return self
         if self.script is not None:
             raise ConfigValueError("script", "the built-in workload (a script's world size cannot change)", self.script)
-        if self.layout != "replica-major":
-            raise ConfigValueError("layout", "replica-major for an elastic restart (baft's shrunk restore finds the "
-                                   "old ranks of a stage in replica-major order)", self.layout)
         per_replica = self.stages * self.dp_shard * self.tp
         if world_size % per_replica:
             raise ConfigValueError("data_parallel", f"a world size divisible by stages*dp_shard ({per_replica})", world_size)
@@ -167,8 +165,10 @@ class WorkloadConfig:
         if (self.microbatches * self.data_parallel) % replicas:
             raise ConfigValueError("microbatches", f"microbatches*data_parallel = {self.microbatches * self.data_parallel} "
                                    f"divisible by {replicas} replicas (the global batch must stay)", self.microbatches)
+        per_node = self.world_size // self.nodes  # each node keeps its ranks; the lost ones are gone
         return dataclasses.replace(self, data_parallel=replicas,
-                                   microbatches=self.microbatches * self.data_parallel // replicas)
+                                   microbatches=self.microbatches * self.data_parallel // replicas,
+                                   nodes=world_size // per_node if world_size % per_node == 0 else self.nodes)
 
     @property
     def world_size(self) -> int:

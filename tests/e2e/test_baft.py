@@ -66,7 +66,10 @@ def test_a_kill_in_the_first_iteration_restores_the_untrained_snapshot_bitwise(t
         "name": "baft-first-snapshot",
         "workload": {"model": "gpt-tiny", "stages": 2, "microbatches": 4, "steps": 8, "seed": 8},
         "checkpoint": {"strategy": "baft", "every": 40},
-        "faults": [{"kill": {"rank": 1, "at_step": 1, "signal": "SIGTERM"}}],
+        # Rank 0 in step 1's first forward: it sealed version 0 before its step-0 optimizer step, and rank 1
+        # seals it before rank 0 gets its last gradient. (Rank 1 killed as step 1 began once found rank 0
+        # still in step 0's last backward, version 0 not sealed there: a restart from scratch.)
+        "faults": [{"kill": {"rank": 0, "at_step": 1, "phase": "forward", "signal": "SIGTERM"}}],
         "expect": {"bitwise": True, "max_lost_steps": 1},
     }
     rc, out, v = run_cli(scenario, tmp_path / "out", ref_cache)

@@ -107,3 +107,28 @@ def test_fp16_with_a_moving_loss_scale_resumes_bit_for_bit(tmp_path: Path, ref_c
     # every rank skipped the same steps (an overflow on one stage skips the step on both)
     assert {e["step"] for e in j.events("amp_step_skipped", 1)} == set(skipped)
     assert "scaler" in j.events("state", 0)[-1]["digests"]
+
+
+def test_a_stage_major_job_shrinks_from_three_replicas_to_two(tmp_path: Path, ref_cache: Path) -> None:
+    """The old ranks of a stage come from the old world's map, not from rank arithmetic: after the shrink
+    new rank 2 holds stage 1, where old rank 2 held stage 0."""
+    rc, out, v = run_cli(ROOT / "scenarios/ci/elastic-stage-major.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["world_size"] == {"reference": 6, "final": 4} and v["completed"]
+    assert v["bitwise_equal"] and v["states_compared"] > 0 and v["resized_records"] > 0
+    assert v["loss_curve"]["passed"]
+    (rec,) = v["recoveries"]
+    run = tmp_path / "out" / "faulted"
+    j = Journal.load(run)
+    lost, sent = delivered(run, 2, [4, 5])  # node 2's ranks: replicas 1 and 2 of stage 1
+    floor = max((e["step"] for e in j.events("checkpoint_saved", 0) if e["tier"] == "persistent" and e["t"] < lost),
+                default=-1)
+    fresh = {s for s in sent if s >= floor}
+    if fresh:  # node 2's replicas had reached node 0's store: the restore must rebuild in memory
+        assert rec["restored_tier"] in ("shm", "peer") and rec["restored_step"] >= max(fresh), (rec, floor, sent)
+        restored = {e["rank"]: e.get("resized_from") for e in j.events("checkpoint_restored") if e["t"] > lost}
+        assert restored == {0: 3, 1: 3, 2: 3, 3: 3}, restored  # each from its stage's three old replicas
+    else:  # replication had not delivered a version as new as the persistent one: DCP reshards that
+        assert (rec["restored_tier"], rec["restored_step"]) == ("persistent", floor) or (
+            rec["restored_tier"] in ("shm", "peer") and rec["restored_step"] >= floor), (rec, floor, sent)
+    assert {e["world_size"] for e in j.events("start", 0)} == {6, 4}
