@@ -76,6 +76,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     fz.add_argument("--budget", type=int, default=10, help="generated schedules to try (default 10)")
     fz.add_argument("--shrink-budget", type=int, dest="shrink_budget", help="more runs to shrink a failure (default 2x budget)")
     fz.add_argument("--max-faults", type=int, default=3, dest="max_faults", help="faults per schedule at most (default 3)")
+    fz.add_argument("--seed", type=int, default=0, help="seed of the search (default 0): the same seed tries the same schedules")
     fz.add_argument("--layout", choices=sorted(LAYOUTS), help="run the base scenario's workload on this layout "
                     "(pp-fsdp: PP2 x FSDP2; pp-tp: PP2 x TP2; stage-major-dp: PP2 x DP2, stage-major, on 2 nodes)")
     fz.add_argument("--vary-policy", action="store_true", dest="vary_policy",
@@ -217,7 +218,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise UsageError("--budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)")
     out = args.out or Path("runs") / f"fuzz-{args.scenario.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget,
-             layout=args.layout, vary_policy=args.vary_policy)
+             layout=args.layout, vary_policy=args.vary_policy, seed=args.seed)
     failed = sum(not t.passed for t in r.trials)
     unrealized = sum(t.unrealized for t in r.trials)
     print(f"{len(r.trials)} trials, {failed} failed" + (f", {unrealized} unrealized (a persist or replicate fault "
