@@ -132,9 +132,6 @@ class WorkloadConfig:
                                        "supported by this workload)", self.tp)
             if (4 * shape.width) % self.tp:
                 raise ConfigValueError("tp", f"a divisor of the MLP width {4 * shape.width}", self.tp)
-        if self.amp != "none" and (self.dp_shard > 1 or self.tp > 1):
-            raise ConfigValueError("amp", "none with dp_shard or tp > 1 (mixed precision of DTensor state is not "
-                                   "supported by this workload)", self.amp)
         if self.amp_init_scale <= 0:
             raise ConfigValueError("amp_init_scale", "a number > 0", self.amp_init_scale)
         if self.amp_growth_interval < 1:

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from harness.errors import ConfigValueError, ScenarioError
+from harness.worker.amp import StageScaler
 from harness.worker.shapes import PRESETS
 from harness.worker.spec import WorkloadConfig
 
@@ -156,10 +157,8 @@ class PipelineTrainer:
         for st in self.stages:
             announce_compute(st, self)
         # fp16: the loss scaled (on the last stage) before its backward; every stage's gradients carry the scale
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=cfg.amp_init_scale,
-                                           growth_interval=cfg.amp_growth_interval) if cfg.amp == "fp16" else None
-        if self.scaler is not None:
-            self.scaler.scale(torch.zeros(()))  # creates its scale on every rank (only the last one scales a loss)
+        self.scaler = StageScaler(init_scale=cfg.amp_init_scale,
+                                  growth_interval=cfg.amp_growth_interval) if cfg.amp == "fp16" else None
         loss = loss_fn if self.scaler is None else (lambda out, target: self.scaler.scale(loss_fn(out, target)))
         if cfg.schedule == "interleaved-1f1b":
             self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=cfg.microbatches, loss_fn=loss)
@@ -217,7 +216,7 @@ class PipelineTrainer:
             self.optimizer.step()
         else:
             scale = float(self.scaler.get_scale())
-            self._scaled_step()
+            self.scaler.agreed_step(self.optimizer, lambda s: events.emit("amp_step_skipped", step=step, scale=s))
         self.scheduler.step()
         loss = None
         if last:
@@ -228,25 +227,6 @@ class PipelineTrainer:
             loss = float(mean)
         self.state.step = step + 1
         return loss
-
-    def _scaled_step(self) -> None:
-        """The fp16 optimizer step: gradients unscaled, the overflow check agreed by every rank (one
-        stage's inf skips the step on all of them, as one model's step would be skipped), then the
-        scaler's step and update. The agreement goes into the found-inf tensors ``unscale_`` leaves for
-        ``step`` (``GradScaler`` keeps them per optimizer; torch 2.13)."""
-        assert self.scaler is not None
-        self.scaler.unscale_(self.optimizer)
-        found = self.scaler._per_optimizer_states[id(self.optimizer)]["found_inf_per_device"]
-        any_inf = torch.stack([t.reshape(()) for t in found.values()]).amax() if found else torch.zeros(())
-        dist.all_reduce(any_inf, op=dist.ReduceOp.MAX)
-        for t in found.values():
-            t.fill_(any_inf)
-        if any_inf.item():
-            from baft import events
-
-            events.emit("amp_step_skipped", step=self.step, scale=float(self.scaler.get_scale()))
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
 
 
 def main(argv: list[str] | None = None) -> int:

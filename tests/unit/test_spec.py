@@ -89,7 +89,6 @@ def test_the_reference_runs_spec_with_a_bare_checkpoint_section_loads(tmp_path: 
     ({"checkpoint": {"every": 0}}, "checkpoint.every", ">= 1"),
     ({"stores": None}, "node_memory", "both stores and node_memory"),
     ({"workload": {"amp": "fp8"}}, "workload.amp", "one of"),
-    ({"workload": {"amp": "fp16", "dp_shard": 2}}, "workload.amp", "none with dp_shard or tp > 1"),
     ({"workload": {"amp": "fp16", "amp_init_scale": 0}}, "workload.amp_init_scale", "> 0"),
 ])
 def test_a_bad_spec_names_the_key(tmp_path: Path, change: dict, path: str, expected: str) -> None:
