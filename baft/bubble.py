@@ -154,7 +154,7 @@ class BubbleSnapshotter:
 
     def __init__(self, state: TrainState, config: CheckpointConfig, shm_dir: Path, *, rank: int, replica: int = 0,
                  replicas: int = 1, replica_group: Any = None, world: list[tuple[str, int]] | None = None) -> None:
-        """``config``: the checkpoint policy (its profiler, planner, ``omit``, node store and
+        """``config``: the checkpoint policy (its profiler, planner, node store and
         replication stride); ``shm_dir``: where the slots live; ``rank`` and its place among the
         stage's data-parallel ``replicas`` (which chunks it copies; ``replica_group`` reduces them);
         ``world``: every rank's (the pieces it holds, its replica index), recorded with each version
@@ -209,11 +209,6 @@ class BubbleSnapshotter:
         self.pinned: set[int] = set()
         """Slots a reader (the persister) still needs; a version due for a pinned slot is skipped."""
 
-    @property
-    def omit(self) -> tuple[str, ...]:
-        """Components left out of every snapshot (``config.omit``)."""
-        return tuple(self.config.omit)
-
     def attach(self, stage: Any) -> None:
         # A module with state-dict pre-hooks may act when its state dict is taken: FSDP2's reshards
         # the parameters it gathered for the forward, which inside a bubble would free what the
@@ -253,12 +248,12 @@ class BubbleSnapshotter:
         # The RNGs move in the first forward and the data position with the next batch:
         # these are taken now. Parameters, optimizer and scheduler stay put until the
         # optimizer step, so capturing them is part of the work done inside the bubbles.
-        boundary = self.state.capture(only=BOUNDARY_COMPONENTS, omit=self.omit)
+        boundary = self.state.capture(only=BOUNDARY_COMPONENTS)
         self._stage_buffers()
         if self._layout_at_boundary:
             self._current_layout()
             if self._static is not None and self._static[1] is None:
-                boundary["bulk_skeleton"] = split(self.state.capture(only=BULK_COMPONENTS, omit=self.omit))[0]
+                boundary["bulk_skeleton"] = split(self.state.capture(only=BULK_COMPONENTS))[0]
         pending: dict[str, Any] = {"version": version}
         self._pending = pending
         self.engine.start([Task("prepare", lambda: self._prepare(version, boundary, pending))])
@@ -299,7 +294,7 @@ class BubbleSnapshotter:
         ids: list[Any] = [key(t) for t in self.state.model.state_dict(keep_vars=True).values()
                           if isinstance(t, torch.Tensor)]
         opt = self.state.optimizer
-        if opt is not None and "optimizer" not in self.omit:
+        if opt is not None:
             for per_param in opt.state.values():
                 ids.append(len(per_param))
                 ids.extend(key(t) for t in per_param.values() if isinstance(t, torch.Tensor))
@@ -334,7 +329,7 @@ class BubbleSnapshotter:
 
     def _build_static(self, identity: tuple) -> None:
         """Lay out the bulk tensors, make every slot's copy jobs, encode what does not change."""
-        components = self.state.capture(only=BULK_COMPONENTS, omit=self.omit)
+        components = self.state.capture(only=BULK_COMPONENTS)
         skeleton, tensors = split(components)
         self.placements = self.state.placements()
         self.param_names = self.state.param_names()
@@ -362,7 +357,7 @@ class BubbleSnapshotter:
 
     def _dynamic(self, boundary: dict[str, Any], full: bool) -> dict[str, Any]:
         """What must be written with every version besides the bulk tensors."""
-        rest = self.state.capture(only=("optimizer", "scheduler", "scaler"), omit=self.omit)
+        rest = self.state.capture(only=("optimizer", "scheduler", "scaler"))
         out = dict(boundary)
         for c in ("scheduler", "scaler"):
             if c in rest:
@@ -370,7 +365,7 @@ class BubbleSnapshotter:
         if "optimizer" in rest:
             out["optimizer_groups"] = rest["optimizer"]["param_groups"]
         if full and "bulk_skeleton" not in out:  # the bulk skeleton has non-tensor leaves: write it every time
-            skeleton, _ = split(self.state.capture(only=BULK_COMPONENTS, omit=self.omit))
+            skeleton, _ = split(self.state.capture(only=BULK_COMPONENTS))
             out["bulk_skeleton"] = skeleton
         return out
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .components import COMPONENTS
 from .errors import BaftConfigError
 from .planner import PlannerConfig
 from .profiler import ProfilerConfig
@@ -58,9 +57,6 @@ class CheckpointConfig:
     """``baft``: idle-window measurement and drift detection."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     """``baft``: chunking and packing into windows."""
-    omit: list[str] = field(default_factory=list)
-    """Components deliberately left out of every checkpoint. A test knob that
-    produces a broken checkpoint so the harness can prove it catches one."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -79,10 +75,6 @@ class CheckpointConfig:
             raise BaftConfigError(next(k for k, v in REPLICATION_KEYS.items() if v == e.field), e.expected, e.found) from None
         if self.replicate_every < 1:
             raise BaftConfigError("replicate_every", "an integer >= 1", self.replicate_every)
-        allowed = [c for c in COMPONENTS if c not in ("model", "step")]
-        for name in self.omit:
-            if name not in allowed:
-                raise BaftConfigError("omit", "components among " + ", ".join(allowed), name)
 
     @property
     def replication(self) -> ReplicationConfig:

@@ -198,7 +198,7 @@ class TrainState:
 
         ``only`` selects components (a snapshot captures the RNGs and the data
         position at the boundary and the rest later); ``omit`` leaves
-        components out (a test knob that makes a broken checkpoint). DTensors (FSDP2, tensor
+        components out. DTensors (FSDP2, tensor
         parallelism) appear as this rank's local shards (``local=False``: as DTensors, for a
         format that reshards, DCP); :meth:`restore` takes either.
         """

@@ -177,7 +177,7 @@ class BaftStrategy(Strategy):
         if self.snap is not None and step > self._persisted and self.due(step):
             # The state after the last step never passes a boundary inside the loop.
             self._persisted = step
-            self._persist(step, self.state.capture(omit=tuple(self.config.omit)))
+            self._persist(step, self.state.capture())
         if self.snap is not None:
             self.snap.close()
             self.snap = None

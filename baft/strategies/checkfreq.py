@@ -59,7 +59,7 @@ class CheckFreqStrategy(Strategy):
             return False
         self._writer.drain()  # one persist in flight at most; the buffers are reused
         t0 = time.perf_counter()
-        snapshot = copy_into(self.state.capture(omit=tuple(self.config.omit)), self._buffers)
+        snapshot = copy_into(self.state.capture(), self._buffers)
         snap_seconds = time.perf_counter() - t0
         self._buffers = snapshot
         self._writer.submit(self._persist, step, snapshot, t0, snap_seconds)
@@ -97,7 +97,7 @@ class CheckFreqStrategy(Strategy):
         if records is None:
             return f"not every rank's shard of step {step} arrived within {COMMIT_TIMEOUT:.0f} s (or one failed)"
         try:
-            persist.commit(self.root, step, records, {"omit": list(self.config.omit)})
+            persist.commit(self.root, step, records)
             persist.prune(self.root, self.config.keep)
         except WRITE_ERRORS as e:
             return f"rank 0 commit: {type(e).__name__}: {e}"

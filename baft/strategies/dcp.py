@@ -82,7 +82,7 @@ class AsyncDCPStrategy(Strategy):
         rank, _ = rank_world()
         t0 = time.perf_counter()
         events.emit("phase", phase="persist", step=step)
-        sd = dcpformat.to_state_dict(self.state.capture(omit=tuple(self.config.omit), local=False), rank,
+        sd = dcpformat.to_state_dict(self.state.capture(local=False), rank,
                                      self.stage_key, shard_key=self.shard_key, param_names=self.state.param_names(),
                                      process_group=self.group)
         fut = dcp.async_save(sd, storage_writer=dcpformat.writer(self.root, step), process_group=self.group)

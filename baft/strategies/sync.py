@@ -24,7 +24,7 @@ class SyncStrategy(Strategy):
         rank, _ = rank_world()
         t0 = time.perf_counter()
         events.emit("phase", phase="persist", step=step)
-        data = persist.serialize(self.state.capture(omit=tuple(self.config.omit)))
+        data = persist.serialize(self.state.capture())
         try:
             record: persist.ShardRecord | str = persist.write_shard(self.root, step, rank, data)
         except OSError as e:  # e.g. ENOSPC: this checkpoint is lost, the last good one stays
@@ -34,7 +34,7 @@ class SyncStrategy(Strategy):
         if not failed:  # the same on every rank: all saw the same records
 
             def commit() -> None:
-                persist.commit(self.root, step, sorted(records, key=lambda r: r.rank), {"omit": list(self.config.omit)})
+                persist.commit(self.root, step, sorted(records, key=lambda r: r.rank))
                 persist.prune(self.root, self.config.keep)
 
             if (reason := commit_agreed(commit)) is not None:

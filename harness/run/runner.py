@@ -63,14 +63,14 @@ def default_cache_dir() -> Path:
 
 
 def _reference_workload(workload: WorkloadConfig) -> WorkloadConfig:
-    """The workload the reference runs: the same, without a planted bug (a mutant lives only in
-    the faulted run), and the built-in one on a single node: its training depends on the ranks, not
+    """The workload the reference runs: the same, without a planted bug (a mutant and ``omit`` live
+    only in the faulted run: the reference never restores), and the built-in one on a single node: its training depends on the ranks, not
     on how they are spread over agents, so the reference of 4 ranks on 2 nodes is that of 4 ranks on
     one (one agent to start instead of two, and one cache entry for both). A user's script keeps its
     nodes: it may read ``LOCAL_RANK`` or ``LOCAL_WORLD_SIZE``."""
     if workload.script is None:
-        return dataclasses.replace(workload, mutant=None, nodes=1)
-    return dataclasses.replace(workload, mutant=None)
+        return dataclasses.replace(workload, mutant=None, omit=[], nodes=1)
+    return dataclasses.replace(workload, mutant=None, omit=[])
 
 
 def script_command(workload: WorkloadConfig) -> list[str] | None:

@@ -67,9 +67,10 @@ class Probe:
     def state(self, step: int, state: TrainState) -> None:
         """Fingerprint every component at the boundary after ``step`` completed steps.
 
-        The L2 norms of floating tensors ride along so a divergence can be sized.
+        The L2 norms of floating tensors ride along so a divergence can be sized. The whole state the
+        job holds, also what a subclass leaves out of its checkpoints (``workload.omit``).
         """
-        digests, norms = fingerprint_components(state.capture(), state.param_names())
+        digests, norms = fingerprint_components(TrainState.capture(state), state.param_names())
         self.writer.write("state", step=step, digests=digests, norms=norms)
 
     def step(self, step: int, loss: float | None, seconds: float) -> None:

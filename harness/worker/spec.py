@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from baft import CheckpointConfig
+from baft.components import COMPONENTS
 from injectors import FAULTS, FaultConfig, FaultConfigError
 
 from harness.errors import ConfigValueError, ScenarioError
@@ -91,6 +92,9 @@ class WorkloadConfig:
     """With ``script``: workers per node."""
     args: list[str] = field(default_factory=list)
     """With ``script``: its command-line arguments."""
+    omit: list[str] = field(default_factory=list)
+    """Components the built-in workload's checkpoints deliberately leave out, in every strategy: a
+    negative control that makes a broken checkpoint, to show what the verdict says of one."""
     mutant: str | None = None
     """A known checkpoint bug planted in the faulted run's workers (``harness.worker.mutants``), to prove
     the verdict catches it; null: none."""
@@ -139,6 +143,10 @@ class WorkloadConfig:
         if self.dp_shard > 1 and self.virtual_stages > 1:
             raise ConfigValueError("dp_shard", "1 with an interleaved schedule (FSDP of several model chunks per "
                                    "rank is not supported by this workload)", self.dp_shard)
+        allowed = [c for c in COMPONENTS if c not in ("model", "step")]
+        for name in self.omit:
+            if name not in allowed:
+                raise ConfigValueError("omit", "components among " + ", ".join(allowed), name)
         if self.mutant is not None:
             from harness.worker.mutants import MUTANTS
 

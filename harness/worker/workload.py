@@ -23,12 +23,16 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from baft import TrainState
+from baft.components import COMPONENTS
 
 from harness.errors import ConfigValueError, ScenarioError
 from harness.worker.amp import StageScaler
@@ -101,7 +105,6 @@ class PipelineTrainer:
     """
 
     def __init__(self, cfg: WorkloadConfig) -> None:
-        from baft import TrainState
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
         from harness.worker.data import ResumableBatchSampler, make_dataset, make_loader, mix
@@ -174,7 +177,7 @@ class PipelineTrainer:
         # Creating a DataLoader iterator draws a base seed from the loader's generator;
         # do it before any restore so the restored generator state is what training sees.
         self.batches = iter(loader)
-        self.state = TrainState(
+        self.state = (TrainState if not cfg.omit else partial(LeavingOut, omitted=tuple(cfg.omit)))(
             model=self.module, optimizer=self.optimizer, scheduler=self.scheduler, data=sampler,
             scaler=self.scaler, generators={"loader": loader_gen},
         )
@@ -227,6 +230,17 @@ class PipelineTrainer:
             loss = float(mean)
         self.state.step = step + 1
         return loss
+
+
+@dataclass(kw_only=True)
+class LeavingOut(TrainState):
+    """A :class:`~baft.TrainState` whose every capture leaves ``omitted`` out (``workload.omit``)."""
+
+    omitted: tuple[str, ...] = ()
+
+    def capture(self, omit: tuple[str, ...] = (), only: tuple[str, ...] = COMPONENTS, *,
+                local: bool = True) -> dict[str, Any]:
+        return super().capture(omit=(*omit, *self.omitted), only=only, local=local)
 
 
 def main(argv: list[str] | None = None) -> int:

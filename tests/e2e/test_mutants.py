@@ -59,3 +59,19 @@ def test_the_mutant_is_caught(name: str, tmp_path: Path, ref_cache: Path) -> Non
 def test_the_correct_library_passes_where_the_mutants_are_caught(first: str, tmp_path: Path, ref_cache: Path) -> None:
     rc, out, v = run_cli(correct_library(first), tmp_path / "correct", ref_cache)
     assert rc == 0 and v["passed"] and v["bitwise_equal"], out
+
+
+@pytest.mark.parametrize("strategy", ["sync", "baft"])
+def test_a_checkpoint_that_leaves_a_component_out_fails_where_it_is_first_read(strategy: str, tmp_path: Path,
+                                                                                ref_cache: Path) -> None:
+    """The negative control ``workload.omit``: the harness's own knob, in every strategy (baft's config
+    no longer has it). The probe still fingerprints the whole state, so the divergence is the omitted
+    component at the restored step, not a component missing from every record."""
+    data = correct_library("rng-not-restored")
+    data["workload"]["omit"] = ["rng"]
+    data["checkpoint"]["strategy"] = strategy
+    rc, out, v = run_cli(data, tmp_path / "out", ref_cache)
+    assert rc == 1 and not v["bitwise_equal"], out
+    (rec,) = v["recoveries"]
+    div = v["first_divergence"]
+    assert div["component"] == "rng" and div["step"] == rec["restored_step"], (div, rec)

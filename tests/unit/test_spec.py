@@ -25,7 +25,7 @@ OLD_SPEC = {
                  "warmup": 10, "dataset_size": 512, "script": None, "nproc": 1, "args": [], "mutant": None},
     "checkpoint": {"strategy": "baft", "every": 50, "dir": "/runs/x/faulted/checkpoints", "keep": 3,
                    "shm_dir": "/dev/shm/baft-run-1", "replicas": 1, "replicate_every": 1, "replication_rate": 0.0,
-                   "replication_yield": True, "store": "", "node": 0, "omit": []},
+                   "replication_yield": True, "store": "", "node": 0},
     "faults": [{"kind": "throttle", "config": {"link": ["node0", "node1"], "rate": "50mbit", "from_step": 5}},
                {"kind": "node_loss", "config": {"node": 1, "at_step": 16}}],
     "stores": ["127.0.0.1:40001", "127.0.0.1:40002"],
