@@ -13,15 +13,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-#: Phases announced as ``emit("phase", phase=NAME, step=S)``; injector triggers use these names.
-#: ``iteration``, ``data`` (about to fetch the batch), ``forward``/``backward`` (per microbatch) and
-#: ``optimizer`` come from the training loop; ``snapshot``, ``replicate``, ``persist`` (a write to the
-#: persistent tier starts) and ``restore`` from the checkpointing strategies (``step`` is then the version).
+#: The phases the checkpointing strategies announce as ``emit("phase", phase=NAME, step=S)`` (``step``
+#: is the version): ``snapshot`` (a slot is being written), ``replicate`` (a node store starts copying a
+#: version to a peer), ``persist`` (a write to the persistent tier starts) and ``restore``. A training
+#: loop may announce its own phases the same way (the harness's workload does: its names are
+#: ``injectors.trigger.TRAINING_PHASES``); baft itself never reads a phase.
 #:
 #: A write to the persistent tier that fails (a full disk, a storage error) is announced as
 #: ``emit("checkpoint_failed", step=S, tier="persistent", reason=...)``: training goes on, ``latest``
 #: keeps pointing at the last good checkpoint.
-PHASES = ("iteration", "data", "forward", "backward", "optimizer", "snapshot", "replicate", "persist", "restore")
+PHASES = ("snapshot", "replicate", "persist", "restore")
 
 Subscriber = Callable[[str, dict[str, Any]], None]
 

@@ -13,12 +13,12 @@ from baft.traits import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
 
 from .base import RunShape
 from .errors import FaultConfigError
-from .trigger import PointFault
+from .trigger import TRAINING_PHASES, PointFault
 from .worker import InWorkerInjector
 
 #: Phases the training loop announces at every step that a process fault can be keyed to (``data``,
 #: announced too, is the data faults' phase).
-LOOP_PHASES: tuple[str, ...] = ("iteration", "forward", "backward", "optimizer")
+LOOP_PHASES: tuple[str, ...] = tuple(p for p in TRAINING_PHASES if p != "data")
 #: Phases a fault inside the worker can be keyed to: the loop's and those the strategies announce
 #: (each strategy declares its own, ``baft.strategies.Strategy.phases``).
 WORKER_PHASES: tuple[str, ...] = LOOP_PHASES + CHECKPOINT_PHASES

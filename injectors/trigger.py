@@ -167,5 +167,8 @@ class WindowFault(FaultConfig):
         return self.starts(step, elapsed) and not self.ended(step, elapsed, began_at)
 
 
-#: Every phase name a trigger may use (baft's public phases).
-ALL_PHASES: tuple[str, ...] = PHASES
+#: The phases the harness's training loop announces: ``iteration`` (the step begins), ``data`` (about to
+#: fetch the batch), ``forward``/``backward`` (per microbatch) and ``optimizer``.
+TRAINING_PHASES: tuple[str, ...] = ("iteration", "data", "forward", "backward", "optimizer")
+#: Every phase name a trigger may use: the loop's, then those baft's strategies announce.
+ALL_PHASES: tuple[str, ...] = TRAINING_PHASES + PHASES

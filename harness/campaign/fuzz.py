@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 
 from baft.config import CheckpointConfig
-from baft.events import PHASES
 from baft.traits import TRAITS, Traits
 from injectors.process import LOOP_PHASES
+from injectors.trigger import ALL_PHASES
 
 from harness.campaign.layouts import LAYOUTS
 from harness.errors import HarnessError, ScenarioError
@@ -68,7 +68,7 @@ def with_layout(data: dict[str, Any], layout: str) -> dict[str, Any]:
 
 
 #: The order phases are offered in (and shrink toward the end of): the checkpoint phases first.
-_DRAW_ORDER = ("snapshot", "replicate", "persist", *[p for p in PHASES if p not in ("snapshot", "replicate", "persist")])
+_DRAW_ORDER = ("snapshot", "replicate", "persist", *[p for p in ALL_PHASES if p not in ("snapshot", "replicate", "persist")])
 
 
 def phase_steps(data: dict[str, Any]) -> dict[str, list[int]]:
