@@ -45,6 +45,7 @@ from .snapshot import Slot, SnapshotBuffer
 from .state import TrainState, local_view
 from .store import TRAFFIC_FILE
 from .storeclient import StoreClient
+from .tpshared import broadcast_shared, shared_tensors
 from .traffic import TrafficFlag
 
 log = logging.getLogger("baft")
@@ -153,16 +154,20 @@ class BubbleSnapshotter:
     """Snapshots one stage's state into shared memory, inside its idle windows."""
 
     def __init__(self, state: TrainState, config: CheckpointConfig, shm_dir: Path, *, rank: int, replica: int = 0,
-                 replicas: int = 1, replica_group: Any = None, world: list[tuple[str, int]] | None = None) -> None:
+                 replicas: int = 1, replica_group: Any = None, world: list[tuple[str, int]] | None = None,
+                 tp: tuple[int, Any] | None = None) -> None:
         """``config``: the checkpoint policy (its profiler, planner, node store and
         replication stride); ``shm_dir``: where the slots live; ``rank`` and its place among the
         stage's data-parallel ``replicas`` (which chunks it copies; ``replica_group`` reduces them);
         ``world``: every rank's (the pieces it holds, its replica index), recorded with each version
-        so a restore in a resized world finds the old ranks of its stage (None: rank-major order)."""
+        so a restore in a resized world finds the old ranks of its stage (None: rank-major order);
+        ``tp``: this rank's place along tensor parallelism and the group of its TP peers (the state they
+        hold alike is copied by TP rank 0 only, :mod:`baft.tpshared`)."""
         self.state = state
         self.config = config
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
         self.world = world
+        self.tp = tp
         self.profiler = BubbleProfiler(config.profiler)
         # Process-wide: the copier thread must hand the GIL back within half a millisecond when the
         # training thread wants it. Said in the log, and put back by close().
@@ -374,6 +379,9 @@ class BubbleSnapshotter:
         self.specs = specs
         self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.config.planner.chunk_bytes)
         self.mine = owned(self.chunks, self.replica, self.replicas)
+        if self.tp is not None and self.tp[0] != 0:  # TP rank 0 copies what the TP ranks hold alike
+            shared = shared_tensors(specs, self.state, self.placements)
+            self.mine = [c for c in self.mine if c.tensor not in shared]
         self._owner = owner_tag(self.replica, self.replicas, [c.tensor for c in self.mine], specs)
         with self._slots_lock:  # a persister reading a sealed version finishes first
             self.buffer.allocate(total_bytes(specs), META_CAPACITY)
@@ -438,7 +446,7 @@ class BubbleSnapshotter:
 
     def owned_tensors(self) -> set[int] | None:
         """Indices (in layout order) of the bulk tensors this replica copies; None: all."""
-        return None if self.replicas == 1 else {c.tensor for c in self.mine}
+        return None if len(self.mine) == len(self.chunks) else {c.tensor for c in self.mine}
 
     def read_version(self, version: int) -> dict[str, Any]:
         """A private copy of sealed ``version``'s components (only this replica's tensors are real)."""
@@ -490,6 +498,7 @@ class BubbleSnapshotter:
             data = data.clone()
             dist.all_reduce(data, group=self.replica_group)
         self.state.restore(_components(slot.meta(), data)[0])
+        self._fill_shared()
         self.buffer.close()
         self.restored_version = version
         events.emit("checkpoint_restored", step=version, tier=tier, seconds=time.perf_counter() - t0, path=str(self.buffer.root))
@@ -552,10 +561,16 @@ class BubbleSnapshotter:
             return None
         events.emit("phase", phase="restore", step=version, tier=tier)
         self.state.restore(_components(meta, data)[0])
+        self._fill_shared()
         self.restored_version = version
         events.emit("checkpoint_restored", step=version, tier=tier, seconds=time.perf_counter() - t0,
                     path=str(self.buffer.root), resized_from=saved, replicas=self.replicas)
         return version
+
+    def _fill_shared(self) -> None:
+        """The state the TP ranks hold alike, which only TP rank 0's slots hold: sent to its peers."""
+        if self.tp is not None:
+            broadcast_shared(self.state, self.tp[1])
 
     def discard_newer(self, version: int) -> None:
         """After the job restored ``version`` (-1: nothing) from any tier: forget this rank's copies of the

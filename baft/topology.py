@@ -3,7 +3,7 @@
 A pipeline job's ranks form a mesh. Along ``pp`` the stages differ; along ``dp_replicate`` the ranks hold
 identical copies of their stage's state (each snapshots only its share, the shares of one version sum to the
 whole); along ``dp_shard`` (FSDP2) and ``tp`` (tensor parallelism) each rank holds a different piece (each
-snapshots all of its own). :func:`from_mesh` reads this from the job's ``DeviceMesh`` by dimension name, in
+snapshots all of its own, except what the TP ranks hold alike: :mod:`baft.tpshared`). :func:`from_mesh` reads this from the job's ``DeviceMesh`` by dimension name, in
 any order and any subset of those dimensions, never from rank arithmetic.
 """
 from __future__ import annotations
@@ -31,6 +31,11 @@ class Topology:
     shard: int = 0
     """Which piece of the stage's state this rank holds, among ``shards`` (``dp_shard`` x ``tp`` ...)."""
     shards: int = 1
+    tp_rank: int = 0
+    """This rank's place along ``tp`` (tensor parallelism), among ``tp_size``."""
+    tp_size: int = 1
+    tp_group: Any = None
+    """The process group of the ranks along ``tp`` with this one (None: no tensor parallelism)."""
     stage: int | None = None
     """This rank's place along ``pp`` when the topology came from a mesh (0 if the mesh has no ``pp``:
     one stage); None without a mesh."""
@@ -64,7 +69,10 @@ def from_mesh(mesh: Any) -> Topology:
         size = mesh[n].size()
         shard, shards = shard * size + mesh[n].get_local_rank(), shards * size
     stage = mesh["pp"].get_local_rank() if "pp" in names else 0
-    return Topology(replica=replica, replicas=replicas, replica_group=group, shard=shard, shards=shards, stage=stage)
+    tp = mesh["tp"] if "tp" in names and mesh["tp"].size() > 1 else None
+    return Topology(replica=replica, replicas=replicas, replica_group=group, shard=shard, shards=shards, stage=stage,
+                    tp_rank=tp.get_local_rank() if tp is not None else 0, tp_size=tp.size() if tp is not None else 1,
+                    tp_group=tp.get_group() if tp is not None else None)
 
 
 def of(mesh: Any = None, *, replica: int = 0, replicas: int = 1, replica_group: Any = None) -> Topology:

@@ -77,7 +77,8 @@ class BaftStrategy(Strategy):
         places = all_gather([place, t.replica])
         world = None if any(p is None for p, _ in places) else [(p, r) for p, r in places]
         self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=t.replica,
-                                      replicas=t.replicas, replica_group=t.replica_group, world=world)
+                                      replicas=t.replicas, replica_group=t.replica_group, world=world,
+                                      tp=(t.tp_rank, t.tp_group) if t.tp_size > 1 else None)
         self.snap.attach(stage)
         self.group = checkpoint_group()
         self.decisions = checkpoint_group()

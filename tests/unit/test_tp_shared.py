@@ -1,0 +1,79 @@
+"""What the tensor-parallel ranks of a stage hold alike is copied by one of them (issue 15: "a replicated
+placement ... is copied by one owner"). Two real gloo ranks on a ``tp`` mesh: the first and third Linear
+column/row-wise parallel (DTensor shards), a LayerNorm and a last Linear left plain, the same on both.
+TP rank 1's snapshot leaves the plain ones (and their Adam moments) to rank 0; a restore in fresh
+processes gives both ranks the exact state of the version, rank 0's plain tensors sent to rank 1; and from the persistent tier (DCP), where rank 1 wrote none of them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.gloo_ranks import run_ranks
+
+RANK = """
+import json, os, sys
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from baft import CheckpointConfig, TrainState, events
+from baft.state import local_view
+from baft.strategies import BaftStrategy
+from tests.rank_step import train_step
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+out, phase, start, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+torch.manual_seed(0 if phase == "a" else 99)  # the same init on both TP ranks; phase b starts elsewhere
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6), torch.nn.LayerNorm(6),
+                            torch.nn.Linear(6, 3))
+parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+state = TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
+if phase == "c":  # the node's memory is gone: the persistent tier it is
+    import shutil
+    shutil.rmtree(os.path.join(out, "shm"), ignore_errors=True)
+config = CheckpointConfig(strategy="baft", every=2, dir=os.path.join(out, "ckpt"), shm_dir=os.path.join(out, "shm"))
+strategy = BaftStrategy(config, state)
+strategy.attach(model, mesh=mesh)
+snapshots = []
+events.subscribe(lambda kind, f: snapshots.append(f["bytes"]) if kind == "snapshot" else None)
+if start:
+    assert strategy.restore() == start
+def record():
+    s = {k: local_view(v).tolist() for k, v in model.state_dict().items()}
+    s.update({f"opt.{i}.{k}": local_view(v).tolist() for i, st in state.optimizer.state_dict()["state"].items()
+              for k, v in st.items()})
+    return s
+seen = {start: record()}
+for step in range(start, stop):
+    train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(step)))
+    seen[step + 1] = record()
+slot = strategy.snap.read_version(stop - 1) if phase == "a" else {}
+plain_zero = bool(slot) and all(not t.any() for k, t in slot["model"].items() if k.startswith(("3.", "4.")))
+strategy.drain()  # version 2's DCP checkpoint committed
+strategy.snap.close()  # a crash: the slots stay
+with open(os.path.join(out, f"{phase}-{rank}.json"), "w") as f:
+    json.dump({"states": seen, "bytes": snapshots, "plain_zero": plain_zero}, f)
+dist.destroy_process_group()
+"""
+
+
+def _phase(tmp_path: Path, phase: str, start: int, stop: int) -> dict[int, dict]:
+    results = run_ranks(RANK, str(tmp_path), phase, str(start), str(stop))
+    assert all(code == 0 for code, _ in results), [out for _, out in results]
+    return {r: json.loads((tmp_path / f"{phase}-{r}.json").read_text()) for r in range(2)}
+
+
+def test_tp_ranks_copy_the_plain_state_once_and_restore_it_on_both(tmp_path: Path) -> None:
+    a = _phase(tmp_path, "a", 0, 4)
+    # rank 1 copies only its shards: the LayerNorm and the last Linear (and their moments) are rank 0's
+    assert a[1]["plain_zero"] and not a[0]["plain_zero"], (a[0]["plain_zero"], a[1]["plain_zero"])
+    assert all(b1 < b0 for b0, b1 in zip(a[0]["bytes"], a[1]["bytes"])), (a[0]["bytes"], a[1]["bytes"])
+    b = _phase(tmp_path, "b", 3, 4)  # fresh processes, another init: restore version 3 (after 3 steps)
+    for r in range(2):
+        assert b[r]["states"]["3"] == a[r]["states"]["3"], r  # every tensor, the plain ones too on rank 1
+        assert b[r]["states"]["4"] == a[r]["states"]["4"], r  # and training goes on as before
+    # from DCP: rank 1 wrote no key of the plain tensors (owned), each rank loads them by name
+    c = _phase(tmp_path, "c", 2, 3)
+    for r in range(2):
+        assert c[r]["states"]["2"] == a[r]["states"]["2"] and c[r]["states"]["3"] == a[r]["states"]["3"], r
