@@ -20,6 +20,9 @@ Event fields:
 ``state``               step (completed optimizer steps), digests {component: {key: hex}},
                         norms {component: {key: L2 norm}} (floating tensors only; absent in older journals)
 ``step``                step (0-based iteration index), loss, loss_bits (hex of the float32), seconds
+``resume_point``        step, exact, description, equal_at {component: [reference steps]} (an unmodified
+                        script's first state in a process of a faulted run, matched against the
+                        reference: where it resumed, :mod:`analysis.resume`)
 ``checkpoint_saved``    step, tier, bytes, seconds, path
 ``checkpoint_restored`` step, tier, seconds, path
 ``checkpoint_rejected`` step, tier, reason
@@ -76,6 +79,7 @@ from .errors import AnalysisError
 EVENTS = (
     "start",
     "state",
+    "resume_point",
     "step",
     "checkpoint_saved",
     "checkpoint_restored",

@@ -35,6 +35,10 @@ class Recovery(Record):
     journal does not tell."""
     caught_up_seconds: float | None = None
     """From the fault until the job had again completed every step it had completed before it."""
+    resume: str | None = None
+    """An unmodified script's resume, found by matching its first state against the reference
+    (:mod:`analysis.resume`): ``resumed from step 10 (every component equals the reference at step 10)``,
+    per rank where the ranks differ; None where baft restored (or the journal has no match)."""
 
 
 #: Faults that stall the job rather than end a process: the watchdog detects them.
@@ -119,6 +123,9 @@ def recoveries(run: Journal) -> list[Recovery]:
                 break
         restores = [e for e in run.events("checkpoint_restored") if e["incarnation"] == recovered]
         restored = min((e["step"] for e in restores), default=0)
+        points = [] if restores else [e for e in run.events("resume_point") if e["incarnation"] == recovered]
+        if points:
+            restored = min((e["step"] for e in points if e["step"] is not None), default=0)
         detection = next((t - t_f for t in hangs if t >= t_f), None) if fault.get("fault") in STALLS else None
         phases, caught_up = (_recovery_phases(run, t_f, detection, recovered, world, progress) if recovered is not None
                              else (None, None))
@@ -127,13 +134,14 @@ def recoveries(run: Journal) -> list[Recovery]:
                 fault={k: v for k, v in fault.items() if k != "t"},
                 progress_before=progress,
                 restored_step=restored,
-                restored_tier="+".join(sorted({e["tier"] for e in restores})) or None,
+                restored_tier="+".join(sorted({e["tier"] for e in restores})) or ("script" if points else None),
                 lost_steps=max(0, progress - restored),
                 recovery_seconds=(max(first_steps) - t_f) if recovered is not None else None,
                 restore_seconds=max((e["seconds"] for e in restores), default=None),
                 detection_seconds=detection,
                 phases=phases,
                 caught_up_seconds=caught_up,
+                resume=describe_resume(points) if points else None,
             )
         )
     return out
@@ -320,3 +328,16 @@ def efficiency(reference: Journal, run: Journal, steps: int) -> Efficiency:
         ),
         bubbles=bubbles,
     )
+
+
+def describe_resume(points: list[dict[str, Any]]) -> str:
+    """The ``resume_point`` events of one incarnation (one per rank) in words."""
+    def one(e: dict[str, Any]) -> str:
+        if e["step"] is None:
+            return e["description"]
+        return f"resumed from step {e['step']} ({e['description']})" if e["exact"] else \
+            f"resumed at step {e['step']}, but {e['description']}"
+    texts = {e["rank"]: one(e) for e in sorted(points, key=lambda e: e["rank"])}
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"rank {r}: {t}" for r, t in texts.items())

@@ -135,6 +135,10 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
                          _fmt(r.recovery_seconds), _fmt(r.caught_up_seconds)]
                         + [_fmt(ph.get(p), 2) for p in RECOVERY_PHASES])
         blocks.append(("table", (head, body)))
+        for r in recs:
+            if r.resume:
+                blocks.append(("p", f"{r.fault['fault']} {fault_target(r.fault)} at step {r.fault.get('step')}: "
+                                    f"{r.resume} (found by matching the script's first state against the reference)"))
         blocks.append(("p", "Phases (seconds, each ending when the last rank got there): " + "; ".join([
             "detection: fault → watchdog (stalls only)", "restart: → new worker processes exist",
             "startup: → process-group init begins", "rendezvous: → group formed", "restore: → checkpoint loaded",

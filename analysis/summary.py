@@ -62,6 +62,8 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
             f"  {f['fault']} {fault_target(f)} at step {f['step']}{phase}: restored step {r.restored_step}"
             f" ({r.restored_tier or 'no checkpoint'}), lost {count(r.lost_steps, 'step')}{detect}, recovered in {rec}"
         )
+        if r.resume:
+            lines.append(f"    {r.resume}")
     for w in v.windows:
         lines.append(f"  {w.fault} {w.target}: active from step {w.from_step}"
                      + (f" to step {w.to_step}" if w.to_step is not None else " to the end") + f" ({w.effect})")

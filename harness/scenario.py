@@ -121,12 +121,18 @@ def parse(data: Any, file: str, host: bool = True) -> Scenario:
             raise ScenarioError(file, "workload.script", "an existing training script (relative to the scenario file)",
                                 str(script))
         workload.script = str(script)
+    if workload.command is not None:
+        script = (Path(file).parent / workload.command[0]).resolve()
+        if not script.is_file():
+            raise ScenarioError(file, "workload.command[0]", "an existing training script (relative to the scenario "
+                                "file)", str(script))
+        workload.command = [str(script), *workload.command[1:]]
     checkpoint = build(CheckpointConfig, data.get("checkpoint"), file, "checkpoint")
     expect = build(ExpectConfig, data.get("expect"), file, "expect")
     run = build(RunConfig, data.get("run"), file, "run")
     shape = RunShape(world_size=workload.world_size, steps=workload.steps, nodes=workload.nodes)
     faults = parse_faults(data.get("faults") or [], file, shape, host)
-    check_phases(faults, checkpoint, file, workload.nodes)
+    check_phases(faults, checkpoint, file, workload.nodes, command=workload.command is not None)
     check_restarts(faults, run, file, workload.steps)
     check_elastic(faults, workload, checkpoint, expect, file)
     if expect.caught is not None and workload.mutant is None:
@@ -175,14 +181,24 @@ def parse_faults(items: Any, file: str, shape: RunShape, host: bool = True) -> l
 _FOLLOWS = {"saved": "persist"}
 
 
-def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int) -> None:
+#: The phases the boot module announces in an unmodified script (``workload.command``).
+COMMAND_PHASES = ("iteration", "data")
+
+
+def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int,
+                 command: bool = False) -> None:
     """A fault keyed to a strategy's phase must be able to fire under this scenario's strategy
-    (each strategy declares the phases it announces, ``baft.strategies.Strategy.phases``)."""
+    (each strategy declares the phases it announces, ``baft.strategies.Strategy.phases``); in an
+    unmodified script (``command``) only :data:`COMMAND_PHASES` are announced."""
     strategy = TRAITS[checkpoint.strategy]
     for i, f in enumerate(faults):
         phase = getattr(f.config, "phase", "iteration")
         at = getattr(f.config, "at_step", None)
         path = f"faults[{i}].{f.kind}"
+        if command and hasattr(f.config, "phase") and phase not in COMMAND_PHASES:
+            raise ScenarioError(file, f"{path}.phase", "a phase the harness sees in an unmodified script: "
+                                + " or ".join(COMMAND_PHASES) + " (the optimizer's pre-step hook, the DataLoader's "
+                                "next batch)", phase)
         announced = _FOLLOWS.get(phase, phase)
         if announced in CHECKPOINT_PHASES and announced not in strategy.phases:
             names = " or ".join(n for n, t in TRAITS.items() if announced in t.phases)

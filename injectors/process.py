@@ -16,9 +16,8 @@ from .errors import FaultConfigError
 from .trigger import TRAINING_PHASES, PointFault
 from .worker import InWorkerInjector
 
-#: Phases the training loop announces at every step that a process fault can be keyed to (``data``,
-#: announced too, is the data faults' phase).
-LOOP_PHASES: tuple[str, ...] = tuple(p for p in TRAINING_PHASES if p != "data")
+#: Phases the training loop announces at every step that a process fault can be keyed to.
+LOOP_PHASES: tuple[str, ...] = TRAINING_PHASES
 #: Phases a fault inside the worker can be keyed to: the loop's and those the strategies announce
 #: (each strategy declares its own, ``baft.strategies.Strategy.phases``).
 WORKER_PHASES: tuple[str, ...] = LOOP_PHASES + CHECKPOINT_PHASES

@@ -58,6 +58,8 @@ class LaunchConfig:
     :mod:`harness.run.agent`)."""
     script: list[str] | None = None
     """Instead of ``module``: a script and its arguments (it finds the spec in ``BAFT_SPEC``)."""
+    cwd: Path | None = None
+    """The agents' (and so the workers') working directory (None: this process's)."""
     stores: StoreSpec | None = None
     """The node stores to start before the agents (None: none)."""
     hang_timeout: float | None = None
@@ -173,7 +175,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                 # what a Session reads
                 env = {**worker_env(node, config.topology, token), SPEC_VARIABLE: str(spec_path.resolve())}
                 with open(logs / f"node{node}.log", "ab") as log:
-                    procs.append(_start_agent(cmd, env, log, warm=config.topology is None))
+                    procs.append(_start_agent(cmd, env, log, warm=config.topology is None, cwd=config.cwd))
                 journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
             if config.hang_timeout is not None:
                 watchdog = Watchdog(run_dir, procs, journal, config.hang_timeout)
@@ -199,7 +201,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
     return LaunchResult(returncodes=[p.returncode for p in procs], seconds=time.monotonic() - t0, timed_out=timed_out)
 
 
-def _start_agent(cmd: list[str], env: dict[str, str], log: Any, warm: bool) -> Any:
+def _start_agent(cmd: list[str], env: dict[str, str], log: Any, warm: bool, cwd: Path | None = None) -> Any:
     """Start one torchrun agent (``cmd`` is ``python -m harness.run.agent ARGS``): forked by this
     process's zygote (:mod:`harness.run.zygote`, torch imported once for every agent) when ``warm``
     and not switched off (``BAFT_ZYGOTE=0``), else a fresh interpreter in a session of its own."""
@@ -209,11 +211,11 @@ def _start_agent(cmd: list[str], env: dict[str, str], log: Any, warm: bool) -> A
 
         try:
             return shared([*PRELOAD, "harness.run.agent", "harness.worker.workload"]).spawn(
-                cmd[3:], env, os.getcwd(), log)
+                cmd[3:], env, str(cwd or os.getcwd()), log)
         except ZygoteError as e:
             log.write(f"harness: no agent zygote ({e}); starting the agent in a fresh interpreter\n".encode())
             log.flush()
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
 
 
 def _journal_exits(journal: JournalWriter, procs: list[subprocess.Popen]) -> None:

@@ -68,14 +68,29 @@ def _reference_workload(workload: WorkloadConfig) -> WorkloadConfig:
     on how they are spread over agents, so the reference of 4 ranks on 2 nodes is that of 4 ranks on
     one (one agent to start instead of two, and one cache entry for both). A user's script keeps its
     nodes: it may read ``LOCAL_RANK`` or ``LOCAL_WORLD_SIZE``."""
-    if workload.script is None:
+    if not workload.user_code:
         return dataclasses.replace(workload, mutant=None, omit=[], nodes=1)
     return dataclasses.replace(workload, mutant=None, omit=[])
 
 
-def script_command(workload: WorkloadConfig) -> list[str] | None:
-    """What torchrun runs for a script workload (None: the built-in one)."""
+def script_command(workload: WorkloadConfig, work_dir: Path | None = None) -> list[str] | None:
+    """What torchrun runs for a script workload (None: the built-in one): a ``command`` through the boot
+    module, ``{run_dir}`` in its arguments made ``work_dir``."""
+    if workload.command is not None:
+        script, *args = workload.command
+        where = str(work_dir) if work_dir is not None else "."
+        return ["-m", "harness.worker.boot", script, *(a.replace("{run_dir}", where) for a in args)]
     return [workload.script, *workload.args] if workload.script is not None else None
+
+
+def work_dir(run_dir: Path, workload: WorkloadConfig) -> Path | None:
+    """Where a ``command`` workload's workers run: the run's own directory for the script's files
+    (its relative checkpoint paths), kept across restarts; None for other workloads."""
+    if workload.command is None:
+        return None
+    path = (run_dir / "work").resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def reference_key(workload: WorkloadConfig, root: Path | None = None) -> str:
@@ -86,8 +101,8 @@ def reference_key(workload: WorkloadConfig, root: Path | None = None) -> str:
     h.update(importlib.metadata.version("torch").encode())  # the installed build, without importing it
     for f in training_code(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    if workload.script is not None:
-        h.update(Path(workload.script).read_bytes())
+    if workload.script is not None or workload.command is not None:
+        h.update(Path(workload.script or workload.command[0]).read_bytes())
     return h.hexdigest()[:20]
 
 
@@ -116,8 +131,12 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
         shutil.rmtree(tmp, ignore_errors=True)
         spec = WorkerSpec(workload=_reference_workload(workload), checkpoint=CheckpointConfig(strategy="none"))
         try:
+            wd = work_dir(tmp, workload)
             result = launch(tmp, spec, LaunchConfig(nodes=spec.workload.nodes, world_size=workload.world_size,
-                                                    max_restarts=0, timeout=timeout, script=script_command(workload)))
+                                                    max_restarts=0, timeout=timeout, script=script_command(workload, wd),
+                                                    cwd=wd))
+            if wd is not None:
+                shutil.rmtree(wd, ignore_errors=True)  # the script's own checkpoints are not the reference's
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a reference cut short is never cached, nor left behind
             raise
@@ -171,7 +190,9 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
                                      dir=given if "://" in given else str((faulted / "checkpoints").resolve()))
     stores = (StoreSpec(base=shm, replication=checkpoint.replication)
               if TRAITS[checkpoint.strategy].node_stores else None)
-    spec = WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, faults=scenario.faults)
+    spec = WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, faults=scenario.faults,
+                      reference=str((out / "reference").resolve()) if scenario.workload.command is not None else None)
+    wd = work_dir(faulted, scenario.workload)
     private_tier = next((f.config for f in scenario.faults if isinstance(f.config, DiskFullConfig)), None)
     if private_tier is not None:
         mount_private(Path(checkpoint.dir), private_tier.size_mb)
@@ -184,7 +205,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
             hang_timeout=scenario.run.hang_timeout, topology=topology, harness_faults=scenario.harness_faults(),
             min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), last_call=scenario.run.last_call,
-            script=script_command(scenario.workload),
+            script=script_command(scenario.workload, wd), cwd=wd,
         ))
     finally:
         stack.close()  # namespaces, veths and bridge go, whatever happened

@@ -70,8 +70,14 @@ class Probe:
         The L2 norms of floating tensors ride along so a divergence can be sized. The whole state the
         job holds, also what a subclass leaves out of its checkpoints (``workload.omit``).
         """
-        digests, norms = fingerprint_components(TrainState.capture(state), state.param_names())
+        self.components(step, TrainState.capture(state), state.param_names())
+
+    def components(self, step: int, components: dict[str, Any], param_names: dict[int, str] | None = None) -> dict:
+        """Fingerprint ``components`` (``{component: nested state}``) as the state at boundary ``step``;
+        returns the digests."""
+        digests, norms = fingerprint_components(components, param_names)
         self.writer.write("state", step=step, digests=digests, norms=norms)
+        return digests
 
     def step(self, step: int, loss: float | None, seconds: float) -> None:
         bits = float_bits(loss) if loss is not None else None

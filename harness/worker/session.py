@@ -75,21 +75,23 @@ class Session:
         """The scenario's checkpoint policy (a ``baft.CheckpointConfig``), placed on this node."""
         return self.spec.checkpoint
 
-    def start(self) -> Session:
-        """Join the process group (gloo, unless the script already did), open the journal, arm the faults."""
+    def start(self, join_group: bool = True) -> Session:
+        """Join the process group (gloo, unless the script already did; not at all without
+        ``join_group``: an unmodified script forms its own), open the journal, arm the faults."""
         import torch.distributed as dist
         from injectors import FAULTS, WorkerContext
 
         from harness.worker.probe import Probe
 
         init_seconds = 0.0
-        if not dist.is_initialized():
+        if join_group and not dist.is_initialized():
             t = time.time()
             dist.init_process_group("gloo")
             init_seconds = time.time() - t
         self.probe = Probe.from_env(self.run_dir, init_seconds=init_seconds)
         cfg = self.checkpoint_config
-        ctx = WorkerContext(rank=dist.get_rank(), fault_dir=self.run_dir / "faults", record=self.probe.record,
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        ctx = WorkerContext(rank=rank, fault_dir=self.run_dir / "faults", record=self.probe.record,
                             node=self.node, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                             node_memory=self.node_memory, started_at=self.spec.started_at,
                             checkpoint_dir=Path(cfg.dir) if "://" not in cfg.dir else None)

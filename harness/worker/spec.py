@@ -88,8 +88,14 @@ class WorkloadConfig:
     """A training script to run instead of the built-in pipeline (path relative to the scenario
     file); it reports through ``harness.worker.session.Session``. The built-in's fields are then unused,
     except ``steps`` (how many the script trains), ``seed`` and ``nodes``."""
+    command: list[str | int | float] | None = None
+    """An unmodified training script and its arguments, ``[SCRIPT, ARG...]`` (the script's path relative
+    to the scenario file): run through the harness's boot module (:mod:`harness.worker.boot`), which
+    finds its optimizer steps, losses and state without the script's help. ``{run_dir}`` in an argument
+    becomes the run's working directory, where the script runs (kept across its restarts, one per
+    run). ``steps``: the optimizer steps it is expected to take."""
     nproc: int = 1
-    """With ``script``: workers per node."""
+    """With ``script`` or ``command``: workers per node."""
     args: list[str] = field(default_factory=list)
     """With ``script``: its command-line arguments."""
     omit: list[str] = field(default_factory=list)
@@ -147,6 +153,14 @@ class WorkloadConfig:
         for name in self.omit:
             if name not in allowed:
                 raise ConfigValueError("omit", "components among " + ", ".join(allowed), name)
+        if self.command is not None:
+            if (not isinstance(self.command, list) or not self.command
+                    or not all(isinstance(a, (str, int, float)) for a in self.command)):
+                raise ConfigValueError("command", "a list [SCRIPT, ARG...] of strings", self.command)
+            self.command = [str(a) for a in self.command]
+            if self.script is not None:
+                raise ConfigValueError("command", "either command (an unmodified script) or script (one that "
+                                       "opens a Session), not both", self.command)
         if self.mutant is not None:
             from harness.worker.mutants import MUTANTS
 
@@ -161,8 +175,9 @@ class WorkloadConfig:
         node keeps its number of ranks."""
         if world_size == self.world_size:
             return self
-        if self.script is not None:
-            raise ConfigValueError("script", "the built-in workload (a script's world size cannot change)", self.script)
+        if self.user_code:
+            raise ConfigValueError("script" if self.script else "command",
+                                   "the built-in workload (a script's world size cannot change)", self.script or self.command)
         per_replica = self.stages * self.dp_shard * self.tp
         if world_size % per_replica:
             raise ConfigValueError("data_parallel", f"a world size divisible by stages*dp_shard ({per_replica})", world_size)
@@ -176,8 +191,13 @@ class WorkloadConfig:
                                    nodes=world_size // per_node if world_size % per_node == 0 else self.nodes)
 
     @property
+    def user_code(self) -> bool:
+        """Whether the workload is a user's script (``script`` or ``command``), not the built-in one."""
+        return self.script is not None or self.command is not None
+
+    @property
     def world_size(self) -> int:
-        return (self.nproc * self.nodes if self.script is not None
+        return (self.nproc * self.nodes if self.user_code
                 else self.stages * self.data_parallel * self.dp_shard * self.tp)
 
     @property
@@ -226,6 +246,9 @@ class Placement:
     started_at: float = 0.0
     """``time.time()`` when the launcher started the job: the origin of the faults' time
     triggers, the same for every worker and restart."""
+    reference: str | None = None
+    """A faulted run of a ``command`` workload: the reference run's directory, whose fingerprints the
+    boot module matches a restarted script's first state against (where did it resume?)."""
 
     def __post_init__(self) -> None:
         if (self.stores is None) != (self.node_memory is None):

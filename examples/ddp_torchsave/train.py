@@ -1,0 +1,101 @@
+"""A plain PyTorch DDP training script with its own checkpoints, as people write them (no harness import).
+
+    torchrun --nproc-per-node 2 train.py --ckpt-dir ckpt --steps 24 --save-every 5
+
+Every ``--save-every`` steps rank 0 writes the model, optimizer, scheduler and step to
+``CKPT_DIR/last.pt`` (a temporary file renamed into place) and every rank its own RNG states to
+``CKPT_DIR/rng-RANK.pt``. On start it resumes from ``last.pt`` when there is one: the epoch and the
+batches already seen in it are skipped (the DistributedSampler reshuffles each epoch from its seed).
+``--torn`` plants a classic bug: the optimizer is saved one step after the model, to its own file.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def atomic_save(obj: object, path: str) -> None:
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt-dir", default="ckpt")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--save-every", type=int, default=5)
+    p.add_argument("--torn", action="store_true")
+    p.add_argument("--loader-generator", action="store_true",
+                   help="give the DataLoader a generator of its own (else each new iterator draws its seed "
+                        "from the global torch RNG)")
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(256, 16, generator=g), torch.randn(256, 4, generator=g))
+    sampler = DistributedSampler(data, shuffle=True, seed=3)
+    loader = DataLoader(data, batch_size=8, sampler=sampler,
+                        generator=torch.Generator().manual_seed(4) if args.loader_generator else None)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                    torch.nn.Linear(32, 4)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+    torch.manual_seed(100 + rank)  # dropout differs per rank
+
+    os.makedirs(args.ckpt_dir, exist_ok=True)
+    last = os.path.join(args.ckpt_dir, "last.pt")
+    step = 0
+    if os.path.exists(last):
+        ck = torch.load(last, weights_only=True)
+        model.module.load_state_dict(ck["model"])
+        opt.load_state_dict(torch.load(os.path.join(args.ckpt_dir, "optim.pt"), weights_only=True)
+                            if args.torn else ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"])
+        step = ck["step"]
+        rng = torch.load(os.path.join(args.ckpt_dir, f"rng-{rank}.pt"), weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        print(f"rank {rank}: resumed from step {step}", flush=True)
+
+    per_epoch = len(loader)
+    while step < args.steps:
+        epoch, skip = divmod(step, per_epoch)
+        sampler.set_epoch(epoch)
+        for i, (x, y) in enumerate(loader):
+            if i < skip:
+                continue
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            if args.torn and step % args.save_every == 1 and step > 1 and rank == 0:
+                atomic_save(opt.state_dict(), os.path.join(args.ckpt_dir, "optim.pt"))  # a step late
+            if step % args.save_every == 0:
+                rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+                atomic_save(rng, os.path.join(args.ckpt_dir, f"rng-{rank}.pt"))
+                if rank == 0:
+                    atomic_save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
+                                 "scheduler": sched.state_dict(), "step": step}, last)
+                dist.barrier()
+            if step >= args.steps:
+                break
+    dist.barrier()  # no rank tears its connections down while another still uses them
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

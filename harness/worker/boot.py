@@ -1,0 +1,67 @@
+"""The boot module: how the harness runs an unmodified training script (``workload: {command: [...]}``).
+
+torchrun starts ``python -m harness.worker.boot SCRIPT ARG...`` in every worker. It opens the rank's
+journal, arms the worker's faults, installs :class:`~harness.worker.hooks.ScriptProbe` and then runs the
+script as ``__main__`` (``runpy``), with ``sys.argv`` and ``sys.path[0]`` as ``python SCRIPT ARG...``
+would give it. The script forms its own process group; it never imports the harness.
+
+When the script returns, the journal gets ``finish`` with the steps it took. An exception in the script
+propagates (the worker exits non-zero, torchrun sees a failure); ``SystemExit`` keeps its code.
+Python's and numpy's global generators are seeded first (:func:`seed_unseeded`).
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from harness.worker.session import Session
+from harness.worker.spec import SPEC_VARIABLE
+
+
+def seed_unseeded(seed: int, rank: int) -> None:
+    """Seed python's and numpy's global generators, which start from OS entropy: a script that never
+    seeds them (and may never draw from them) would otherwise hold a different RNG state in any two
+    runs, and every comparison would fail on it. A script that seeds them itself overrides this."""
+    import random
+
+    import numpy as np
+
+    random.seed(f"baft-{seed}-{rank}")
+    np.random.seed((seed * 1_000_003 + rank) % 2**32)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python -m harness.worker.boot SCRIPT [ARG...] (started by baft run)", file=sys.stderr)
+        return 2
+    script = Path(args[0]).resolve()
+    spec_path = os.environ.get(SPEC_VARIABLE)
+    if not spec_path:
+        print(f"harness.worker.boot: {SPEC_VARIABLE} is not set: run the script through `baft run` with "
+              "workload: {command: [...]}", file=sys.stderr)
+        return 2
+    from harness.worker.hooks import ScriptProbe
+
+    session = Session(Path(spec_path)).start(join_group=False)
+    seed_unseeded(session.spec.workload.seed, session.probe.rank)
+    reference = Path(session.spec.reference) if session.spec.reference else None
+    hooks = ScriptProbe(session.probe, session.steps, reference).install()
+    sys.argv = [str(script), *args[1:]]
+    sys.path.insert(0, str(script.parent))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+    finally:
+        hooks.uninstall()
+        session.disarm()
+    session.probe.close(hooks.step)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,200 @@
+"""The probe installed without the script's help: torch's own hooks tell the steps, losses and state.
+
+:mod:`harness.worker.boot` installs :class:`ScriptProbe` before an unmodified training script runs:
+
+- **the step**: torch's global optimizer step hooks. The first optimizer that steps in the process leads:
+  one of its steps is one training step, and other optimizers' steps (a GAN's discriminator, a second
+  parameter group's optimizer) belong to the step the leader takes next;
+- **the loss**: what ``Tensor.backward`` is called on (a one-element tensor), summed over the backward
+  calls of one step (gradient accumulation's micro-steps);
+- **the state at every step**, fingerprinted in the leader's pre-step hook, when the gradients are ready
+  and nothing is updated yet: the models (the modules called from outside any other module's forward,
+  found by a global forward hook), every optimizer's state dict, every LR scheduler (found when
+  constructed), the process RNGs (python, numpy, torch, CUDA) and the batch the step trains on (the last
+  one a ``DataLoader`` gave) with its sampler's epoch. The state after the last step is fingerprinted in
+  the leader's post-step hook. The same hooks run in the reference and in the faulted run, so both record
+  the same things at the same moments;
+- **faults** keyed to steps: ``iteration`` fires in the leader's pre-step hook, ``data`` when a
+  ``DataLoader`` is asked for the batch.
+
+The step's number: counted from 0 in a fresh job. In a faulted run's restarted process the script has
+restored itself from somewhere; its first state is matched against the reference's
+(:func:`analysis.resume.locate`), the match is journaled (``resume_point``) and the count goes on from
+the step it resumed from, so faults and records keep the reference's numbering.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from analysis.journal import Journal
+from analysis.resume import ResumePoint, locate
+from baft import events
+from baft.state import rng_state
+
+
+class ScriptProbe:
+    """One worker's hooks into torch; journals through ``probe`` (a :class:`~harness.worker.probe.Probe`)."""
+
+    def __init__(self, probe: Any, steps: int, reference: Path | None = None) -> None:
+        """``steps``: the steps the script is expected to take (the last one's state is recorded after
+        it); ``reference``: the reference run's directory (faulted runs), matched against at the first step."""
+        self.probe, self.steps, self.reference = probe, steps, reference
+        self.step = 0
+        """The step the leader takes next (the reference's numbering)."""
+        self.taken = 0
+        """Steps the leader took in this process."""
+        self.resume: ResumePoint | None = None
+        self._leader: Any = None
+        self._others: list[Any] = []
+        self._schedulers: list[weakref.ref] = []
+        self._roots: list[torch.nn.Module] = []
+        self._depth = threading.local()
+        self._loss = 0.0
+        self._losses = 0
+        self._batch: Any = None
+        self._epoch: Any = None
+        self._t = time.perf_counter()
+        self._undo: list[Any] = []
+
+    # -- installing ----------------------------------------------------------------------------
+    def install(self) -> ScriptProbe:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._undo += [register_optimizer_step_pre_hook(self._pre_step), register_optimizer_step_post_hook(self._post_step),
+                       register_module_forward_pre_hook(self._enter), register_module_forward_hook(self._leave)]
+        self._patch(torch.Tensor, "backward", self._backward)
+        from torch.optim.lr_scheduler import LRScheduler
+
+        self._patch(LRScheduler, "__init__", self._scheduler_init)
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        self._patch(_BaseDataLoaderIter, "__next__", self._next_batch)
+        return self
+
+    def _patch(self, owner: Any, name: str, make: Any) -> None:
+        original = owner.__dict__[name]
+        setattr(owner, name, make(original))
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def uninstall(self) -> None:
+        for undo in reversed(self._undo):
+            undo.remove() if hasattr(undo, "remove") else undo()
+        self._undo = []
+
+    # -- what the hooks see --------------------------------------------------------------------
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
+        depth = getattr(self._depth, "n", 0)
+        if depth == 0 and torch.is_grad_enabled() and not any(m is module for m in self._roots):
+            self._roots.append(module)
+        self._depth.n = depth + 1
+
+    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._depth.n = max(0, getattr(self._depth, "n", 1) - 1)
+
+    def _backward(self, original: Any) -> Any:
+        probe = self
+
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.numel() == 1:
+                probe._loss += float(tensor.detach().float())
+                probe._losses += 1
+            return original(tensor, *args, **kwargs)
+
+        return backward
+
+    def _scheduler_init(self, original: Any) -> Any:
+        probe = self
+
+        def __init__(scheduler: Any, *args: Any, **kwargs: Any) -> None:
+            original(scheduler, *args, **kwargs)
+            if not any(r() is scheduler for r in probe._schedulers):
+                probe._schedulers.append(weakref.ref(scheduler))
+
+        return __init__
+
+    def _next_batch(self, original: Any) -> Any:
+        probe = self
+
+        def __next__(it: Any) -> Any:
+            events.emit("phase", phase="data", step=probe.step)
+            batch = original(it)
+            probe._batch = batch
+            sampler = getattr(getattr(it, "_index_sampler", None), "sampler", None)
+            probe._epoch = getattr(sampler, "epoch", None)
+            return batch
+
+        return __next__
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._leader is None:
+            self._leader = optimizer
+        if optimizer is not self._leader:
+            if not any(o is optimizer for o in self._others):
+                self._others.append(optimizer)
+            return
+        components, names = self.components()
+        if self.taken == 0 and self.reference is not None:
+            self._locate(components, names)
+        self.probe.components(self.step, components, names)
+        events.emit("phase", phase="iteration", step=self.step)  # a fault keyed to this step fires here
+
+    def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer is not self._leader:
+            return
+        now = time.perf_counter()
+        self.probe.step(self.step, self._loss if self._losses else None, now - self._t)
+        self._t, self._loss, self._losses = now, 0.0, 0
+        self.step += 1
+        self.taken += 1
+        if self.step == self.steps:  # the state after the last step: no pre-step hook will see it
+            components, names = self.components()
+            self.probe.components(self.step, components, names)
+
+    # -- the state -------------------------------------------------------------------------------
+    def components(self) -> tuple[dict[str, Any], dict[int, str]]:
+        """The state as the hooks know it, in the probe's components; the leader's parameter names."""
+        out: dict[str, Any] = {}
+        by_id: dict[int, str] = {}
+        if self._roots:
+            many = len(self._roots) > 1
+            model: dict[str, Any] = {}
+            for i, root in enumerate(self._roots):
+                prefix = f"{i}." if many else ""
+                model.update({prefix + k: v for k, v in root.state_dict().items()})
+                by_id.update({id(p): prefix + n for n, p in root.named_parameters()})
+            out["model"] = model
+        names: dict[int, str] = {}
+        if self._leader is not None:
+            out["optimizer"] = self._leader.state_dict()
+            params = [p for g in self._leader.param_groups for p in g["params"]]
+            names = {i: by_id.get(id(p), str(i)) for i, p in enumerate(params)}
+        if self._others:
+            out["optimizers"] = {str(i + 1): o.state_dict() for i, o in enumerate(self._others)}
+        schedulers = [s for r in self._schedulers if (s := r()) is not None]
+        if schedulers:
+            out["scheduler"] = {str(i): s.state_dict() for i, s in enumerate(schedulers)}
+        out["rng"] = rng_state()
+        if self._batch is not None:
+            out["data"] = {"batch": self._batch, "epoch": self._epoch}
+        out["step"] = {"step": self.step}
+        return out, names
+
+    def _locate(self, components: dict[str, Any], names: dict[int, str]) -> None:
+        """The first step of a process of the faulted run: where did the script resume?"""
+        from baft.state import digest_components
+
+        rank = self.probe.rank
+        reference = {e["step"]: e["digests"] for e in Journal.load(self.reference).events("state", rank)}
+        self.resume = locate(digest_components(components, names), reference)
+        if self.resume.step is not None:
+            self.step = self.resume.step
+            components["step"] = {"step": self.step}
+        self.probe.record("resume_point", step=self.resume.step, exact=self.resume.exact,
+                          description=self.resume.description, equal_at=self.resume.equal_at)
