@@ -320,7 +320,12 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     expected_ranks = set(range(run.world_size)) if run.world_size != reference.world_size else set(reference.ranks)
     completed = expected_ranks <= set(finished) and all(finished[r] == steps for r in expected_ranks)
     if not completed:
-        failures.append(f"run did not complete: finished ranks {sorted(finished)} of {sorted(expected_ranks)}")
+        short = {r: s for r, s in finished.items() if r in expected_ranks and s != steps}
+        if short:  # it ended normally, after another number of steps
+            ends = ", ".join(f"rank {r} after {s}" for r, s in sorted(short.items()))
+            failures.append(f"run did not complete: it finished {ends} step(s), expected {steps} (workload.steps)")
+        else:
+            failures.append(f"run did not complete: finished ranks {sorted(finished)} of {sorted(expected_ranks)}")
     if cmp.resized and expect.loss is None:
         failures.append(f"{cmp.resized} records were written at world size {run.world_size} (the reference ran on "
                         f"{reference.world_size}); judging them needs expect.loss")

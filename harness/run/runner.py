@@ -20,6 +20,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -141,12 +142,28 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
             shutil.rmtree(tmp, ignore_errors=True)  # a reference cut short is never cached, nor left behind
             raise
         if not result.ok:
+            cause = failure_line(tmp / "logs")
             raise LaunchError(f"the reference run failed (exit codes {result.returncodes}, timed out: "
-                              f"{result.timed_out}); logs in {tmp / 'logs'}")
+                              f"{result.timed_out}){': ' + cause if cause else ''}; logs in {tmp / 'logs'}")
         (tmp / "complete").write_text(f"{result.seconds:.3f}")
         shutil.rmtree(final, ignore_errors=True)  # an incomplete one (none is ever renamed there)
         os.replace(tmp, final)
     return Reference(run_dir=final, cached=False, seconds=result.seconds)
+
+
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def failure_line(logs: Path) -> str | None:
+    """The last exception a worker printed in ``logs`` (``RuntimeError: ...``), torchrun's own report of
+    the failed child left out; None if there is none."""
+    found = None
+    for log in sorted(logs.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            m = _EXCEPTION.match(line.strip())
+            if m and "ChildFailedError" not in line:
+                found = m.group(1)[:300]
+    return found
 
 
 def _cached(final: Path) -> Reference:

@@ -7,7 +7,7 @@ would give it. The script forms its own process group; it never imports the harn
 
 When the script returns, the journal gets ``finish`` with the steps it took. An exception in the script
 propagates (the worker exits non-zero, torchrun sees a failure); ``SystemExit`` keeps its code.
-Python's and numpy's global generators are seeded first (:func:`seed_unseeded`).
+Python's, numpy's and torch's global generators are seeded first (:func:`seed_unseeded`).
 """
 from __future__ import annotations
 
@@ -21,15 +21,18 @@ from harness.worker.spec import SPEC_VARIABLE
 
 
 def seed_unseeded(seed: int, rank: int) -> None:
-    """Seed python's and numpy's global generators, which start from OS entropy: a script that never
-    seeds them (and may never draw from them) would otherwise hold a different RNG state in any two
-    runs, and every comparison would fail on it. A script that seeds them itself overrides this."""
+    """Seed python's, numpy's and torch's global generators, which start from OS entropy (torch 2.13's
+    default seed too): a script that never seeds one (and may never draw from it) would otherwise hold
+    a different RNG state, or other initial weights, in any two runs, and every comparison would fail
+    on it. A script that seeds them itself overrides this."""
     import random
 
     import numpy as np
+    import torch
 
     random.seed(f"baft-{seed}-{rank}")
     np.random.seed((seed * 1_000_003 + rank) % 2**32)
+    torch.manual_seed(seed * 1_000_003 + rank)
 
 
 def main(argv: list[str] | None = None) -> int:

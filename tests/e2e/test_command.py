@@ -60,3 +60,30 @@ def test_a_torn_checkpoint_is_named_torn(tmp_path: Path, ref_cache: Path) -> Non
     (rec,) = v["recoveries"]
     assert "torn: model equals step 10, optimizer equals step 11" in rec["resume"], rec
     assert v["first_divergence"]["component"] == "optimizer" and v["first_divergence"]["step"] == 10
+
+
+MISUSE = """\
+import sys, torch
+m = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(int(sys.argv[1])):
+    m(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+if len(sys.argv) > 2:
+    raise RuntimeError("the data path does not exist: /data/shards")
+"""
+
+
+@pytest.mark.parametrize(("args", "steps", "rc", "says"), [
+    (["5"], 8, 1, "it finished rank 0 after 5 step(s), expected 8 (workload.steps)"),
+    (["5", "crash"], 5, 1, "the reference run failed (exit codes [1], timed out: False): RuntimeError: the data path "
+                           "does not exist: /data/shards"),
+])
+def test_a_script_that_ends_early_or_crashes_says_so(tmp_path: Path, ref_cache: Path, args: list[str], steps: int,
+                                                   rc: int, says: str) -> None:
+    (tmp_path / "train.py").write_text(MISUSE)
+    data = {"name": "misuse", "workload": {"command": [str(tmp_path / "train.py"), *args], "nproc": 1, "steps": steps},
+            "checkpoint": {"strategy": "none"}, "faults": [], "expect": {"bitwise": True}}
+    code, out, _ = run_cli(data, tmp_path / "out", ref_cache)
+    assert code == rc and says in out, out

@@ -248,3 +248,37 @@ def test_a_clock_skew_scenario_can_go_to_a_cluster(tmp_path: Path, capsys: pytes
     rc = cli_main(["run", str(f), "--target", "k8s", "--dry-run", "--crds", str(SHARED_CRDS), "--namespace", "train",
                    "--selector", "app=gpt"])
     assert rc == 0 and "kind: TimeChaos" in capsys.readouterr().out
+
+
+COMMAND = """\
+name: cmd
+workload: {command: [train.py, --steps, 12], nproc: 2, steps: 12}
+checkpoint: {strategy: none}
+faults:
+  - kill: {rank: 1, at_step: 7}
+expect: {bitwise: true}
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "path", "expected"),
+    [
+        ("command: [train.py,", "command: [missing.py,", "workload.command[0]", "an existing training script"),
+        ("command: [train.py, --steps, 12]", "command: []", "workload.command", "a list [SCRIPT, ARG...]"),
+        ("nproc: 2,", "nproc: 2, script: train.py,", "workload.command", "not both"),
+        ("at_step: 7}", "at_step: 7, phase: backward}", "faults[0].kill.phase", "iteration or data"),
+        ("at_step: 7}", "at_step: 12}", "faults[0].kill.at_step", "0..11"),
+    ],
+)
+def test_a_bad_command_workload_names_its_key_path(tmp_path: Path, old: str, new: str, path: str, expected: str) -> None:
+    (tmp_path / "train.py").write_text("print('training')\n")
+    assert old in COMMAND
+    with pytest.raises(ScenarioError) as err:
+        load(write(tmp_path, COMMAND.replace(old, new, 1)))
+    assert (err.value.path, expected in err.value.expected) == (path, True), err.value
+
+
+def test_a_command_workload_loads_with_its_script_made_absolute(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('training')\n")
+    s = load(write(tmp_path, COMMAND))
+    assert s.workload.command == [str(tmp_path / "train.py"), "--steps", "12"] and s.workload.world_size == 2
