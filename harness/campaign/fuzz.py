@@ -25,7 +25,6 @@ import yaml
 
 from baft.config import CheckpointConfig
 from baft.traits import TRAITS, Traits
-from injectors.process import LOOP_PHASES
 from injectors.trigger import ALL_PHASES
 
 from harness.campaign.layouts import LAYOUTS
@@ -68,6 +67,10 @@ def with_layout(data: dict[str, Any], layout: str) -> dict[str, Any]:
 
 
 #: The order phases are offered in (and shrink toward the end of): the checkpoint phases first.
+#: The training loop's phases a campaign draws faults at (``data``, the batch fetched between
+#: ``iteration`` and the first forward, is left out: nothing of the checkpoint happens between them,
+#: and the seeded streams of the campaigns in README stay the ones they were drawn from).
+DRAWN_LOOP_PHASES = ("iteration", "forward", "backward", "optimizer")
 _DRAW_ORDER = ("snapshot", "replicate", "persist", *[p for p in ALL_PHASES if p not in ("snapshot", "replicate", "persist")])
 
 
@@ -81,7 +84,7 @@ def phase_steps(data: dict[str, Any]) -> dict[str, list[int]]:
     ck = build(CheckpointConfig, data.get("checkpoint"), "the base scenario", "checkpoint")
     strategy = TRAITS.get(ck.strategy, Traits())
     every_step = list(range(1, max(1, w.steps - 2) + 1))
-    out = {p: every_step for p in LOOP_PHASES + strategy.step_phases}
+    out = {p: every_step for p in DRAWN_LOOP_PHASES + strategy.step_phases}
     if "persist" in strategy.phases:
         out["persist"] = [s for s in every_step if s % ck.every == 0]
     if "replicate" in strategy.phases and w.nodes > 1 and ck.replicas >= 1:
@@ -109,7 +112,7 @@ def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
     if w.nodes > 1:
         kinds.append(st.builds(lambda n, s, p: {"node_loss": {"node": n, "at_step": s, "phase": p}},
                                st.integers(0, w.nodes - 1), st.sampled_from(at["iteration"]),
-                               st.sampled_from(LOOP_PHASES)))
+                               st.sampled_from(DRAWN_LOOP_PHASES)))
     return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults)
 
 
