@@ -21,6 +21,8 @@ Digests = Mapping[str, Mapping[str, str]]
 IGNORED = ("step",)
 #: The component a resume is anchored on, first present wins.
 ANCHORS = ("model", "optimizer")
+#: What a checkpoint of the training state holds: one of them at another step than the model is torn.
+TRAINING_STATE = ("model", "optimizer", "optimizers", "scheduler")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +57,13 @@ def locate(first: Digests, reference: Mapping[int, Digests]) -> ResumePoint:
         return ResumePoint(step=None, exact=False, description=f"matches no step of the reference ({what})",
                            equal_at=equal_at)
     k = max(equal_at[anchor])
-    torn = {c: min(v, key=lambda s: (abs(s - k), -s)) for c, v in equal_at.items() if c != anchor and v and k not in v}
+    elsewhere = {c: min(v, key=lambda s: (abs(s - k), -s)) for c, v in equal_at.items() if c != anchor and v and k not in v}
     lost = [c for c, v in equal_at.items() if not v]
-    if torn:
-        parts = [f"{anchor} equals step {k}"] + [f"{c} equals step {s}" for c, s in sorted(torn.items())]
-        text = "torn: " + ", ".join(parts) + ("; " + ", ".join(lost) + " match no step" if lost else "")
-    else:
-        text = f"{anchor} equals step {k}; " + ", ".join(lost) + (" matches" if len(lost) == 1 else " match") + \
-               " no step of the reference"
+    parts = [f"{anchor} equals step {k}"] + [f"{c} equals step {s}" for c, s in elsewhere.items()]
+    torn = any(c in TRAINING_STATE for c in elsewhere)
+    text = ("torn: " if torn else "") + ", ".join(parts[:1] if not torn else parts)
+    if not torn and elsewhere:
+        text += ", but " + ", ".join(parts[1:])
+    if lost:
+        text += "; " + ", ".join(lost) + (" matches" if len(lost) == 1 else " match") + " no step of the reference"
     return ResumePoint(step=k, exact=False, description=text, equal_at=equal_at)

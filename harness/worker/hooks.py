@@ -8,10 +8,13 @@
 - **the loss**: what ``Tensor.backward`` is called on (a one-element tensor), summed over the backward
   calls of one step (gradient accumulation's micro-steps);
 - **the state at every step**, fingerprinted in the leader's pre-step hook, when the gradients are ready
-  and nothing is updated yet: the models (the modules called from outside any other module's forward,
-  found by a global forward hook), every optimizer's state dict, every LR scheduler (found when
+  and nothing is updated yet (a framework that steps with a closure, Lightning, runs the forward and
+  backward inside the step: then before them): the models (the outermost modules holding the leader's
+  parameters, found among the live objects at its first step), every optimizer's state dict, every LR scheduler (found when
   constructed), the process RNGs (python, numpy, torch, CUDA) and the batch the step trains on (the last
-  one a ``DataLoader`` gave) with its sampler's epoch. The state after the last step is fingerprinted in
+  one a ``DataLoader`` gave). The batch, not the loader's position: resume mechanisms that feed the same
+  batches keep their positions differently (a sampler that resumes mid-epoch, a wrapper that skips the
+  batches already seen, as accelerate's does), and what training reads is the batch. The state after the last step is fingerprinted in
   the leader's post-step hook. The same hooks run in the reference and in the faulted run, so both record
   the same things at the same moments;
 - **faults** keyed to steps: ``iteration`` fires in the leader's pre-step hook, ``data`` when a
@@ -24,7 +27,7 @@ the step it resumed from, so faults and records keep the reference's numbering.
 """
 from __future__ import annotations
 
-import threading
+import gc
 import time
 import weakref
 from pathlib import Path
@@ -53,22 +56,18 @@ class ScriptProbe:
         self._leader: Any = None
         self._others: list[Any] = []
         self._schedulers: list[weakref.ref] = []
-        self._roots: list[torch.nn.Module] = []
-        self._depth = threading.local()
+        self._roots: list[torch.nn.Module] | None = None
         self._loss = 0.0
         self._losses = 0
         self._batch: Any = None
-        self._epoch: Any = None
         self._t = time.perf_counter()
         self._undo: list[Any] = []
 
     # -- installing ----------------------------------------------------------------------------
     def install(self) -> ScriptProbe:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self._undo += [register_optimizer_step_pre_hook(self._pre_step), register_optimizer_step_post_hook(self._post_step),
-                       register_module_forward_pre_hook(self._enter), register_module_forward_hook(self._leave)]
+        self._undo += [register_optimizer_step_pre_hook(self._pre_step), register_optimizer_step_post_hook(self._post_step)]
         self._patch(torch.Tensor, "backward", self._backward)
         from torch.optim.lr_scheduler import LRScheduler
 
@@ -89,15 +88,6 @@ class ScriptProbe:
         self._undo = []
 
     # -- what the hooks see --------------------------------------------------------------------
-    def _enter(self, module: torch.nn.Module, args: Any) -> None:
-        depth = getattr(self._depth, "n", 0)
-        if depth == 0 and torch.is_grad_enabled() and not any(m is module for m in self._roots):
-            self._roots.append(module)
-        self._depth.n = depth + 1
-
-    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._depth.n = max(0, getattr(self._depth, "n", 1) - 1)
-
     def _backward(self, original: Any) -> Any:
         probe = self
 
@@ -126,8 +116,6 @@ class ScriptProbe:
             events.emit("phase", phase="data", step=probe.step)
             batch = original(it)
             probe._batch = batch
-            sampler = getattr(getattr(it, "_index_sampler", None), "sampler", None)
-            probe._epoch = getattr(sampler, "epoch", None)
             return batch
 
         return __next__
@@ -139,6 +127,8 @@ class ScriptProbe:
             if not any(o is optimizer for o in self._others):
                 self._others.append(optimizer)
             return
+        if self._roots is None:
+            self._roots = find_models(self._leader)
         components, names = self.components()
         if self.taken == 0 and self.reference is not None:
             self._locate(components, names)
@@ -182,7 +172,7 @@ class ScriptProbe:
             out["scheduler"] = {str(i): s.state_dict() for i, s in enumerate(schedulers)}
         out["rng"] = rng_state()
         if self._batch is not None:
-            out["data"] = {"batch": self._batch, "epoch": self._epoch}
+            out["data"] = {"batch": self._batch}
         out["step"] = {"step": self.step}
         return out, names
 
@@ -198,3 +188,15 @@ class ScriptProbe:
             components["step"] = {"step": self.step}
         self.probe.record("resume_point", step=self.resume.step, exact=self.resume.exact,
                           description=self.resume.description, equal_at=self.resume.equal_at)
+
+
+def find_models(optimizer: torch.optim.Optimizer) -> list[torch.nn.Module]:
+    """The outermost modules among the live objects that hold a parameter of ``optimizer`` (a DDP
+    wrapper around the user's model, a LightningModule, a Trainer's model), ordered by their first such
+    parameter's place in the optimizer: the same in every run of the same program."""
+    order = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    owners = {id(o): o for o in gc.get_objects()
+              if isinstance(o, torch.nn.Module) and any(id(p) in order for p in o.parameters())}
+    inner = {id(c) for m in owners.values() for c in m.modules() if c is not m}
+    roots = [m for m in owners.values() if id(m) not in inner]
+    return sorted(roots, key=lambda m: min(order.get(id(p), len(order)) for p in m.parameters()))
