@@ -335,8 +335,10 @@ def describe_resume(points: list[dict[str, Any]]) -> str:
     def one(e: dict[str, Any]) -> str:
         if e["step"] is None:
             return e["description"]
-        return f"resumed from step {e['step']} ({e['description']})" if e["exact"] else \
-            f"resumed at step {e['step']}, but {e['description']}"
+        if e["exact"]:
+            return f"resumed from step {e['step']} ({e['description']})"
+        text = e["description"]
+        return f"resumed at step {e['step']}, {text}" if text.startswith("torn: ") else f"resumed at step {e['step']}: {text}"
     texts = {e["rank"]: one(e) for e in sorted(points, key=lambda e: e["rank"])}
     if len(set(texts.values())) == 1:
         return next(iter(texts.values()))

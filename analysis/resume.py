@@ -36,7 +36,8 @@ class ResumePoint(Record):
     """Every component equals the reference at :attr:`step`."""
     description: str
     """In words: ``every component equals the reference at step 10``, ``torn: model equals step 10,
-    optimizer equals step 11``, ``matches no step of the reference (...)``."""
+    optimizer equals step 11``, ``model equals step 5, but rng equals step 10``, ``model equals step 10;
+    rng matches no step of the reference``, ``matches no step of the reference (...)``."""
     equal_at: dict[str, list[int]] = field(default_factory=dict)
     """Per component, the reference steps it equals."""
 

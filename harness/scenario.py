@@ -182,7 +182,7 @@ _FOLLOWS = {"saved": "persist"}
 
 
 #: The phases the boot module announces in an unmodified script (``workload.command``).
-COMMAND_PHASES = ("iteration", "data")
+COMMAND_PHASES = ("iteration", "data", "save")
 
 
 def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int,
@@ -197,8 +197,11 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
         path = f"faults[{i}].{f.kind}"
         if command and hasattr(f.config, "phase") and phase not in COMMAND_PHASES:
             raise ScenarioError(file, f"{path}.phase", "a phase the harness sees in an unmodified script: "
-                                + " or ".join(COMMAND_PHASES) + " (the optimizer's pre-step hook, the DataLoader's "
-                                "next batch)", phase)
+                                + ", ".join(COMMAND_PHASES) + " (the optimizer's pre-step hook, the DataLoader's "
+                                "next batch, torch.save)", phase)
+        if not command and phase == "save":
+            raise ScenarioError(file, f"{path}.phase", "a phase of this workload (save is torch.save in an unmodified "
+                                "script, workload.command; a strategy's write is persist)", phase)
         announced = _FOLLOWS.get(phase, phase)
         if announced in CHECKPOINT_PHASES and announced not in strategy.phases:
             names = " or ".join(n for n, t in TRAITS.items() if announced in t.phases)

@@ -168,7 +168,8 @@ class WindowFault(FaultConfig):
 
 
 #: The phases the harness's training loop announces: ``iteration`` (the step begins), ``data`` (about to
-#: fetch the batch), ``forward``/``backward`` (per microbatch) and ``optimizer``.
-TRAINING_PHASES: tuple[str, ...] = ("iteration", "data", "forward", "backward", "optimizer")
+#: fetch the batch), ``forward``/``backward`` (per microbatch) and ``optimizer``; in an unmodified script
+#: (``workload.command``) also ``save`` (``torch.save`` is called: the script writes a checkpoint).
+TRAINING_PHASES: tuple[str, ...] = ("iteration", "data", "forward", "backward", "optimizer", "save")
 #: Every phase name a trigger may use: the loop's, then those baft's strategies announce.
 ALL_PHASES: tuple[str, ...] = TRAINING_PHASES + PHASES

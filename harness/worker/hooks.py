@@ -18,7 +18,10 @@
   the leader's post-step hook. The same hooks run in the reference and in the faulted run, so both record
   the same things at the same moments;
 - **faults** keyed to steps: ``iteration`` fires in the leader's pre-step hook, ``data`` when a
-  ``DataLoader`` is asked for the batch.
+  ``DataLoader`` is asked for the batch, ``save`` when the script (or its framework: Lightning, the
+  Hugging Face Trainer and accelerate all write through it) calls ``torch.save`` — before anything is
+  written, so a kill there is a kill during the save. ``step`` is then the steps completed: a
+  checkpoint of 10 steps is saved at step 10.
 
 The step's number: counted from 0 in a fresh job. In a faulted run's restarted process the script has
 restored itself from somewhere; its first state is matched against the reference's
@@ -75,6 +78,10 @@ class ScriptProbe:
         from torch.utils.data.dataloader import _BaseDataLoaderIter
 
         self._patch(_BaseDataLoaderIter, "__next__", self._next_batch)
+        original_save = torch.save
+        self._patch(torch.serialization, "save", self._save)
+        torch.save = torch.serialization.save  # the name scripts call
+        self._undo.append(lambda: setattr(torch, "save", original_save))
         return self
 
     def _patch(self, owner: Any, name: str, make: Any) -> None:
@@ -119,6 +126,15 @@ class ScriptProbe:
             return batch
 
         return __next__
+
+    def _save(self, original: Any) -> Any:
+        probe = self
+
+        def save(*args: Any, **kwargs: Any) -> Any:
+            events.emit("phase", phase="save", step=probe.step)
+            return original(*args, **kwargs)
+
+        return save
 
     def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._leader is None:

@@ -74,7 +74,7 @@ def kill_pair(name: str = "kill-rank0-step12") -> tuple[dict[str, Any], dict[str
         "faults": [{"kill": {"rank": 0, "at_step": 12}}],
         "expect": {"bitwise": True, "max_lost_steps": 5},
     }
-    bad = {**good, "name": "kill-without-rng", "checkpoint": {**good["checkpoint"], "omit": ["rng"]}}
+    bad = {**good, "name": "kill-without-rng", "workload": {**good["workload"], "omit": ["rng"]}}
     return good, bad
 
 

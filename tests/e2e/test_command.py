@@ -12,7 +12,7 @@ from analysis.journal import Journal
 
 from tests.e2e.conftest import ROOT, run_cli
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DDP = ROOT / "examples" / "ddp_torchsave"
 
 
@@ -50,7 +50,7 @@ def test_the_global_rng_a_new_dataloader_iterator_draws_from_is_named(tmp_path: 
     assert (d["step"], d["component"], d["key"]) == (10, "rng", "torch"), d
     (rec,) = v["recoveries"]
     assert rec["restored_step"] == 10 and rec["lost_steps"] == 3
-    assert rec["resume"] == "resumed at step 10, but model equals step 10; rng matches no step of the reference"
+    assert rec["resume"] == "resumed at step 10: model equals step 10; rng matches no step of the reference"
 
 
 def test_a_torn_checkpoint_is_named_torn(tmp_path: Path, ref_cache: Path) -> None:
@@ -87,3 +87,53 @@ def test_a_script_that_ends_early_or_crashes_says_so(tmp_path: Path, ref_cache: 
             "checkpoint": {"strategy": "none"}, "faults": [], "expect": {"bitwise": True}}
     code, out, _ = run_cli(data, tmp_path / "out", ref_cache)
     assert code == rc and says in out, out
+
+
+def needs(module: str) -> None:
+    """The framework, installed by the ``frameworks`` extra (CI installs it: there a missing one fails)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec(module) is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{module} is not installed (pip install -c constraints.txt '.[frameworks]')")
+        pytest.skip(f"{module} is not installed (pip install -c constraints.txt '.[frameworks]')")
+
+
+def test_lightning_resumes_its_model_but_not_the_rng_or_the_epochs_batches(tmp_path: Path, ref_cache: Path) -> None:
+    """An unmodified Lightning Trainer (CPU DDP, two processes, ModelCheckpoint every 5 steps,
+    fit(ckpt_path="last")): model, optimizer and scheduler resume at step 10, the RNG is the one
+    seed_everything gave at step 0 and the batch is the epoch's first again."""
+    needs("lightning")
+    rc, out, v = run_cli(ROOT / "examples" / "lightning" / "kill.yaml", tmp_path / "out", ref_cache)
+    assert rc == 1 and not v["bitwise_equal"], out
+    (rec,) = v["recoveries"]
+    assert (rec["restored_step"], rec["lost_steps"]) == (10, 3), rec
+    assert rec["resume"] == "resumed at step 10: model equals step 10, but rng equals step 0, data equals step 0", rec
+    d = v["first_divergence"]
+    assert (d["step"], d["component"]) == (10, "rng"), d
+
+
+def test_the_hugging_face_trainer_resumes_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
+    """An unmodified HF Trainer on a tiny GPT-2 (save_steps 5, resume_from_checkpoint): its checkpoint
+    holds the RNG states, and it skips the batches of the epoch it had seen."""
+    needs("transformers")
+    rc, out, v = run_cli(ROOT / "examples" / "hf_trainer" / "kill.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0 and v["passed"] and v["bitwise_equal"], out
+    (rec,) = v["recoveries"]
+    assert (rec["restored_step"], rec["lost_steps"]) == (10, 3), rec
+    assert rec["resume"] == "resumed from step 10 (every component equals the reference at step 10)"
+
+
+def test_a_kill_during_the_scripts_save_leaves_files_of_two_steps(tmp_path: Path, ref_cache: Path) -> None:
+    """``phase: save`` fires in torch.save: rank 0 killed as it starts saving step 10. Its files of step 5
+    stay (written atomically), but rank 1 had already replaced its RNG file with step 10's."""
+    data = scenario("fixed")
+    data["faults"] = [{"kill": {"rank": 0, "at_step": 10, "phase": "save"}}]
+    data["expect"] = {"bitwise": True}
+    rc, out, v = run_cli(data, tmp_path / "out", ref_cache)
+    assert rc == 1, out
+    (rec,) = v["recoveries"]
+    assert rec["restored_step"] == 5 and rec["fault"]["phase"] == "save", rec
+    assert rec["resume"] == ("rank 0: resumed from step 5 (every component equals the reference at step 5); "
+                             "rank 1: resumed at step 5: model equals step 5, but rng equals step 10"), rec

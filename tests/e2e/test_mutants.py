@@ -61,7 +61,7 @@ def test_the_correct_library_passes_where_the_mutants_are_caught(first: str, tmp
     assert rc == 0 and v["passed"] and v["bitwise_equal"], out
 
 
-@pytest.mark.parametrize("strategy", ["sync", "baft"])
+@pytest.mark.parametrize("strategy", ["baft"])  # sync: test_spine's and test_suite's negative controls
 def test_a_checkpoint_that_leaves_a_component_out_fails_where_it_is_first_read(strategy: str, tmp_path: Path,
                                                                                 ref_cache: Path) -> None:
     """The negative control ``workload.omit``: the harness's own knob, in every strategy (baft's config

@@ -55,7 +55,7 @@ def test_kill_between_checkpoints_resumes_bitwise(tmp_path: Path, ref_cache: Pat
 def test_negative_control_names_the_missing_component(tmp_path: Path, ref_cache: Path, component: str) -> None:
     good, _ = kill_pair()
     scenario = {**good, "name": f"negative-{component}", "expect": {"bitwise": True},
-                "checkpoint": {**good["checkpoint"], "omit": [component]}}
+                "workload": {**good["workload"], "omit": [component]}}
     rc, out, v = run_cli(scenario, tmp_path / "out", ref_cache)
     assert rc == 1, out
     assert v is not None and not v["passed"] and not v["bitwise_equal"]

@@ -266,7 +266,7 @@ expect: {bitwise: true}
         ("command: [train.py,", "command: [missing.py,", "workload.command[0]", "an existing training script"),
         ("command: [train.py, --steps, 12]", "command: []", "workload.command", "a list [SCRIPT, ARG...]"),
         ("nproc: 2,", "nproc: 2, script: train.py,", "workload.command", "not both"),
-        ("at_step: 7}", "at_step: 7, phase: backward}", "faults[0].kill.phase", "iteration or data"),
+        ("at_step: 7}", "at_step: 7, phase: backward}", "faults[0].kill.phase", "iteration, data, save"),
         ("at_step: 7}", "at_step: 12}", "faults[0].kill.at_step", "0..11"),
     ],
 )
