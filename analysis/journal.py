@@ -23,6 +23,8 @@ Event fields:
 ``resume_point``        step, exact, description, equal_at {component: [reference steps]} (an unmodified
                         script's first state in a process of a faulted run, matched against the
                         reference: where it resumed, :mod:`analysis.resume`)
+``step_mismatch``       framework, framework_step, counted (a framework adapter's step count disagreed with
+                        the hooks' count; journaled once per process)
 ``checkpoint_saved``    step, tier, bytes, seconds, path
 ``checkpoint_restored`` step, tier, seconds, path
 ``checkpoint_rejected`` step, tier, reason
@@ -80,6 +82,7 @@ EVENTS = (
     "start",
     "state",
     "resume_point",
+    "step_mismatch",
     "step",
     "checkpoint_saved",
     "checkpoint_restored",

@@ -62,10 +62,11 @@ class LossExpect:
 
 
 def loss_curve(journal: Journal) -> dict[int, float]:
-    """Step -> loss of its last execution (any rank that reports a loss: the last stages'
-    replicas report the same all-reduced value)."""
+    """Step -> loss of its last execution, as the lowest rank that reports losses reported it (the last
+    stages' replicas report the same all-reduced value; an unmodified script's ranks each their own)."""
     out: dict[int, tuple[tuple[int, float], float]] = {}
-    for e in journal.events("step"):
+    ranks = [r for r in sorted(journal.ranks) if any(e.get("loss") is not None for e in journal.events("step", r))]
+    for e in (journal.events("step", ranks[0]) if ranks else []):
         if e.get("loss") is None:
             continue
         when = (e["incarnation"], e["t"])  # a re-execution always belongs to a later incarnation

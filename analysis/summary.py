@@ -30,6 +30,8 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
     lines = [f"{v.scenario}: {'PASSED' if v.passed else 'FAILED'}"]
     bw = "yes" if v.bitwise_equal else "NO"
     lines.append(f"  bitwise equal    {bw} ({v.states_compared} state and {v.losses_compared} loss records compared)")
+    if v.reproducibility is not None:
+        lines.append(f"  reproducible     {'yes' if v.reproducibility.equal else 'NO'}: {v.reproducibility.statement}")
     ws = v.world_size
     if ws is not None and ws.reference != ws.final:
         lines.append(f"  world size       {ws.reference} -> {ws.final} ranks ({v.resized_records} records "

@@ -159,9 +159,46 @@ class ClusterFacts(Record):
         return cls(**{**known(cls, data), "firings": [ChaosFiring.from_json(f) for f in data["firings"]]})
 
 
+@dataclass(kw_only=True, slots=True)
+class Reproducibility(Record):
+    """Two uninterrupted runs of the reference, compared (an unmodified script's, ``workload.command``):
+    whether a bitwise verdict is possible at all."""
+
+    equal: bool
+    """They are equal bit for bit."""
+    first_divergence: Divergence | None
+    """Where they first differ (None when equal)."""
+    statement: str
+    """In words, with what the faulted run was judged by instead."""
+    loss_rtol: float | None = None
+    """When they differ: the relative tolerance the loss curve is judged with (twice the largest
+    relative difference of the two runs' losses, at least 1e-3)."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Reproducibility:
+        return cls(**{**known(cls, data), "first_divergence": optional(Divergence, data.get("first_divergence"))})
+
+
+def reproducibility(reference: Journal, again: Journal) -> Reproducibility:
+    """Compare two uninterrupted runs of the same job."""
+    cmp = compare(reference, again)
+    if cmp.equal:
+        return Reproducibility(equal=True, first_divergence=None,
+                               statement="two uninterrupted runs are equal bit for bit: judged bit for bit")
+    a, b = loss_curve(reference), loss_curve(again)
+    spread = max((abs(b[s] - a[s]) / abs(a[s]) for s in set(a) & set(b) if a[s]), default=0.0)
+    rtol = max(1e-3, 2 * spread)
+    d = cmp.first
+    where = f"at step {d.step} in {d.component} / {d.key} (rank {d.rank})" if d is not None else "in their records"
+    return Reproducibility(equal=False, first_divergence=d, loss_rtol=rtol,
+                           statement=f"two uninterrupted runs differ {where}: a bitwise verdict is impossible; "
+                                     f"judged by the loss curve (rtol {rtol:.3g}, twice what the two runs showed)")
+
+
 #: Fields written only when set (a local run has no cluster, a cluster run no agents), after the
 #: judgement; the value here (their default) means "not there".
-_WHEN_SET: dict[str, Any] = {"target": "local", "wall_seconds": None, "agents_returncodes": None, "cluster": None}
+_WHEN_SET: dict[str, Any] = {"target": "local", "wall_seconds": None, "agents_returncodes": None, "cluster": None,
+                             "reproducibility": None}
 #: Fields a verdict without a comparison (``note``) has besides those.
 _UNCOMPARED = ("scenario", "passed", "failures")
 
@@ -230,6 +267,8 @@ class Verdict(Record):
     """A local run: the exit status of each node's torchrun agent."""
     cluster: ClusterFacts | None = None
     """A run on a cluster: where, and each firing of its faults."""
+    reproducibility: Reproducibility | None = None
+    """An unmodified script's reference run twice, compared (None: not checked)."""
     note: str | None = None
     """Set when nothing was compared (a run on a cluster without a reference): why. The file then holds
     ``"reference": null`` and this note in place of the judgement (``caught`` to ``metrics``)."""
@@ -269,6 +308,7 @@ class Verdict(Record):
             "metrics": optional(Efficiency, data.get("metrics")),
             "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
             "cluster": optional(ClusterFacts, data.get("cluster")),
+            "reproducibility": optional(Reproducibility, data.get("reproducibility")),
         })
 
     def write(self, run_dir: Path) -> Path:
@@ -308,10 +348,14 @@ class NotRun(Record):
 
 
 def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int, faults_declared: int,
-          launch_failures: list[str] | None = None) -> Verdict:
+          launch_failures: list[str] | None = None, again: Journal | None = None) -> Verdict:
     """The verdict; ``passed`` is True only if every expectation holds. ``launch_failures``: what went
-    wrong outside the journals (agents that exited badly, a timeout). The scenario's name, the wall
-    times and where it ran are for the caller to fill in."""
+    wrong outside the journals (agents that exited badly, a timeout). ``again``: a second uninterrupted
+    run of the reference; when the two differ, the job is not deterministic and is judged by its loss
+    curve instead of bit for bit. The scenario's name, the wall times and where it ran are for the
+    caller to fill in."""
+    repro = reproducibility(reference, again) if again is not None else None
+    bitwise = expect.bitwise and (repro is None or repro.equal)
     cmp = compare(reference, run)
     recs = recoveries(run)
     finished = final_step(run)
@@ -323,13 +367,18 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         short = {r: s for r, s in finished.items() if r in expected_ranks and s != steps}
         if short:  # it ended normally, after another number of steps
             ends = ", ".join(f"rank {r} after {s}" for r, s in sorted(short.items()))
-            failures.append(f"run did not complete: it finished {ends} step(s), expected {steps} (workload.steps)")
+            none = " (no optimizer step seen: the harness counts the steps of torch.optim optimizers)" \
+                if not any(short.values()) else ""
+            failures.append(f"run did not complete: it finished {ends} step(s), expected {steps} (workload.steps){none}")
         else:
             failures.append(f"run did not complete: finished ranks {sorted(finished)} of {sorted(expected_ranks)}")
     if cmp.resized and expect.loss is None:
         failures.append(f"{cmp.resized} records were written at world size {run.world_size} (the reference ran on "
                         f"{reference.world_size}); judging them needs expect.loss")
-    loss = compare_curves(loss_curve(reference), loss_curve(run), expect.loss) if expect.loss is not None else None
+    loss_expect = expect.loss
+    if loss_expect is None and repro is not None and not repro.equal and repro.loss_rtol is not None:
+        loss_expect = LossExpect(rtol=repro.loss_rtol)
+    loss = compare_curves(loss_curve(reference), loss_curve(run), loss_expect) if loss_expect is not None else None
     if loss is not None:
         failures.extend(f"loss curve: {f}" for f in loss.failures)
     fault_events = run.events("fault")
@@ -337,12 +386,15 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     missing = sorted(set(range(faults_declared)) - {e.get("id") for e in fault_events})
     if fired < faults_declared:
         failures.append(f"only {fired} of {faults_declared} faults fired (never fired: faults[{'], faults['.join(map(str, missing))}])")
-    if expect.bitwise and not cmp.equal:
+    if bitwise and not cmp.equal:
         first = cmp.first
         if first is not None:
             failures.append(f"diverged at step {first.step}: {first.component} / {first.key} (rank {first.rank})")
         if cmp.missing_reference:
             failures.append(f"{len(cmp.missing_reference)} records have no reference counterpart")
+    for e in {(e["framework"], e["rank"]): e for e in run.events("step_mismatch")}.values():
+        failures.append(f"rank {e['rank']}: {e['framework']} counts step {e['framework_step']} where the harness "
+                        f"counted {e['counted']} optimizer steps (several optimizer steps per training step?)")
     restarts = max((e["incarnation"] for e in run.events("start")), default=0)
     fatal = sum(1 for e in fault_events if e.get("fatal", True))
     if restarts > fatal:
@@ -392,6 +444,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         checkpoints_rejected=_by_step(run.events("checkpoint_rejected")),
         checkpoints_failed=_by_step(run.events("checkpoint_failed")),
         metrics=efficiency(reference, run, steps),
+        reproducibility=repro,
     )
 
 

@@ -110,6 +110,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         add_config_arguments(bench, BenchConfig)
     bench.add_argument("--digest", type=float, metavar="GB",
                        help="instead: time the state fingerprint (xxh3-128 + norms vs blake2b) over GB of float32 tensors")
+    bench.add_argument("--probe", action="store_true",
+                       help="instead: the probe's cost per step on the shipped unmodified-script examples, and its "
+                            "fingerprint rate on a 1 GB state")
     return p
 
 
@@ -130,11 +133,26 @@ def _digest_bench(gigabytes: float, out: Path) -> int:
     return 0
 
 
+def _probe_bench(out: Path) -> int:
+    import json
+
+    from harness.bench.probecost import probe_benchmark, probe_table
+
+    out.mkdir(parents=True, exist_ok=True)
+    result = probe_benchmark(out)
+    (out / "probe.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(probe_table(result))
+    print(f"probe.json: {out / 'probe.json'}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from harness.bench.bench import BenchConfig, run_bench, table
 
     if args.digest is not None:
         return _digest_bench(args.digest, args.out)
+    if args.probe:
+        return _probe_bench(args.out)
     cfg = config_from_args(BenchConfig, args)
     inside = "".join(f" x {label}{n}" for label, n in (("FSDP", cfg.dp_shard), ("TP", cfg.tp)) if n > 1)
     print(f"baft: bench {cfg.model}, {cfg.stages} stages{inside} ({cfg.world_size} ranks), {cfg.microbatches} microbatches, {cfg.schedule}; "

@@ -26,7 +26,7 @@ from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
 from harness.errors import ConfigValueError, ScenarioError
 from harness.schema import build, found_repr
-from harness.worker.spec import FaultSpec, WorkloadConfig
+from harness.worker.spec import FaultSpec, ProbeConfig, WorkloadConfig
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,6 +44,10 @@ class RunConfig:
     hang_timeout: float | None = 60.0
     """Seconds without progress in the journal after which the watchdog declares a hang, kills
     the stuck workers and lets torchrun restart the job (null: no watchdog)."""
+    startup_timeout: float = 60.0
+    """Seconds the job may take from its launch (or a restart) to its first step: imports, rendezvous,
+    a restore. A script that takes no optimizer step in that time is stopped (the watchdog's; for an
+    unmodified script also in its reference run)."""
     last_call: float = 10.0
     """Seconds an elastic rendezvous (a node lost for good) waits for more nodes once the minimum
     has joined; a node that restarts later than this is left out (torchrun's default is 30)."""
@@ -57,6 +61,8 @@ class RunConfig:
             raise ConfigValueError("hang_timeout", "a number > 0 (or null)", self.hang_timeout)
         if self.last_call <= 0:
             raise ConfigValueError("last_call", "a number of seconds > 0", self.last_call)
+        if self.startup_timeout <= 0:
+            raise ConfigValueError("startup_timeout", "a number of seconds > 0", self.startup_timeout)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,6 +77,7 @@ class Scenario:
     expect: ExpectConfig = field(default_factory=ExpectConfig)
     run: RunConfig = field(default_factory=RunConfig)
     marks: list[str] = field(default_factory=list)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
     """pytest marks of the scenario's test item (``pytest scenarios/``), e.g. ``[slow, netns]``."""
     source: str = ""
     """The file it was loaded from (not a YAML key)."""
@@ -90,7 +97,7 @@ class Scenario:
         return sorted({f.config.node for f in self.faults if getattr(f.config, "replacement", True) is False})
 
 
-_SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks"}
+_SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks", "probe"}
 
 
 def parse(data: Any, file: str, host: bool = True) -> Scenario:
@@ -130,6 +137,7 @@ def parse(data: Any, file: str, host: bool = True) -> Scenario:
     checkpoint = build(CheckpointConfig, data.get("checkpoint"), file, "checkpoint")
     expect = build(ExpectConfig, data.get("expect"), file, "expect")
     run = build(RunConfig, data.get("run"), file, "run")
+    probe = build(ProbeConfig, data.get("probe"), file, "probe")
     shape = RunShape(world_size=workload.world_size, steps=workload.steps, nodes=workload.nodes)
     faults = parse_faults(data.get("faults") or [], file, shape, host)
     check_phases(faults, checkpoint, file, workload.nodes, command=workload.command is not None)
@@ -147,7 +155,7 @@ def parse(data: Any, file: str, host: bool = True) -> Scenario:
         except HostUnsupported as e:
             raise ScenarioError(file, "run.network", "a host that can create network namespaces", f"<{e}>") from None
     return Scenario(name=name, description=description, workload=workload, checkpoint=checkpoint,
-                    faults=faults, expect=expect, run=run, marks=marks, source=file)
+                    faults=faults, expect=expect, run=run, marks=marks, source=file, probe=probe)
 
 
 def parse_faults(items: Any, file: str, shape: RunShape, host: bool = True) -> list[FaultSpec]:

@@ -64,6 +64,8 @@ class LaunchConfig:
     """The node stores to start before the agents (None: none)."""
     hang_timeout: float | None = None
     """Seconds without progress before the watchdog declares a hang (None: no watchdog)."""
+    startup_timeout: float | None = None
+    """With the watchdog: seconds from a launch or restart to the first step (None: its default)."""
     topology: Topology | None = None
     """The nodes' network namespaces (None: every node on the host's loopback); node 0's address
     hosts the rendezvous."""
@@ -178,7 +180,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                     procs.append(_start_agent(cmd, env, log, warm=config.topology is None, cwd=config.cwd))
                 journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
             if config.hang_timeout is not None:
-                watchdog = Watchdog(run_dir, procs, journal, config.hang_timeout)
+                watchdog = Watchdog(run_dir, procs, journal, config.hang_timeout, config.startup_timeout)
                 undo.callback(watchdog.stop)
                 watchdog.start()
             if config.harness_faults and config.topology is not None:  # (LaunchConfig: no link fault without one)

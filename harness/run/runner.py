@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis.errors import AnalysisError
 from analysis.journal import Journal, JournalWriter, launcher_journal
 from analysis.report import run_report
 from analysis.verdict import Verdict, WallSeconds, judge
@@ -39,7 +40,7 @@ from injectors.storage import DiskFullConfig, mount_private, unmount_private
 from harness.errors import Cancelled, LaunchError
 from harness.run.launcher import LaunchConfig, launch
 from harness.run.leftovers import claim_shm
-from harness.scenario import Scenario
+from harness.scenario import RunConfig, Scenario
 from harness.run.storefleet import StoreSpec
 from harness.schema import to_plain
 from harness.worker.spec import WorkerSpec, WorkloadConfig
@@ -114,13 +115,22 @@ class Reference:
     seconds: float
 
 
-def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> Reference:
+def checks_reproducibility(workload: WorkloadConfig) -> bool:
+    """Whether the reference runs twice (``workload.reproducible``; by default for a ``command``)."""
+    return workload.reproducible if workload.reproducible is not None else workload.command is not None
+
+
+def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float, copy: int = 0,
+                     run: RunConfig | None = None) -> Reference:
     """The reference run of ``workload``, from the cache or run now.
 
     Safe to share between processes (pytest workers, two ``baft run``): a lock per key lets one of
     them run it while the others wait, and a reference appears only complete, by a rename, and
-    is never removed once it is there (a reader may be copying it)."""
-    final = cache / "reference" / reference_key(workload)
+    is never removed once it is there (a reader may be copying it). ``copy`` 1: a second run of it,
+    to tell whether the job is reproducible at all. ``run``: an unmodified script's reference runs with the
+    scenario's watchdog (``hang_timeout``, ``startup_timeout``): a script that never takes a step is
+    stopped and said to be."""
+    final = cache / "reference" / (reference_key(workload) + (f"-{copy}" if copy else ""))
     if (final / "complete").is_file():
         return _cached(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -133,16 +143,19 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
         spec = WorkerSpec(workload=_reference_workload(workload), checkpoint=CheckpointConfig(strategy="none"))
         try:
             wd = work_dir(tmp, workload)
+            watched = run is not None and workload.command is not None
             result = launch(tmp, spec, LaunchConfig(nodes=spec.workload.nodes, world_size=workload.world_size,
                                                     max_restarts=0, timeout=timeout, script=script_command(workload, wd),
-                                                    cwd=wd))
+                                                    cwd=wd, hang_timeout=(run.hang_timeout or run.startup_timeout)
+                                                    if watched else None,
+                                                    startup_timeout=run.startup_timeout if watched else None))
             if wd is not None:
                 shutil.rmtree(wd, ignore_errors=True)  # the script's own checkpoints are not the reference's
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a reference cut short is never cached, nor left behind
             raise
         if not result.ok:
-            cause = failure_line(tmp / "logs")
+            cause = silence(tmp, run.startup_timeout if run is not None else 0.0) or failure_line(tmp / "logs")
             raise LaunchError(f"the reference run failed (exit codes {result.returncodes}, timed out: "
                               f"{result.timed_out}){': ' + cause if cause else ''}; logs in {tmp / 'logs'}")
         (tmp / "complete").write_text(f"{result.seconds:.3f}")
@@ -152,6 +165,22 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float) -> R
 
 
 _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def silence(run_dir: Path, startup_timeout: float) -> str | None:
+    """What the watchdog said of a run it stopped (None if it stopped nothing): no first step in time,
+    or a hang later."""
+    try:
+        journal = Journal.load(run_dir)
+    except AnalysisError:
+        return None
+    hangs = [e for e in journal.launcher if e.get("event") == "hang_detected"]
+    if not hangs:
+        return None
+    if not journal.events("step"):
+        return (f"no optimizer step within {startup_timeout:g} s of the start (run.startup_timeout): the "
+                "harness counts the steps of torch.optim optimizers, through their step hooks")
+    return f"the job made no progress for {hangs[0].get('silent_seconds', 0):.0f} s (a hang; run.hang_timeout)"
 
 
 def failure_line(logs: Path) -> str | None:
@@ -185,18 +214,22 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     ``report.md`` and the plots) into ``out``, return the verdict."""
     cache = cache or default_cache_dir()
     out.mkdir(parents=True, exist_ok=True)
-    for sub in ("reference", "faulted"):
+    for sub in ("reference", "reference-again", "faulted"):
         shutil.rmtree(out / sub, ignore_errors=True)
     if scenario.source and Path(scenario.source).is_file():
         shutil.copyfile(scenario.source, out / "scenario.yaml")
     try:
-        ref = ensure_reference(scenario.workload, cache, scenario.run.timeout)
+        ref = ensure_reference(scenario.workload, cache, scenario.run.timeout, run=scenario.run)
     except Cancelled as c:
         journal = JournalWriter(launcher_journal(out / "faulted"))
         journal.write("aborted", signal=c.name, during="reference")
         journal.close()
         raise
     shutil.copytree(ref.run_dir / "journal", out / "reference" / "journal")
+    again = None
+    if checks_reproducibility(scenario.workload):
+        again = ensure_reference(scenario.workload, cache, scenario.run.timeout, copy=1, run=scenario.run)
+        shutil.copytree(again.run_dir / "journal", out / "reference-again" / "journal")
 
     faulted = out / "faulted"
     # Shared-memory snapshots of this run only (node i under shm/node<i>); removed when it
@@ -207,7 +240,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
                                      dir=given if "://" in given else str((faulted / "checkpoints").resolve()))
     stores = (StoreSpec(base=shm, replication=checkpoint.replication)
               if TRAITS[checkpoint.strategy].node_stores else None)
-    spec = WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, faults=scenario.faults,
+    spec = WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, faults=scenario.faults, probe=scenario.probe,
                       reference=str((out / "reference").resolve()) if scenario.workload.command is not None else None)
     wd = work_dir(faulted, scenario.workload)
     private_tier = next((f.config for f in scenario.faults if isinstance(f.config, DiskFullConfig)), None)
@@ -220,7 +253,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
         result = launch(faulted, spec, LaunchConfig(
             nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
-            hang_timeout=scenario.run.hang_timeout, topology=topology, harness_faults=scenario.harness_faults(),
+            hang_timeout=scenario.run.hang_timeout, startup_timeout=scenario.run.startup_timeout, topology=topology, harness_faults=scenario.harness_faults(),
             min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), last_call=scenario.run.last_call,
             script=script_command(scenario.workload, wd), cwd=wd,
         ))
@@ -236,6 +269,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     verdict = judge(
         Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
         steps=scenario.workload.steps, faults_declared=len(scenario.faults), launch_failures=launch_failures,
+        again=Journal.load(out / "reference-again") if again is not None else None,
     )
     verdict = dataclasses.replace(
         verdict, scenario=scenario.name, agents_returncodes=result.returncodes,

@@ -11,10 +11,13 @@ Python's, numpy's and torch's global generators are seeded first (:func:`seed_un
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness.worker.session import Session
 from harness.worker.spec import SPEC_VARIABLE
@@ -35,6 +38,59 @@ def seed_unseeded(seed: int, rank: int) -> None:
     torch.manual_seed(seed * 1_000_003 + rank)
 
 
+def enabled_adapters(wanted: list[str] | None) -> tuple[str, ...]:
+    """The adapters to enable: those named, or (null) each one whose framework is installed."""
+    from harness.worker.adapters import FRAMEWORKS, installed
+
+    return tuple(wanted) if wanted is not None else tuple(n for n in FRAMEWORKS if installed(n))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after module ``name`` is first executed (found by the other finders)."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once: the real finders find it
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, then = spec.loader, self.then
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)
+                then(module)
+
+        spec.loader = Loader()
+        return spec
+
+
+def after_import(name: str, then: Any) -> None:
+    """Call ``then(module)`` when the script first imports module ``name`` (at once if it is imported)."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+def make_deterministic() -> None:
+    """What ``workload.deterministic`` sets: deterministic kernels (an op without one raises), one
+    intra-op thread (a reduction's order then does not depend on the thread count), and cuBLAS's
+    fixed workspace (needed for deterministic cuBLAS; read when CUDA starts)."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
@@ -50,8 +106,16 @@ def main(argv: list[str] | None = None) -> int:
 
     session = Session(Path(spec_path)).start(join_group=False)
     seed_unseeded(session.spec.workload.seed, session.probe.rank)
+    if session.spec.workload.deterministic:
+        make_deterministic()
     reference = Path(session.spec.reference) if session.spec.reference else None
-    hooks = ScriptProbe(session.probe, session.steps, reference).install()
+    adapters = enabled_adapters(session.spec.workload.adapters)
+    hooks = ScriptProbe(session.probe, session.steps, reference, every=session.spec.probe.every,
+                        adapters=adapters).install()
+    if "transformers" in adapters:
+        from harness.worker.adapters.transformers import patch_trainer
+
+        after_import("transformers.trainer", patch_trainer)
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.parent))
     try:

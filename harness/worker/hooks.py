@@ -44,13 +44,27 @@ from baft import events
 from baft.state import rng_state
 
 
+_ACTIVE: ScriptProbe | None = None
+
+
+def active() -> ScriptProbe | None:
+    """The probe the boot module installed in this process (None: not under the harness)."""
+    return _ACTIVE
+
+
 class ScriptProbe:
     """One worker's hooks into torch; journals through ``probe`` (a :class:`~harness.worker.probe.Probe`)."""
 
-    def __init__(self, probe: Any, steps: int, reference: Path | None = None) -> None:
+    def __init__(self, probe: Any, steps: int, reference: Path | None = None, every: int = 1,
+                 adapters: tuple[str, ...] = ()) -> None:
         """``steps``: the steps the script is expected to take (the last one's state is recorded after
-        it); ``reference``: the reference run's directory (faulted runs), matched against at the first step."""
-        self.probe, self.steps, self.reference = probe, steps, reference
+        it); ``reference``: the reference run's directory (faulted runs), matched against at the first step;
+        ``every``: fingerprint every this many steps (and always at a process's first step and the end);
+        ``adapters``: the framework adapters enabled (:mod:`harness.worker.adapters`)."""
+        self.probe, self.steps, self.reference, self.every = probe, steps, reference, every
+        self.adapters = adapters
+        self._framework_start: tuple[str, int] | None = None
+        self._mismatched = False
         self.step = 0
         """The step the leader takes next (the reference's numbering)."""
         self.taken = 0
@@ -64,10 +78,15 @@ class ScriptProbe:
         self._losses = 0
         self._batch: Any = None
         self._t = time.perf_counter()
+        self._spent = 0.0
+        """Seconds the hooks spent in this step (fingerprints included): the probe's own cost."""
         self._undo: list[Any] = []
 
     # -- installing ----------------------------------------------------------------------------
     def install(self) -> ScriptProbe:
+        global _ACTIVE
+        _ACTIVE = self
+        self._undo.append(_deactivate)
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._undo += [register_optimizer_step_pre_hook(self._pre_step), register_optimizer_step_post_hook(self._post_step)]
@@ -93,6 +112,23 @@ class ScriptProbe:
         for undo in reversed(self._undo):
             undo.remove() if hasattr(undo, "remove") else undo()
         self._undo = []
+
+    # -- what a framework adapter says ------------------------------------------------------------
+    def adapter_enabled(self, name: str) -> bool:
+        return name in self.adapters
+
+    def framework_started(self, framework: str, step: int, models: list[torch.nn.Module] | None) -> None:
+        """Training starts (after the framework restored itself) at ``step`` by the framework's count;
+        ``models``: its model objects, fingerprinted as the model instead of the outermost modules."""
+        self._framework_start = (framework, step)
+        if models and self.taken == 0:
+            self._roots = list(models)
+
+    def framework_step(self, framework: str, step: int) -> None:
+        """After a step: the framework's count, against the hooks' (journaled once if they disagree)."""
+        if step != self.step and not self._mismatched:
+            self._mismatched = True
+            self.probe.record("step_mismatch", framework=framework, framework_step=step, counted=self.step)
 
     # -- what the hooks see --------------------------------------------------------------------
     def _backward(self, original: Any) -> Any:
@@ -143,25 +179,33 @@ class ScriptProbe:
             if not any(o is optimizer for o in self._others):
                 self._others.append(optimizer)
             return
+        t0 = time.perf_counter()
+        try:
+            self._fingerprint_step()
+        finally:
+            self._spent += time.perf_counter() - t0
+        events.emit("phase", phase="iteration", step=self.step)  # a fault keyed to this step fires here
+
+    def _fingerprint_step(self) -> None:
         if self._roots is None:
             self._roots = find_models(self._leader)
-        components, names = self.components()
-        if self.taken == 0 and self.reference is not None:
-            self._locate(components, names)
-        self.probe.components(self.step, components, names)
-        events.emit("phase", phase="iteration", step=self.step)  # a fault keyed to this step fires here
+        if self.taken == 0 or self.step % self.every == 0:
+            components, names = self.components()
+            if self.taken == 0 and self.reference is not None:
+                self._locate(components, names)
+            self.probe.components(self.step, components, names)
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if optimizer is not self._leader:
             return
         now = time.perf_counter()
-        self.probe.step(self.step, self._loss if self._losses else None, now - self._t)
-        self._t, self._loss, self._losses = now, 0.0, 0
+        self.probe.step(self.step, self._loss if self._losses else None, now - self._t, probe_seconds=self._spent)
         self.step += 1
         self.taken += 1
         if self.step == self.steps:  # the state after the last step: no pre-step hook will see it
             components, names = self.components()
             self.probe.components(self.step, components, names)
+        self._t, self._loss, self._losses, self._spent = time.perf_counter(), 0.0, 0, 0.0
 
     # -- the state -------------------------------------------------------------------------------
     def components(self) -> tuple[dict[str, Any], dict[int, str]]:
@@ -199,11 +243,33 @@ class ScriptProbe:
         rank = self.probe.rank
         reference = {e["step"]: e["digests"] for e in Journal.load(self.reference).events("state", rank)}
         self.resume = locate(digest_components(components, names), reference)
-        if self.resume.step is not None:
-            self.step = self.resume.step
+        step, description = self.resume.step, self.resume.description
+        if step is None and self._framework_start is not None:
+            framework, step = self._framework_start
+            description = f"{description}; at step {step} by {framework}'s global_step"
+        if step is None and (hint := self._counted_steps()) is not None:
+            step, description = hint, f"{description}; at step {hint} by the optimizer's own step count"
+        if step is not None:
+            self.step = step
             components["step"] = {"step": self.step}
-        self.probe.record("resume_point", step=self.resume.step, exact=self.resume.exact,
-                          description=self.resume.description, equal_at=self.resume.equal_at)
+        self.probe.record("resume_point", step=step, exact=self.resume.exact, description=description,
+                          equal_at=self.resume.equal_at)
+
+    def _counted_steps(self) -> int | None:
+        """The steps the leader optimizer says it has taken (Adam's ``step``), else its first LR
+        scheduler's ``last_epoch``: where a state that matches no reference step resumed, going by the
+        restored counters (a job that is not deterministic matches none)."""
+        counts = [int(st["step"]) for st in self._leader.state.values()
+                  if isinstance(st.get("step"), (int, float, torch.Tensor))]
+        if counts:
+            return max(counts)
+        schedulers = [s for r in self._schedulers if (s := r()) is not None]
+        return int(schedulers[0].last_epoch) if schedulers else None
+
+
+def _deactivate() -> None:
+    global _ACTIVE
+    _ACTIVE = None
 
 
 def find_models(optimizer: torch.optim.Optimizer) -> list[torch.nn.Module]:
@@ -212,7 +278,7 @@ def find_models(optimizer: torch.optim.Optimizer) -> list[torch.nn.Module]:
     parameter's place in the optimizer: the same in every run of the same program."""
     order = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     owners = {id(o): o for o in gc.get_objects()
-              if isinstance(o, torch.nn.Module) and any(id(p) in order for p in o.parameters())}
+              if issubclass(type(o), torch.nn.Module) and any(id(p) in order for p in o.parameters())}
     inner = {id(c) for m in owners.values() for c in m.modules() if c is not m}
     roots = [m for m in owners.values() if id(m) not in inner]
     return sorted(roots, key=lambda m: min(order.get(id(p), len(order)) for p in m.parameters()))

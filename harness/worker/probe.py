@@ -79,9 +79,12 @@ class Probe:
         self.writer.write("state", step=step, digests=digests, norms=norms)
         return digests
 
-    def step(self, step: int, loss: float | None, seconds: float) -> None:
+    def step(self, step: int, loss: float | None, seconds: float, probe_seconds: float | None = None) -> None:
+        """Journal iteration ``step``: its loss, its seconds and (the boot module's hooks) how many of
+        them the probe itself took."""
         bits = float_bits(loss) if loss is not None else None
-        self.writer.write("step", step=step, loss=loss, loss_bits=bits, seconds=seconds)
+        extra = {"probe_seconds": probe_seconds} if probe_seconds is not None else {}
+        self.writer.write("step", step=step, loss=loss, loss_bits=bits, seconds=seconds, **extra)
 
     def record(self, event: str, **fields: Any) -> None:
         """Write any other event (faults); durable, since a kill may follow at once."""

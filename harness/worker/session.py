@@ -125,7 +125,8 @@ class Session:
         the state at the boundary after it."""
         elapsed = seconds if seconds is not None else time.perf_counter() - self._t0
         self.probe.step(step, loss, elapsed)
-        self.probe.state(state.step, state)
+        if self.spec.probe.due(state.step, self.steps):  # ``probe.every`` (a restore is always fingerprinted)
+            self.probe.state(state.step, state)
         self._step = step + 1
 
     def disarm(self) -> None:

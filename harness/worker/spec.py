@@ -96,6 +96,17 @@ class WorkloadConfig:
     run). ``steps``: the optimizer steps it is expected to take."""
     nproc: int = 1
     """With ``script`` or ``command``: workers per node."""
+    adapters: list[str] | None = None
+    """With ``command``: the framework adapters to enable, among ``lightning`` and ``transformers``
+    (:mod:`harness.worker.adapters`; null: each one whose framework is installed, []: none)."""
+    deterministic: bool = False
+    """With ``command`` or ``script``: the boot module sets what it can before the script runs:
+    ``torch.use_deterministic_algorithms(True)``, one intra-op thread, ``CUBLAS_WORKSPACE_CONFIG``
+    (the built-in workload is deterministic by construction)."""
+    reproducible: bool | None = None
+    """Whether to run the reference twice and compare the two (null: for a ``command`` only). Two
+    uninterrupted runs that differ make a bitwise verdict impossible: the faulted run is then judged by
+    its loss curve, and the verdict says where the two differed."""
     args: list[str] = field(default_factory=list)
     """With ``script``: its command-line arguments."""
     omit: list[str] = field(default_factory=list)
@@ -161,6 +172,15 @@ class WorkloadConfig:
             if self.script is not None:
                 raise ConfigValueError("command", "either command (an unmodified script) or script (one that "
                                        "opens a Session), not both", self.command)
+        if self.adapters is not None:
+            from harness.worker.adapters import FRAMEWORKS, installed
+
+            for name in self.adapters:
+                if name not in FRAMEWORKS:
+                    raise ConfigValueError("adapters", "adapters among " + ", ".join(FRAMEWORKS), name)
+                if not installed(name):
+                    raise ConfigValueError("adapters", f"an adapter whose framework is installed ({FRAMEWORKS[name]} "
+                                           "is not: pip install -c constraints.txt 'baft-harness[frameworks]')", name)
         if self.mutant is not None:
             from harness.worker.mutants import MUTANTS
 
@@ -203,6 +223,24 @@ class WorkloadConfig:
     @property
     def global_batch(self) -> int:
         return self.microbatches * self.microbatch_size * self.data_parallel * self.dp_shard
+
+
+@dataclass(kw_only=True, slots=True)
+class ProbeConfig:
+    """How often the faulted run fingerprints its state (``probe:`` of a scenario). The reference
+    fingerprints every step (it runs once and is cached; the resume point is looked for among its
+    steps), the faulted run every ``every`` steps and always at a restore and at the end."""
+
+    every: int = 1
+    """Fingerprint the state every this many steps (1: every step)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.every, int) or self.every < 1:
+            raise ConfigValueError("every", "an integer >= 1", self.every)
+
+    def due(self, step: int, steps: int) -> bool:
+        """Whether the boundary after ``step`` completed steps is fingerprinted (a restore is, always)."""
+        return step % self.every == 0 or step >= steps
 
 
 @dataclass(kw_only=True, slots=True)
@@ -292,6 +330,8 @@ class WorkerSpec(Placement):
     """The checkpoint policy (``checkpoint:``), its directories pointed into the run."""
     faults: list[FaultSpec] = field(default_factory=list)
     """The faults (``faults:``); a worker arms those whose site is the worker."""
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    """How often the state is fingerprinted (``probe:``; the reference: every step)."""
 
     @classmethod
     def from_plain(cls, data: Any, file: str) -> WorkerSpec:

@@ -32,6 +32,7 @@ def test_a_script_that_restores_itself_is_found_resumed_from_its_checkpoint(tmp_
     assert (rec["restored_step"], rec["lost_steps"], rec["restored_tier"]) == (10, 3, "script"), rec
     assert rec["resume"] == "resumed from step 10 (every component equals the reference at step 10)"
     assert "resumed from step 10 (every component" in out
+    assert v["reproducibility"]["equal"]  # the reference, run twice, equal: judged bit for bit
     j = Journal.load(tmp_path / "out" / "faulted")
     # the steps, the losses of every rank and the state of every component, found by the hooks alone
     assert {e["step"] for e in j.events("step", 0)} == set(range(24))
@@ -70,8 +71,11 @@ for i in range(int(sys.argv[1])):
     m(torch.ones(1, 2)).sum().backward()
     opt.step()
     opt.zero_grad()
-if len(sys.argv) > 2:
+if len(sys.argv) > 2 and sys.argv[2] == "crash":
     raise RuntimeError("the data path does not exist: /data/shards")
+if len(sys.argv) > 2 and sys.argv[2] == "stall":
+    import time
+    time.sleep(60)  # waiting for something that never comes
 """
 
 
@@ -79,12 +83,16 @@ if len(sys.argv) > 2:
     (["5"], 8, 1, "it finished rank 0 after 5 step(s), expected 8 (workload.steps)"),
     (["5", "crash"], 5, 1, "the reference run failed (exit codes [1], timed out: False): RuntimeError: the data path "
                            "does not exist: /data/shards"),
+    (["0"], 5, 1, "it finished rank 0 after 0 step(s), expected 5 (workload.steps) (no optimizer step seen: the harness "
+                  "counts the steps of torch.optim optimizers)"),
+    (["0", "stall"], 5, 1, "no optimizer step within 5 s of the start (run.startup_timeout)"),
 ])
 def test_a_script_that_ends_early_or_crashes_says_so(tmp_path: Path, ref_cache: Path, args: list[str], steps: int,
                                                    rc: int, says: str) -> None:
     (tmp_path / "train.py").write_text(MISUSE)
     data = {"name": "misuse", "workload": {"command": [str(tmp_path / "train.py"), *args], "nproc": 1, "steps": steps},
-            "checkpoint": {"strategy": "none"}, "faults": [], "expect": {"bitwise": True}}
+            "checkpoint": {"strategy": "none"}, "faults": [], "expect": {"bitwise": True},
+            "run": {"startup_timeout": 5}}
     code, out, _ = run_cli(data, tmp_path / "out", ref_cache)
     assert code == rc and says in out, out
 
@@ -137,3 +145,40 @@ def test_a_kill_during_the_scripts_save_leaves_files_of_two_steps(tmp_path: Path
     assert rec["restored_step"] == 5 and rec["fault"]["phase"] == "save", rec
     assert rec["resume"] == ("rank 0: resumed from step 5 (every component equals the reference at step 5); "
                              "rank 1: resumed at step 5: model equals step 5, but rng equals step 10"), rec
+
+
+NONDETERMINISTIC = """\
+import os, sys, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.Adam(model.parameters(), lr=0.05)
+noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))  # differs in every run
+x, y = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)), torch.randn(16, 1)
+step = 0
+if os.path.exists("ck.pt"):
+    ck = torch.load("ck.pt")
+    model.load_state_dict(ck["model"]); opt.load_state_dict(ck["opt"]); step = ck["step"]
+while step < int(sys.argv[1]):
+    loss = torch.nn.functional.mse_loss(model(x + 1e-7 * torch.randn(x.shape, generator=noise)), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    step += 1
+    if step % 4 == 0:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, "ck.pt")
+"""
+
+
+def test_a_job_that_is_not_deterministic_is_judged_by_its_loss_curve(tmp_path: Path, ref_cache: Path) -> None:
+    """Two uninterrupted runs differ (noise from OS entropy): no false alarm; the verdict says where they
+    differ and judges the loss curve; the resume is found by the optimizer's own step count."""
+    (tmp_path / "train.py").write_text(NONDETERMINISTIC)
+    data = {"name": "noisy", "workload": {"command": [str(tmp_path / "train.py"), "12"], "nproc": 1, "steps": 12},
+            "checkpoint": {"strategy": "none"}, "faults": [{"kill": {"rank": 0, "at_step": 6}}],
+            "expect": {"bitwise": True}, "run": {"max_restarts": 1}}
+    rc, out, v = run_cli(data, tmp_path / "out", ref_cache)
+    assert rc == 0 and v["passed"], out
+    r = v["reproducibility"]
+    assert not r["equal"] and r["first_divergence"]["component"] == "model" and r["first_divergence"]["step"] == 1, r
+    assert "a bitwise verdict is impossible; judged by the loss curve" in out
+    assert v["loss_curve"] is not None and not v["loss_curve"]["failures"]
+    (rec,) = v["recoveries"]
+    assert rec["restored_step"] == 4 and "by the optimizer's own step count" in rec["resume"], rec
