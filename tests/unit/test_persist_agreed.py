@@ -49,8 +49,11 @@ def test_every_rank_persists_the_same_versions_when_their_snapshots_differ(tmp_p
     assert all(code == 0 for code, _ in results), [out for _, out in results]
     seen = {r: json.loads((tmp_path / f"events-{r}.json").read_text()) for r in range(2)}
     assert ["snapshot_skipped", 5] in seen[1] and ["snapshot_skipped", 5] not in seen[0]
+    saved = {r: [s for k, s in seen[r] if k == "checkpoint_saved"] for r in range(2)}
+    # the same versions on both ranks: at step 5 the newest both hold is 4; at step 10 the newest both
+    # sealed, 10 (or, on a loaded machine, an older one: a slot still read by the slow persist of 4 is
+    # skipped on that rank, and then the ranks agree on the newest they share)
+    assert saved[0] == saved[1] and saved[0][0] == 4 and len(saved[0]) == 2 and 5 < saved[0][1] <= 10, (seen, saved)
     for r in range(2):
-        # at step 5 the newest version both hold is 4; at step 10 both hold 10
-        assert [s for k, s in seen[r] if k == "checkpoint_saved"] == [4, 10], (r, seen[r])
         assert not [e for e in seen[r] if e[0] == "checkpoint_failed"], seen[r]
-    assert persist.committed_steps(tmp_path / "ckpt") == [10, 4]
+    assert persist.committed_steps(tmp_path / "ckpt") == saved[0][::-1]
