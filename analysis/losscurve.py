@@ -62,18 +62,18 @@ class LossExpect:
 
 
 def loss_curve(journal: Journal) -> dict[int, float]:
-    """Step -> loss of its last execution, as the lowest rank that reports losses reported it (the last
-    stages' replicas report the same all-reduced value; an unmodified script's ranks each their own)."""
-    out: dict[int, tuple[tuple[int, float], float]] = {}
-    ranks = [r for r in sorted(journal.ranks) if any(e.get("loss") is not None for e in journal.events("step", r))]
-    for e in (journal.events("step", ranks[0]) if ranks else []):
+    """Step -> loss of its last execution: of the incarnation that ran it last, the lowest rank that
+    reported a loss for it (the last stages' replicas report the same all-reduced value; an unmodified
+    script's ranks each their own, so one rank's is taken, the same one in every run)."""
+    best: dict[int, tuple[tuple[int, int, float], float]] = {}
+    for e in journal.events("step"):
         if e.get("loss") is None:
             continue
-        when = (e["incarnation"], e["t"])  # a re-execution always belongs to a later incarnation
-        prev = out.get(e["step"])
-        if prev is None or when >= prev[0]:
-            out[e["step"]] = (when, float(e["loss"]))
-    return {s: v for s, (_, v) in sorted(out.items())}
+        key = (e["incarnation"], -e["rank"], e["t"])  # a later incarnation, then a lower rank, then later
+        prev = best.get(e["step"])
+        if prev is None or key >= prev[0]:
+            best[e["step"]] = (key, float(e["loss"]))
+    return {s: v for s, (_, v) in sorted(best.items())}
 
 
 @dataclass(kw_only=True, slots=True)
