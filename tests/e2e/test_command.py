@@ -158,7 +158,7 @@ if os.path.exists("ck.pt"):
     ck = torch.load("ck.pt")
     model.load_state_dict(ck["model"]); opt.load_state_dict(ck["opt"]); step = ck["step"]
 while step < int(sys.argv[1]):
-    loss = torch.nn.functional.mse_loss(model(x + 1e-7 * torch.randn(x.shape, generator=noise)), y)
+    loss = torch.nn.functional.mse_loss(model(x + 1e-5 * torch.randn(x.shape, generator=noise)), y)
     opt.zero_grad(); loss.backward(); opt.step()
     step += 1
     if step % 4 == 0:
