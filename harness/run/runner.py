@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.errors import AnalysisError
-from analysis.journal import Journal, JournalWriter, launcher_journal
+from analysis.journal import Journal, JournalWriter, launcher_journal, read_events
 from analysis.report import run_report
 from analysis.verdict import Verdict, WallSeconds, judge
 
@@ -170,14 +170,15 @@ _EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exceptio
 def silence(run_dir: Path, startup_timeout: float) -> str | None:
     """What the watchdog said of a run it stopped (None if it stopped nothing): no first step in time,
     or a hang later."""
-    try:
-        journal = Journal.load(run_dir)
-    except AnalysisError:
-        return None
-    hangs = [e for e in journal.launcher if e.get("event") == "hang_detected"]
+    launcher = launcher_journal(run_dir)
+    hangs = [e for e in read_events(launcher) if e.get("event") == "hang_detected"] if launcher.is_file() else []
     if not hangs:
         return None
-    if not journal.events("step"):
+    try:
+        stepped = bool(Journal.load(run_dir).events("step"))
+    except AnalysisError:  # stopped before any rank journalled (still importing, on busy cores)
+        stepped = False
+    if not stepped:
         return (f"no optimizer step within {startup_timeout:g} s of the start (run.startup_timeout): the "
                 "harness counts the steps of torch.optim optimizers, through their step hooks")
     return f"the job made no progress for {hangs[0].get('silent_seconds', 0):.0f} s (a hang; run.hang_timeout)"

@@ -85,6 +85,7 @@ if len(sys.argv) > 2 and sys.argv[2] == "stall":
                            "does not exist: /data/shards"),
     (["0"], 5, 1, "it finished rank 0 after 0 step(s), expected 5 (workload.steps) (no optimizer step seen: the harness "
                   "counts the steps of torch.optim optimizers)"),
+    (["0", "stall"], 5, 1, "no optimizer step within 5 s of the start (run.startup_timeout)"),
 ])
 def test_a_script_that_ends_early_or_crashes_says_so(tmp_path: Path, ref_cache: Path, args: list[str], steps: int,
                                                    rc: int, says: str) -> None:

@@ -89,3 +89,33 @@ def test_the_built_in_reference_runs_on_one_node_and_a_script_keeps_its_nodes(mo
     monkeypatch.setattr(runner, "launch", fake_launch)
     runner.ensure_reference(two, tmp_path / "cache", timeout=60)
     assert launched == [(1, 1, 4)]  # the four ranks on one agent
+
+
+def _journal(run_dir: Path, rank_steps: int | None) -> None:
+    from analysis.journal import JournalWriter, launcher_journal
+
+    w = JournalWriter(launcher_journal(run_dir))
+    w.write("hang_detected", silent_seconds=5.2, timeout=5.0, stopped_pids=[], killed_pids=[1])
+    w.close()
+    if rank_steps is not None:
+        r = JournalWriter(run_dir / "journal" / "rank-0" / "events.jsonl", rank=0)
+        r.write("start", incarnation=0)
+        for s in range(rank_steps):
+            r.write("step", step=s, incarnation=0)
+        r.close()
+
+
+@pytest.mark.parametrize(("rank_steps", "says"), [
+    (None, "no optimizer step within 5 s of the start (run.startup_timeout)"),  # killed while still importing
+    (0, "no optimizer step within 5 s of the start (run.startup_timeout)"),
+    (3, "the job made no progress for 5 s (a hang; run.hang_timeout)"),
+])
+def test_a_stopped_reference_says_why_also_before_any_rank_journalled(tmp_path: Path, rank_steps: int | None,
+                                                                      says: str) -> None:
+    _journal(tmp_path, rank_steps)
+    assert says in (runner.silence(tmp_path, 5.0) or "")
+
+
+def test_a_reference_the_watchdog_never_stopped_has_no_silence(tmp_path: Path) -> None:
+    (tmp_path / "journal").mkdir()
+    assert runner.silence(tmp_path, 5.0) is None
