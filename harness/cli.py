@@ -427,8 +427,10 @@ def _command(args: argparse.Namespace) -> int:
             s = load(f)
             print(f"{f}: ok ({s.name}: {s.workload.world_size} ranks, {len(s.faults)} faults)")
         return 0
-    # On a cluster Chaos Mesh injects the faults: this host need not be able to (root, tc, netem).
-    scenario = load(args.scenario, host=args.target == "local")
+    # On a cluster Chaos Mesh injects the faults: this host need not be able to (root, tc, netem), and the
+    # training script is in the pods' image, not beside the scenario (the harness Job's copy of it).
+    local = args.target == "local"
+    scenario = load(args.scenario, host=local, files=local)
     if args.target == "k8s":
         return _k8s(scenario, args)
     from analysis.summary import format_summary

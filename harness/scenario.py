@@ -100,11 +100,14 @@ class Scenario:
 _SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks", "probe"}
 
 
-def parse(data: Any, file: str, host: bool = True) -> Scenario:
+def parse(data: Any, file: str, host: bool = True, files: bool = True) -> Scenario:
     """Build a :class:`Scenario` from parsed YAML, raising :class:`ScenarioError` on any problem.
 
     ``host``: also check that this machine can inject the faults (root, ``tc``, netem); a run on a
-    cluster (``--target k8s``) passes False, Chaos Mesh injects them there."""
+    cluster (``--target k8s``) passes False, Chaos Mesh injects them there. ``files``: the workload's
+    script is here, beside the scenario file: resolve its path and check it exists (the harness Job of
+    a cluster run passes False: the script is in the training pods' image, not beside its copy of the
+    scenario)."""
     if not isinstance(data, dict):
         raise ScenarioError(file, "", "a mapping with name, workload, checkpoint, faults, expect", found_repr(data))
     for key in data:
@@ -122,13 +125,13 @@ def parse(data: Any, file: str, host: bool = True) -> Scenario:
     if not isinstance(marks, list) or not all(isinstance(m, str) and m.isidentifier() for m in marks):
         raise ScenarioError(file, "marks", "a list of pytest mark names", found_repr(marks))
     workload = build(WorkloadConfig, data.get("workload"), file, "workload")
-    if workload.script is not None:
+    if workload.script is not None and files:
         script = (Path(file).parent / workload.script).resolve()
         if not script.is_file():
             raise ScenarioError(file, "workload.script", "an existing training script (relative to the scenario file)",
                                 str(script))
         workload.script = str(script)
-    if workload.command is not None:
+    if workload.command is not None and files:
         script = (Path(file).parent / workload.command[0]).resolve()
         if not script.is_file():
             raise ScenarioError(file, "workload.command[0]", "an existing training script (relative to the scenario "
@@ -261,8 +264,8 @@ def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint:
                             "world sizes once a node is lost for good)", None)
 
 
-def load(path: str | Path, host: bool = True) -> Scenario:
-    """Read and validate a scenario file (``host``: see :func:`parse`)."""
+def load(path: str | Path, host: bool = True, files: bool = True) -> Scenario:
+    """Read and validate a scenario file (``host``, ``files``: see :func:`parse`)."""
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -275,4 +278,4 @@ def load(path: str | Path, host: bool = True) -> Scenario:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ScenarioError(file, "", "valid YAML", f"<{problem}{where}>") from None
-    return parse(data, file, host)
+    return parse(data, file, host, files)

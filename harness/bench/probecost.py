@@ -5,7 +5,8 @@ launch as a reference run). The hooks time themselves: every ``step`` event carr
 the time spent in the probe's hooks during that step (finding the state, fingerprinting it, journaling),
 beside ``seconds``, the whole step. The table gives, per example, the median step and the median probe
 time of the steps after the first (the first also finds the models among the live objects), and the
-probe's share of all step time. A framework that is not installed is left out, and said to be. Then the
+probe's share of those steps' time (a step's seconds include its probe's). A framework that is not
+installed is left out, and said to be. Then the
 fingerprint rate on a synthetic state of ``gigabytes`` (:func:`harness.bench.digest.digest_benchmark`):
 what a large model's probe costs per step, without a model that large to train.
 """
@@ -45,14 +46,14 @@ def example_cost(name: str, out: Path, timeout: float = 600.0) -> dict[str, Any]
     result = launch(run_dir, spec, LaunchConfig(nodes=w.nodes, world_size=w.world_size, max_restarts=0,
                                                 timeout=timeout, script=script_command(w, wd), cwd=wd))
     steps = [e for e in Journal.load(run_dir).events("step") if "probe_seconds" in e]
-    later = [e for e in steps if e["step"] > 0]
-    total = sum(e["seconds"] for e in steps)
+    later = [e for e in steps if e["step"] > 0]  # the first step's seconds also hold the start-up
+    total = sum(e["seconds"] for e in later)
     return {
         "scenario": path, "ok": result.ok, "ranks": w.world_size, "steps": len(steps),
         "step_ms": 1e3 * statistics.median(e["seconds"] for e in later) if later else None,
         "probe_ms": 1e3 * statistics.median(e["probe_seconds"] for e in later) if later else None,
         "first_probe_ms": 1e3 * max((e["probe_seconds"] for e in steps if e["step"] == 0), default=0.0),
-        "share": sum(e["probe_seconds"] for e in steps) / total if total else None,
+        "share": sum(e["probe_seconds"] for e in later) / total if total else None,
     }
 
 

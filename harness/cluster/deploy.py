@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from baft.traits import TRAITS
@@ -40,7 +41,7 @@ from injectors.chaosmesh.crds import GROUP, PLURALS, crd_name
 
 from harness.errors import ConfigValueError
 from harness.scenario import Scenario
-from harness.worker.spec import WorkerSpec
+from harness.worker.spec import ProbeConfig, WorkerSpec, WorkloadConfig
 
 #: Pod label of an Indexed Job's pod: its completion index, here the scenario node.
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
@@ -72,8 +73,9 @@ class DeployConfig:
     namespace: str
     """Namespace of the job, its volume claim and the harness."""
     image: str
-    """Container image with baft-harness installed (``pip install 'baft-harness[k8s]'``); a script
-    workload's file must be in it at the same relative path, under the image's working directory."""
+    """Container image with baft-harness installed (``pip install 'baft-harness[k8s]'``) and, for a
+    ``script`` or ``command`` workload, the script: under ``workdir`` at the path it has here relative to
+    the directory ``baft deploy`` runs in."""
     claim: str
     """PersistentVolumeClaim (ReadWriteMany) shared by every pod and the harness: journals, checkpoints."""
     name: str = "baft-train"
@@ -97,6 +99,10 @@ class DeployConfig:
     """CPU request and limit of the trainer container (size ``ClusterTarget.cpus_per_pod`` to match)."""
     memory: str = "4Gi"
     """Memory request and limit of the trainer container."""
+    workdir: str = "/workspace"
+    """The image's copy of the directory ``baft deploy`` runs in (a checkout of the training code, the
+    image's ``WORKDIR`` when it is built with ``COPY . /workspace``): a script ``train/run.py`` here is
+    ``/workspace/train/run.py`` in the pods."""
     shm: str = "2Gi"
     """Size limit of the pod's ``/dev/shm`` (a memory ``emptyDir``): snapshots and replicas live there. Pages
     the trainer writes count against its memory limit; the store sidecar (which writes the peers' replicas)
@@ -116,6 +122,8 @@ class DeployConfig:
         for field in ("cpu", "memory", "shm"):
             if not isinstance(getattr(self, field), str) or not QUANTITY.fullmatch(getattr(self, field)):
                 raise ConfigValueError(field, "a Kubernetes quantity such as 2, 500m, 4Gi", getattr(self, field))
+        if not self.workdir.startswith("/") or any(c.isspace() for c in self.workdir):
+            raise ConfigValueError("workdir", "an absolute path in the image, without spaces", self.workdir)
         if not self.image or any(c.isspace() for c in self.image):
             raise ConfigValueError("image", "a container image reference", self.image)
         for field in ("rendezvous_port", "store_port"):
@@ -137,17 +145,50 @@ class DeployConfig:
         return {"name": name, "namespace": self.namespace, "labels": {**self.labels, **extra}}
 
 
+def image_path(local: str, cfg: DeployConfig, key: str) -> str:
+    """Where the script at ``local`` (a path on this machine) is in the pods: under ``cfg.workdir`` at
+    its path relative to the directory ``baft deploy`` runs in."""
+    here = Path.cwd().resolve()
+    try:
+        rel = Path(local).resolve().relative_to(here)
+    except ValueError:
+        raise ConfigValueError(key, f"a script under the directory baft deploy runs in ({here}), which the image "
+                               f"holds at workdir ({cfg.workdir})", local) from None
+    return str(PurePosixPath(cfg.workdir) / rel.as_posix())
+
+
+def work_dir(cfg: DeployConfig) -> str:
+    """A ``command`` workload's working directory in the pods: on the shared volume, kept across restarts
+    and pod replacements (its relative checkpoint paths land there), one per run."""
+    return f"{SHARED}/{cfg.run}/work"
+
+
+def pod_workload(scenario: Scenario, cfg: DeployConfig) -> WorkloadConfig:
+    """The scenario's workload with its script's path as the pods see it."""
+    w = scenario.workload
+    if w.script is not None:
+        return replace(w, script=image_path(w.script, cfg, "workload.script"))
+    if w.command is not None:
+        return replace(w, command=[image_path(w.command[0], cfg, "workload.command[0]"), *w.command[1:]])
+    return w
+
+
 def worker_spec(scenario: Scenario, cfg: DeployConfig) -> WorkerSpec:
     """The worker spec every rank reads (``BAFT_SPEC``), as the local launcher writes it, for the pods.
 
-    No faults: on a cluster Chaos Mesh injects them from outside the job."""
+    No faults: on a cluster Chaos Mesh injects them from outside the job. A faulted run (``harness``) of
+    a ``command`` workload matches a restarted script's first state against the reference run's
+    fingerprints (``/shared/{reference_run}``), and fingerprints as ``probe:`` says."""
     checkpoint = replace(scenario.checkpoint, shm_dir=f"{SHM}/baft",
                          dir=scenario.checkpoint.dir if "://" in scenario.checkpoint.dir else CHECKPOINTS)
     stores = TRAITS[scenario.checkpoint.strategy].node_stores
-    return WorkerSpec(workload=scenario.workload, checkpoint=checkpoint, run_dir=f"{SHARED}/{cfg.run}",
+    faulted = cfg.harness and cfg.reference_run is not None and scenario.workload.command is not None
+    return WorkerSpec(workload=pod_workload(scenario, cfg), checkpoint=checkpoint, run_dir=f"{SHARED}/{cfg.run}",
                       stores=[f"{cfg.job}-{i}.{cfg.job}.{cfg.namespace}.svc:{cfg.store_port}"
                               for i in range(scenario.workload.nodes)] if stores else None,
-                      node_memory=f"{SHM}/baft" if stores else None)
+                      node_memory=f"{SHM}/baft" if stores else None,
+                      reference=f"{SHARED}/{cfg.reference_run}" if faulted else None,
+                      probe=scenario.probe if faulted else ProbeConfig())
 
 
 def _env(**values: str) -> list[dict[str, Any]]:
@@ -156,8 +197,8 @@ def _env(**values: str) -> list[dict[str, Any]]:
 
 def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
     """ConfigMap, headless Service and Indexed Job running the scenario's workload with baft."""
-    w = scenario.workload
     spec = worker_spec(scenario, cfg)
+    w = spec.workload
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": cfg.meta(cfg.job),
                   "data": {"worker-spec.json": spec.dumps() + "\n",
                            "scenario.yaml": _scenario_text(scenario)}}
@@ -169,10 +210,18 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
     env = _env(BAFT_SPEC=f"{SPEC_DIR}/worker-spec.json", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", GLOO_SOCKET_IFNAME="eth0", PYTHONUNBUFFERED="1")
     env.append({"name": "BAFT_NODE_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}})
-    target = ([w.script, *map(str, w.args)] if w.script else ["-m", "harness.worker.workload", f"{SPEC_DIR}/worker-spec.json"])
+    if w.command is not None:  # the unmodified script through the boot module, in the run's own directory
+        script, *args = w.command
+        target = ["-m", "harness.worker.boot", script, *(a.replace("{run_dir}", work_dir(cfg)) for a in args)]
+        where = ["--workdir", work_dir(cfg)]
+    else:
+        target = [w.script, *map(str, w.args)] if w.script else ["-m", "harness.worker.workload",
+                                                                 f"{SPEC_DIR}/worker-spec.json"]
+        where = []
     # harness.cluster.pod execs torchrun with --rdzv-conf is_host=1 on pod 0 only (see that module for why).
-    preload = [] if w.script else ["--preload", "harness.worker.workload"]  # workers forked warm (harness.run.agent)
-    torchrun = ["python", "-m", "harness.cluster.pod", *preload, "--nnodes", str(w.nodes),
+    # The built-in workload's workers are forked warm (harness.run.agent); a script's start in fresh interpreters.
+    preload = [] if w.script or w.command else ["--preload", "harness.worker.workload"]
+    torchrun = ["python", "-m", "harness.cluster.pod", *where, *preload, "--nnodes", str(w.nodes),
                 "--nproc-per-node", str(w.world_size // w.nodes), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{cfg.job}-0.{cfg.job}:{cfg.rendezvous_port}", "--rdzv-id", cfg.job,
                 "--max-restarts", str(scenario.run.max_restarts), "--monitor-interval", "0.2", *target]
@@ -211,8 +260,6 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
 
 
 def _scenario_text(scenario: Scenario) -> str:
-    from pathlib import Path
-
     if scenario.source and Path(scenario.source).is_file():
         return Path(scenario.source).read_text(encoding="utf-8")
     raise ConfigValueError("scenario", "a scenario file (the harness Job reads it)", scenario.source)

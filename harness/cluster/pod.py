@@ -1,6 +1,6 @@
 """What a training pod of ``baft deploy`` runs: torchrun, with this pod's role in the rendezvous said explicitly.
 
-``python -m harness.cluster.pod [--preload MODULE] TORCHRUN_ARGS...`` replaces itself with torchrun
+``python -m harness.cluster.pod [--workdir DIR] [--preload MODULE] TORCHRUN_ARGS...`` replaces itself with torchrun
 (``python -m harness.run.agent [--preload MODULE] --rdzv-conf is_host=1|0 TORCHRUN_ARGS...``, see
 that module): pod 0 (``BAFT_NODE_INDEX=0``) hosts the c10d rendezvous store, every other pod is a
 client. Left to itself, torchrun decides by matching the
@@ -10,6 +10,8 @@ which lets the first of several agents sharing one host win (so killing another 
 the store down). The local launcher makes the same choice explicitly. It also shortens the
 keep-alive (:data:`~harness.run.launcher.KEEP_ALIVE`): a killed pod's agent is replaced by a new one, and
 the survivors admit it only once the dead one is declared gone (15 s with torchrun's defaults).
+``--workdir``: an unmodified script's working directory (on the shared volume, for its relative
+checkpoint paths), made if missing and entered before torchrun starts; its workers inherit it.
 """
 from __future__ import annotations
 
@@ -31,12 +33,25 @@ def torchrun_command(argv: list[str], node_index: int) -> list[str]:
             "--rdzv-conf", conf, *rest]
 
 
+def split_workdir(argv: list[str]) -> tuple[str | None, list[str]]:
+    """A leading ``--workdir DIR`` and the rest of the arguments."""
+    if argv[:1] == ["--workdir"]:
+        if len(argv) < 2 or not argv[1].startswith("/"):
+            raise SystemExit("harness.cluster.pod: --workdir needs an absolute directory")
+        return argv[1], argv[2:]
+    return None, argv
+
+
 def main(argv: list[str] | None = None) -> int:
     index = os.environ.get("BAFT_NODE_INDEX", "")
     if not index.isdigit():
         print(f"harness.cluster.pod: BAFT_NODE_INDEX must be the pod's index (a number), found {index!r}", file=sys.stderr)
         return 2
-    cmd = torchrun_command(sys.argv[1:] if argv is None else argv, int(index))
+    workdir, rest = split_workdir(sys.argv[1:] if argv is None else argv)
+    if workdir is not None:
+        os.makedirs(workdir, exist_ok=True)
+        os.chdir(workdir)
+    cmd = torchrun_command(rest, int(index))
     os.execv(cmd[0], cmd)
     return 0  # not reached
 

@@ -13,7 +13,7 @@ import yaml
 from baft import CheckpointConfig
 from harness.cli import _parser
 from harness.cli import main as cli_main
-from harness.cluster.deploy import HARNESS_KINDS, INDEX_LABEL, DeployConfig, deployment, worker_spec
+from harness.cluster.deploy import HARNESS_KINDS, INDEX_LABEL, DeployConfig, deployment, pod_workload, worker_spec
 from harness.errors import ConfigValueError
 from harness.scenario import load
 from harness.schema import build
@@ -29,10 +29,16 @@ kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes clie
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = sorted((ROOT / "scenarios" / "ci").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
+SCENARIOS = (sorted((ROOT / "scenarios" / "ci").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
+             + sorted((ROOT / "examples").glob("*/kill.yaml")))  # the unmodified scripts (workload.command)
 MODELS = {"ServiceAccount": "V1ServiceAccount", "Role": "V1Role", "RoleBinding": "V1RoleBinding",
           "ClusterRole": "V1ClusterRole", "ClusterRoleBinding": "V1ClusterRoleBinding",
           "ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job"}
+
+
+@pytest.fixture(autouse=True)
+def _in_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # baft deploy runs in the directory the image holds at workdir
 
 
 def objects(path: Path, **kw: Any) -> list[dict[str, Any]]:
@@ -56,7 +62,8 @@ def test_pods_run_the_scenarios_workload_on_its_layout(path: Path) -> None:
     w = scenario.workload
     docs = {o["kind"] + ("/harness" if "harness" in o["metadata"]["name"] else ""): o for o in objects(path)}
     spec = json.loads(docs["ConfigMap"]["data"]["worker-spec.json"])
-    assert build(WorkloadConfig, spec["workload"], "spec", "workload") == w
+    assert build(WorkloadConfig, spec["workload"], "spec", "workload") == pod_workload(scenario, DeployConfig(
+        namespace="ml", image="i", claim="c"))  # the workload, its script's path as the pods see it
     build(CheckpointConfig, spec["checkpoint"], "spec", "checkpoint")
     assert spec["faults"] == []  # Chaos Mesh injects them, from outside
     job = docs["Job"]["spec"]
@@ -67,8 +74,14 @@ def test_pods_run_the_scenarios_workload_on_its_layout(path: Path) -> None:
     assert cmd[cmd.index("--nnodes") + 1] == str(w.nodes)
     assert int(cmd[cmd.index("--nproc-per-node") + 1]) * w.nodes == w.world_size
     assert cmd[cmd.index("--max-restarts") + 1] == str(scenario.run.max_restarts)
-    if w.script:
-        assert w.script in cmd
+    if w.script:  # the image holds this checkout at workdir
+        assert "/workspace/" + Path(w.script).relative_to(ROOT).as_posix() in cmd
+    if w.command:
+        at = cmd.index("harness.worker.boot")
+        assert cmd[at - 1] == "-m" and cmd[at + 1] == "/workspace/" + Path(w.command[0]).relative_to(ROOT).as_posix()
+        assert cmd[cmd.index("--workdir") + 1] == "/shared/faulted/work" and "--preload" not in cmd
+        assert spec["reference"] == "/shared/reference"  # where the restarted script's state is matched
+        assert not any("{run_dir}" in a for a in cmd)
     if scenario.checkpoint.strategy == "baft":
         [store] = pod["initContainers"]
         assert store["restartPolicy"] == "Always"  # a native sidecar: it outlives a trainer crash
@@ -205,3 +218,46 @@ def test_resource_quantities_are_checked(field: str, value: str) -> None:
     with pytest.raises(ConfigValueError) as info:
         objects(ROOT / "scenarios" / "smoke" / "kill-rank.yaml", **{field: value})
     assert info.value.field == field
+
+
+def test_an_unmodified_script_runs_in_the_runs_own_directory_and_the_harness_job_reads_the_scenario_without_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = ROOT / "examples" / "ddp_torchsave" / "kill.yaml"
+    docs = objects(path)
+    cm = next(o for o in docs if o["kind"] == "ConfigMap")
+    # the harness Job's copy of the scenario, without the script beside it (that is in the trainers' image)
+    (tmp_path / "scenario.yaml").write_text(cm["data"]["scenario.yaml"])
+    with pytest.raises(Exception, match="workload.command"):
+        load(tmp_path / "scenario.yaml", host=False)
+    s = load(tmp_path / "scenario.yaml", host=False, files=False)
+    assert s.workload.steps == load(path, host=False).workload.steps and len(s.faults) == 1
+    # the reference run (no harness) fingerprints every step and matches nothing
+    ref = json.loads(next(o for o in objects(path, harness=False, run="reference", reference_run=None)
+                          if o["kind"] == "ConfigMap")["data"]["worker-spec.json"])
+    assert "reference" not in ref and ref["probe"] == {"every": 1}
+
+
+def test_a_script_outside_the_deployed_directory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # the image would not hold examples/ at any path
+    path = str(ROOT / "examples" / "ddp_torchsave" / "kill.yaml")
+    assert cli_main(["deploy", path, "--namespace", "ml", "--image", "i:1", "--claim", "shared"]) == 2
+    err = capsys.readouterr().err
+    assert "workload.command[0]" in err and "a script under the directory baft deploy runs in" in err, err
+
+
+def test_the_pod_enters_the_scripts_working_directory_before_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from harness.cluster import pod
+
+    seen: list[tuple[list[str], str]] = []
+    monkeypatch.setattr(pod.os, "execv", lambda exe, cmd: seen.append((cmd, os.getcwd())))
+    monkeypatch.setenv("BAFT_NODE_INDEX", "1")
+    work = tmp_path / "shared" / "faulted" / "work"
+    pod.main(["--workdir", str(work), "--nnodes", "2", "-m", "harness.worker.boot", "/workspace/train.py"])
+    [(cmd, cwd)] = seen
+    assert cwd == str(work) and work.is_dir() and "--workdir" not in cmd and cmd[-3:] == ["-m", "harness.worker.boot",
+                                                                                          "/workspace/train.py"]
+    with pytest.raises(SystemExit, match="absolute"):
+        pod.main(["--workdir", "relative/dir", "--nnodes", "2"])
