@@ -265,7 +265,9 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
             keep_copy(Path(checkpoint.dir))
     # The agent of a node lost for good was killed on purpose; the others must end well.
     survivors = [rc for node, rc in enumerate(result.returncodes) if node not in scenario.lost_nodes]
-    launch_failures = ([f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else "")]
+    launch_failures = ([f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else "")
+                        + (f"; the last exception a worker printed: {cause}" if (cause := failure_line(faulted / "logs"))
+                           else "")]
                        if result.timed_out or any(rc != 0 for rc in survivors) else [])
     verdict = judge(
         Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,

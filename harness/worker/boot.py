@@ -116,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         from harness.worker.adapters.transformers import patch_trainer
 
         after_import("transformers.trainer", patch_trainer)
+    if "accelerate" in adapters:
+        from harness.worker.adapters.accelerate import patch_accelerator
+
+        after_import("accelerate.accelerator", patch_accelerator)
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.parent))
     try:

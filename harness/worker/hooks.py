@@ -64,6 +64,7 @@ class ScriptProbe:
         self.probe, self.steps, self.reference, self.every = probe, steps, reference, every
         self.adapters = adapters
         self._framework_start: tuple[str, int] | None = None
+        self._restored_from: tuple[str, str] | None = None
         self._mismatched = False
         self.step = 0
         """The step the leader takes next (the reference's numbering)."""
@@ -124,6 +125,19 @@ class ScriptProbe:
         if models and self.taken == 0:
             self._roots = list(models)
 
+    def framework_models(self, models: list[torch.nn.Module]) -> None:
+        """The framework's model objects (before the first step): fingerprinted as the model."""
+        if models and self.taken == 0:
+            self._roots = list(models)
+
+    def framework_restored(self, framework: str, where: str) -> None:
+        """The framework restored the job from ``where``: the resume point's description names it."""
+        self._restored_from = (framework, where)
+
+    def saving(self) -> None:
+        """A checkpoint save begins, nothing written yet: a fault at ``phase: save`` of this step fires."""
+        events.emit("phase", phase="save", step=self.step)
+
     def framework_step(self, framework: str, step: int) -> None:
         """After a step: the framework's count, against the hooks' (journaled once if they disagree)."""
         if step != self.step and not self._mismatched:
@@ -167,7 +181,7 @@ class ScriptProbe:
         probe = self
 
         def save(*args: Any, **kwargs: Any) -> Any:
-            events.emit("phase", phase="save", step=probe.step)
+            probe.saving()
             return original(*args, **kwargs)
 
         return save
@@ -249,6 +263,8 @@ class ScriptProbe:
             description = f"{description}; at step {step} by {framework}'s global_step"
         if step is None and (hint := self._counted_steps()) is not None:
             step, description = hint, f"{description}; at step {hint} by the optimizer's own step count"
+        if self._restored_from is not None:
+            description = f"{description}; {self._restored_from[0]} restored {self._restored_from[1]}"
         if step is not None:
             self.step = step
             components["step"] = {"step": self.step}

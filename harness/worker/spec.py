@@ -97,8 +97,8 @@ class WorkloadConfig:
     nproc: int = 1
     """With ``script`` or ``command``: workers per node."""
     adapters: list[str] | None = None
-    """With ``command``: the framework adapters to enable, among ``lightning`` and ``transformers``
-    (:mod:`harness.worker.adapters`; null: each one whose framework is installed, []: none)."""
+    """With ``command``: the framework adapters to enable, among ``lightning``, ``transformers`` and
+    ``accelerate`` (:mod:`harness.worker.adapters`; null: each one whose framework is installed, []: none)."""
     deterministic: bool = False
     """With ``command`` or ``script``: the boot module sets what it can before the script runs:
     ``torch.use_deterministic_algorithms(True)``, one intra-op thread, ``CUBLAS_WORKSPACE_CONFIG``

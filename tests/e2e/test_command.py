@@ -182,3 +182,63 @@ def test_a_job_that_is_not_deterministic_is_judged_by_its_loss_curve(tmp_path: P
     assert v["loss_curve"] is not None and not v["loss_curve"]["failures"]
     (rec,) = v["recoveries"]
     assert rec["restored_step"] == 4 and "by the optimizer's own step count" in rec["resume"], rec
+
+
+ACC = ROOT / "examples" / "accelerate"
+
+
+def accelerate_scenario(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((ACC / f"{name}.yaml").read_text())
+    data["workload"]["command"][0] = str(ACC / "train.py")  # the dict is written elsewhere
+    return data
+
+
+def test_accelerate_as_shipped_resumes_its_model_but_not_the_shuffle_order_or_the_rng(tmp_path: Path,
+                                                                                     ref_cache: Path) -> None:
+    """save_state / load_state with skip_first_batches: model, optimizer and scheduler come back at step 10;
+    the resumed epoch is shuffled as the first epoch was (the sampler's order is not in the checkpoint
+    without use_seedable_sampler), and the new iterator draws its seed from the restored global RNG."""
+    needs("accelerate")
+    rc, out, v = run_cli(ACC / "kill.yaml", tmp_path / "out", ref_cache)
+    assert rc == 1 and not v["bitwise_equal"], out
+    (rec,) = v["recoveries"]
+    assert (rec["restored_step"], rec["lost_steps"]) == (10, 3), rec
+    assert rec["resume"].startswith("resumed at step 10: model equals step 10, but data equals step 2; rng matches no "
+                                    "step of the reference; accelerate restored acc/checkpoints/checkpoint_1"), rec
+    d = v["first_divergence"]
+    assert (d["step"], d["component"]) == (10, "rng"), d
+
+
+def test_accelerate_with_a_seedable_sampler_and_a_loader_generator_resumes_bit_for_bit(tmp_path: Path,
+                                                                                      ref_cache: Path) -> None:
+    needs("accelerate")
+    rc, out, v = run_cli(ACC / "fixed.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0 and v["passed"] and v["bitwise_equal"], out
+    (rec,) = v["recoveries"]
+    assert rec["resume"] == ("resumed from step 10 (every component equals the reference at step 10; accelerate "
+                             "restored acc/checkpoints/checkpoint_1)"), rec
+
+
+@pytest.mark.parametrize("adapters", [None, []], ids=["adapter", "no-adapter"])
+def test_a_kill_as_accelerate_saves(tmp_path: Path, ref_cache: Path, adapters: list[str] | None) -> None:
+    """With the adapter ``phase: save`` fires as ``save_state`` begins: nothing of step 10 is written, the
+    job resumes from step 5. Without it the phase is seen at the first torch.save, after the weights were
+    written with safetensors: the half-written checkpoint_1 is the newest, and every restart fails on it
+    (accelerate 1.16 writes a checkpoint file by file into its final directory)."""
+    needs("accelerate")
+    data = accelerate_scenario("fixed")
+    data["workload"]["adapters"] = adapters
+    data["faults"] = [{"kill": {"rank": 0, "at_step": 10, "phase": "save"}}]
+    data["expect"] = {"bitwise": True}
+    if adapters == []:
+        data["workload"]["reproducible"] = False  # one reference: the run is judged on its failure
+    rc, out, v = run_cli(data, tmp_path / "out", ref_cache)
+    work = tmp_path / "out" / "faulted" / "work" / "acc" / "checkpoints"
+    if adapters is None:
+        assert rc == 0 and v["bitwise_equal"], out
+        assert [r["restored_step"] for r in v["recoveries"]] == [5], v["recoveries"]
+        assert (work / "checkpoint_1" / "optimizer.bin").is_file()  # step 10 saved again, whole, after the resume
+    else:
+        assert rc == 1 and not v["completed"], out
+        assert "FileNotFoundError" in out and "checkpoint_1/optimizer.bin" in out, out
+        assert (work / "checkpoint_1" / "model.safetensors").is_file() and not (work / "checkpoint_1" / "optimizer.bin").exists()
