@@ -32,6 +32,7 @@ EXAMPLES: dict[str, tuple[str, str | None]] = {
     "ddp-torchsave": ("examples/ddp_torchsave/fixed.yaml", None),
     "lightning": ("examples/lightning/kill.yaml", "lightning"),
     "hf-trainer": ("examples/hf_trainer/kill.yaml", "transformers"),
+    "accelerate": ("examples/accelerate/fixed.yaml", "accelerate"),
 }
 
 
