@@ -8,12 +8,13 @@ from .errors import BaftConfigError
 from .planner import PlannerConfig
 from .profiler import ProfilerConfig
 from .storage import check_url, is_url
-from .store import ReplicationConfig
+from .storeconfig import ReplicationConfig
 
 StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
 STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
 #: The section's replication keys -> the fields of the stores' :class:`~baft.store.ReplicationConfig`.
-REPLICATION_KEYS = {"replicas": "replicas", "replication_rate": "rate", "replication_yield": "yield_to_training"}
+REPLICATION_KEYS = {"replicas": "replicas", "replication_rate": "rate", "replication_yield": "yield_to_training",
+                    "placement": "placement"}
 _REPLICATION = ReplicationConfig()  # whose defaults the section's replication keys take
 
 
@@ -40,7 +41,11 @@ class CheckpointConfig:
     shm_dir: str = ""
     """``baft``: directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
     replicas: int = _REPLICATION.replicas
-    """``baft``: peer nodes that keep a copy of each snapshot (ring placement; needs nodes > 1)."""
+    """``baft``: peer nodes that keep a copy of each snapshot (needs nodes > 1)."""
+    placement: str = _REPLICATION.placement
+    """``baft``: which peers: ``ring`` (the next ``replicas`` nodes) or ``group`` (groups of
+    ``replicas + 1`` nodes replicating inside the group, Gemini's placement: fewer losses of k
+    nodes at once lose a state; :mod:`baft.placement`)."""
     replicate_every: int = 1
     """``baft``: hand every this many versions to the store for replication (1: every one)."""
     replication_rate: float = _REPLICATION.rate
@@ -78,5 +83,6 @@ class CheckpointConfig:
 
     @property
     def replication(self) -> ReplicationConfig:
-        """``baft``: how the node stores replicate (``replicas``, ``replication_rate``, ``replication_yield``)."""
+        """``baft``: how the node stores replicate (``replicas``, ``placement``, ``replication_rate``,
+        ``replication_yield``)."""
         return ReplicationConfig(**{field: getattr(self, key) for key, field in REPLICATION_KEYS.items()})

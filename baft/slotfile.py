@@ -85,17 +85,24 @@ def read_complete(path: Path, version: int) -> bytes | None:
     return data
 
 
+def slot_size(head: bytes) -> int | None:
+    """The full size of the slot file whose first bytes are ``head`` (None: not a slot's header)."""
+    if len(head) < HEAD.size:
+        return None
+    magic, _, _, data_len, _, capacity = HEAD.unpack(head[: HEAD.size])
+    return HEADER + data_len + capacity if magic == MAGIC else None
+
+
 def write_slot(path: Path, data: bytes) -> None:
     """Atomically place a slot's used bytes at ``path``, padded to the slot's full size; bytes that are
     not a slot's (too short, another magic) raise ``ValueError`` and write nothing."""
-    head = HEAD.unpack(data[: HEAD.size]) if len(data) >= HEADER else None
-    if head is None or head[0] != MAGIC:
+    size = slot_size(data[:HEADER]) if len(data) >= HEADER else None
+    if size is None:
         raise ValueError(f"{len(data)} bytes that are not a snapshot slot's")
-    _, _, _, data_len, _, capacity = head
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)
-        f.truncate(HEADER + data_len + capacity)
+        f.truncate(size)
     os.replace(tmp, path)
 
 

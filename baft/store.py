@@ -5,7 +5,7 @@ agent (``python -m baft.store ...``) and outliving its workers. The workers'
 snapshot slots are files in the node's shared-memory directory; the store
 
 * learns from each worker when a version is sealed (``sealed``) and copies
-  that slot to the stores of the next ``replicas`` nodes in a ring (``put``),
+  that slot to the stores of its ``replicas`` peers (``put``; ring or group placement, :mod:`baft.placement`),
   under a rate limit, newest version first: when a rank seals faster than the
   link carries its replicas, older pending versions are dropped and the drop
   is journaled (the replication frequency degrades instead of the training);
@@ -20,9 +20,14 @@ snapshot slots are files in the node's shared-memory directory; the store
   removes every copy of the rank newer than v, on every node (a version is only
   a step number: the abandoned timeline's v+1 must never pass for the new one's).
 
-Wire format: a 4-byte big-endian length, a JSON header, then ``nbytes`` of
-payload when the header says so. Everything is on the node's loopback or
-between network namespaces; nothing here is authenticated.
+Every connection, the workers' and the peers', starts with a mutual proof of
+the run's secret (:mod:`baft.wire`; the secret comes from
+``BAFT_STORE_SECRET``, never the command line); then a 4-byte big-endian
+length, a JSON header and ``nbytes`` of payload when the header says so. A
+peer that cannot prove the secret, a malformed, truncated or oversized frame,
+a path outside the store's root or a rank outside the world is refused and
+journaled (``store_refused``, with the reason), and the store keeps serving.
+It binds one address, its own (never a wildcard).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import mmap
 import os
 import signal
 import socket
@@ -40,16 +46,18 @@ import sys
 import textwrap
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import BaftConfigError
 from .fields import field_docs
-from .slotfile import (SLOTS, copies, discard_newer, kept_slot, own_slot, read_complete, ring_slot, slot_of,
-                       write_slot)
+from .placement import targets
+from .storeconfig import ReplicationConfig, StoreConfig
+from .slotfile import (HEADER, SLOTS, copies, discard_newer, kept_slot, own_slot, read_complete, ring_slot,
+                       slot_of, slot_size, write_slot)
 from .traffic import TrafficFlags
-from .wire import recv, request, send
+from .wire import (FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Refused, connect, recv, recv_exact_into,
+                   recv_header, request, secret_from_env, send, server_handshake)
 
 #: Replicas are sent in pieces of this size, each gated on training traffic. The socket's send
 #: buffer is kept as small, so a piece has left the host (not just entered a kernel buffer)
@@ -76,75 +84,11 @@ DEFER_POLL = 0.001
 TRAFFIC_FILE = "traffic"
 
 
-@dataclass(kw_only=True, slots=True)
-class ReplicationConfig:
-    """How a node's store replicates its ranks' snapshots to peer nodes. The scenario's
-    ``checkpoint:`` section holds it (``CheckpointConfig.replication``); the harness hands it to
-    every store as one JSON argument (``--replication``)."""
-
-    replicas: int = 1
-    """Peer nodes that keep a copy of each snapshot (ring placement: the next ones by node
-    index; at most the other nodes there are)."""
-    rate: float = 0.0
-    """Rate limit of the replica data each store sends, in bytes/s (0: none). When the link
-    cannot carry a replica per iteration, older versions are skipped and the skips journaled."""
-    yield_to_training: bool = True
-    """Send replica data only while no rank of the node has pipeline traffic in flight (each
-    piece waits at most 20 ms, so replication always progresses)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:
-            raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
-        if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) or self.rate < 0:
-            raise BaftConfigError("rate", "a number >= 0 (bytes/s; 0 means no limit)", self.rate)
-        self.rate = float(self.rate)
-        if not isinstance(self.yield_to_training, bool):
-            raise BaftConfigError("yield_to_training", "true or false", self.yield_to_training)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> ReplicationConfig:
-        """The config from :meth:`to_json`'s text; a key left out takes its default."""
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise BaftConfigError("replication", "a JSON object", text) from None
-        keys = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(data, dict) or any(k not in keys for k in data):
-            raise BaftConfigError("replication", "a JSON object with keys among " + ", ".join(keys), text)
-        return cls(**data)
-
-
-@dataclass(kw_only=True, slots=True)
-class StoreConfig:
-    """One node's store: its memory, its peers, its journal and how it replicates."""
-
-    root: Path
-    """The node's shared-memory directory (the workers' slot files, the replicas it receives)."""
-    node: int
-    """This node's index."""
-    addresses: list[str]
-    """host:port of every node's store, by node index (this one's included)."""
-    journal: Path | None = None
-    """JSONL file for the store's events (None: none)."""
-    listen: str | None = None
-    """Address to bind (None: this node's host in ``addresses``; in a pod, 0.0.0.0, since its DNS
-    name may not resolve before the pod is ready)."""
-    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
-    """How it replicates (the JSON keys below)."""
-
-    def __post_init__(self) -> None:
-        if not self.addresses or not all(isinstance(a, str) and ":" in a for a in self.addresses):
-            raise BaftConfigError("addresses", "host:port of every node's store", self.addresses)
-        if not 0 <= self.node < len(self.addresses):
-            raise BaftConfigError("node", f"a node index in 0..{len(self.addresses) - 1}", self.node)
-
-
-def _check_rank_version(rank: Any, version: Any) -> None:
+def _check_rank_version(rank: Any, version: Any, world_size: int = 0) -> None:
     if type(rank) is not int or type(version) is not int or rank < 0 or version < 0:
         raise ValueError(f"rank and version must be integers >= 0, got {rank!r} and {version!r}")
+    if world_size and rank >= world_size:
+        raise ValueError(f"rank {rank} is not a rank of this job (world size {world_size})")
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -205,15 +149,15 @@ class Store:
 
     @property
     def targets(self) -> list[str]:
-        n = len(self.addresses)
-        return [self.addresses[(self.node + i) % n] for i in range(1, min(self.config.replication.replicas, n - 1) + 1)]
+        r = self.config.replication
+        return [self.addresses[i] for i in targets(self.node, len(self.addresses), r.replicas, r.placement)]
 
     def own_slot_path(self, rank: Any, version: Any, path: Any) -> Path:
         """The slot file a worker names in a request, if it is ``rank``'s own slot for ``version`` in
         this store's root or a directory below it (an elastic restore pulls into one); anything else
         (another directory, ``..`` out, a symlink, another name) raises ``ValueError``: a request
         never makes the store read or write outside its own root."""
-        _check_rank_version(rank, version)
+        _check_rank_version(rank, version, self.config.world_size)
         given = Path(str(path))
         root, parent = self.root.resolve(), given.parent.resolve()
         if (given.name != own_slot(root, rank, slot_of(version)).name or given.is_symlink()
@@ -221,12 +165,51 @@ class Store:
             raise ValueError(f"{str(path)!r} is not rank {rank}'s slot for version {version} in {self.root}")
         return parent / given.name
 
+    def refused(self, reason: str, **fields: Any) -> None:
+        self.log("store_refused", reason=reason, **fields)
+
     def handle(self, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         try:
             return self._handle(header, payload)
         except ValueError as e:
-            self.log("refused", op=str(header.get("op")), reason=str(e))
+            self.refused(str(e), op=str(header.get("op")))
             return {"ok": False, "error": str(e)}, b""
+
+    def request(self, address: str, header: dict[str, Any], timeout: float = 30.0) -> tuple[dict[str, Any], bytes]:
+        """A request to a peer store, authenticated with the run's secret."""
+        return request(address, header, timeout=timeout, secret=self.config.secret)
+
+    def payload_limit(self) -> int:
+        """The largest replica this store takes now: ``max_payload``, and what its filesystem has free."""
+        st = os.statvfs(self.root)
+        free = st.f_bavail * st.f_frsize
+        return min(free, self.config.max_payload) if self.config.max_payload else free
+
+    def receive_put(self, header: dict[str, Any], sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+        """A peer's replica, read from the socket straight into the replica slot's file (no copy of it in
+        memory); refused unread when it is larger than :meth:`payload_limit`."""
+        rank, version, nbytes = header.get("rank"), header.get("version"), header.get("nbytes", 0)
+        _check_rank_version(rank, version, self.config.world_size)
+        limit = self.payload_limit()
+        if nbytes > limit:
+            raise Refused(f"a replica of {nbytes} bytes (at most {limit} here)")
+        dest = ring_slot(self.root, rank, version)
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}-{threading.get_ident()}")
+        try:
+            with open(tmp, "w+b") as f:
+                if nbytes:
+                    f.truncate(nbytes)
+                    with mmap.mmap(f.fileno(), nbytes) as m:
+                        recv_exact_into(sock, memoryview(m))
+                head = f.read(HEADER) if nbytes >= HEADER else b""
+                fixed = slot_size(head)
+                if fixed is None:
+                    raise ValueError(f"{nbytes} bytes that are not a snapshot slot's")
+                f.truncate(max(fixed, nbytes))
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return {"ok": True}, b""
 
     def _handle(self, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         op = header.get("op")
@@ -244,27 +227,29 @@ class Store:
                     self._capture(header["rank"])  # now, before the slot is reused
                 self._cond.notify()
             return {"ok": True}, b""
-        if op == "put":
-            _check_rank_version(header.get("rank"), header.get("version"))
+        if op == "put":  # a payload already in memory (the TCP handler streams it: receive_put)
+            _check_rank_version(header.get("rank"), header.get("version"), self.config.world_size)
             write_slot(ring_slot(self.root, header["rank"], header["version"]), payload)
             return {"ok": True}, b""
         if op == "discard":
             rank, version = header.get("rank"), header.get("version")
             if type(version) is not int or version < -1:
                 raise ValueError(f"version must be an integer >= -1 (-1: every version), got {version!r}")
-            _check_rank_version(rank, 0)
+            _check_rank_version(rank, 0, self.config.world_size)
             dropped = self.discard(rank, version)
             if header.get("forward", True):
                 for i, addr in enumerate(self.addresses):
                     if i != self.node:
                         try:
-                            request(addr, {"op": "discard", "rank": rank, "version": version, "forward": False}, timeout=30)
+                            self.request(addr, {"op": "discard", "rank": rank, "version": version, "forward": False})
                         except OSError:
                             continue  # that node is down: its copies are gone with it
             return {"ok": True, "dropped": dropped}, b""
         if op == "query":
+            _check_rank_version(header.get("rank"), 0, self.config.world_size)
             return {"copies": [[v, str(p)] for v, p in copies(self.root, header["rank"])]}, b""
         if op == "fetch":
+            _check_rank_version(header.get("rank"), header.get("version"), self.config.world_size)
             for v, p in copies(self.root, header["rank"]):
                 if v == header["version"]:
                     data = read_complete(p, v)
@@ -272,12 +257,13 @@ class Store:
                         return {"ok": True}, data
             return {"ok": False}, b""
         if op == "locate":
+            _check_rank_version(header.get("rank"), 0, self.config.world_size)
             found: list[list[Any]] = [[v, self.node] for v, _ in copies(self.root, header["rank"])]
             for i, addr in enumerate(self.addresses):
                 if i == self.node:
                     continue
                 try:
-                    reply, _ = request(addr, {"op": "query", "rank": header["rank"]}, timeout=5)
+                    reply, _ = self.request(addr, {"op": "query", "rank": header["rank"]}, timeout=5)
                     found += [[v, i] for v, _ in reply["copies"]]
                 except OSError:
                     continue  # that node is down: its copies are gone
@@ -289,7 +275,7 @@ class Store:
             for i in order:
                 try:
                     reply, data = (self.handle({"op": "fetch", "rank": rank, "version": version}, b"") if i == self.node
-                                   else request(self.addresses[i], {"op": "fetch", "rank": rank, "version": version}))
+                                   else self.request(self.addresses[i], {"op": "fetch", "rank": rank, "version": version}))
                 except OSError:
                     continue
                 if reply.get("ok"):
@@ -299,7 +285,7 @@ class Store:
                              seconds=time.perf_counter() - t)
                     return {"ok": True, "source": i}, b""
             return {"ok": False}, b""
-        return {"ok": False, "error": f"unknown op {op!r}"}, b""
+        raise ValueError(f"unknown op {str(op)[:40]!r}")
 
     def discard(self, rank: int, version: int) -> list[int]:
         """Forget every copy of ``rank`` newer than ``version`` on this node: sealed versions not yet
@@ -474,13 +460,10 @@ class Store:
         """Send a replica in pieces: each piece waits (up to ``MAX_DEFER``) until no local rank
         has pipeline traffic in flight, and the pieces keep the average under :meth:`pace`.
         Returns the seconds spent deferring to training traffic."""
-        host, port = target.rsplit(":", 1)
         deferred = 0.0
         view = memoryview(data)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with connect(target, self.config.secret, timeout=30) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
-            s.settimeout(30)
-            s.connect((host, int(port)))
             raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": len(data)}).encode()
             s.sendall(struct.pack(">I", len(raw)) + raw)
             start, sent = time.perf_counter(), 0
@@ -510,15 +493,41 @@ class Store:
 
 
 class _Handler(socketserver.BaseRequestHandler):
+    """One connection: the handshake within ``HANDSHAKE_TIMEOUT``, then messages, each delivered whole
+    within ``FRAME_TIMEOUT`` once it began (an authenticated worker may stay quiet between them)."""
+
     def handle(self) -> None:
         store: Store = self.server.store  # type: ignore[attr-defined]
+        sock: socket.socket = self.request
+        peer = "%s:%s" % self.client_address[:2]
         try:
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            server_handshake(sock, store.config.secret)
             while True:
-                header, payload = recv(self.request)
-                reply, data = store.handle(header, payload)
-                if header.get("op") != "sealed":  # notifications get no answer
-                    send(self.request, reply, data)
-        except (ConnectionError, OSError, json.JSONDecodeError):
+                sock.settimeout(None)
+                if not sock.recv(1, socket.MSG_PEEK):
+                    return  # the peer closed between messages
+                sock.settimeout(FRAME_TIMEOUT)
+                header = recv_header(sock)
+                op = header.get("op")
+                if op == "put":
+                    try:
+                        reply, data = store.receive_put(header, sock)
+                    except (ValueError, Refused) as e:  # the payload may be unread: the stream is out of step
+                        store.refused(str(e), op="put", peer=peer)
+                        send(sock, {"ok": False, "error": str(e)})
+                        return
+                elif header.get("nbytes"):
+                    raise Refused(f"a payload with op {str(op)[:40]!r} (only put carries one)")
+                else:
+                    reply, data = store.handle(header, b"")
+                if op != "sealed":  # notifications get no answer
+                    send(sock, reply, data)
+        except Refused as e:
+            store.refused(str(e), peer=peer)
+        except socket.timeout:
+            store.refused("the peer went quiet in the middle of a message or the handshake", peer=peer)
+        except (ConnectionError, OSError):
             return
 
 
@@ -549,11 +558,14 @@ def parse_args(argv: list[str] | None = None) -> StoreConfig:
     p.add_argument("--journal", type=Path, help=docs.get("journal"))
     p.add_argument("--listen", help=docs.get("listen"))
     p.add_argument("--replication", metavar="JSON", help=docs.get("replication"))
+    p.add_argument("--world-size", type=int, default=0, help=docs.get("world_size"))
+    p.add_argument("--max-payload", type=int, default=0, help=docs.get("max_payload"))
     a = p.parse_args(argv)
     try:
         replication = ReplicationConfig.from_json(a.replication) if a.replication else ReplicationConfig()
         return StoreConfig(root=a.root, node=a.node, addresses=a.addresses.split(","), journal=a.journal,
-                           listen=a.listen, replication=replication)
+                           listen=a.listen, replication=replication, secret=secret_from_env() or "",
+                           world_size=a.world_size, max_payload=a.max_payload)
     except BaftConfigError as e:
         p.error(str(e))
         raise  # p.error exits

@@ -4,14 +4,21 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from .wire import request, send
+from .errors import BaftConfigError
+from .wire import SECRET_VARIABLE, connect, request, secret_from_env, send
 
 
 class StoreClient:
-    """How a worker talks to its node's store. Notifications use one kept-open connection."""
+    """How a worker talks to its node's store. Notifications use one kept-open connection; every
+    connection proves the run's secret and has the store prove it (:mod:`baft.wire`)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, secret: str | None = None) -> None:
+        """``secret``: the run's store secret (None: from ``BAFT_STORE_SECRET``, which the harness sets)."""
         self.address = address
+        self.secret = secret if secret is not None else secret_from_env()
+        if not self.secret:
+            raise BaftConfigError("store", f"the run's store secret in {SECRET_VARIABLE} (the stores answer only peers "
+                                  "that know it)", "<not set>")
         self._sock: socket.socket | None = None
 
     def sealed(self, rank: int, version: int, file: Path) -> bool:
@@ -19,8 +26,7 @@ class StoreClient:
         for _ in range(2):
             try:
                 if self._sock is None:
-                    host, port = self.address.rsplit(":", 1)
-                    self._sock = socket.create_connection((host, int(port)), timeout=5)
+                    self._sock = connect(self.address, self.secret, timeout=5)
                 send(self._sock, {"op": "sealed", "rank": rank, "version": version, "file": str(file)})
                 return True
             except OSError:
@@ -30,7 +36,7 @@ class StoreClient:
     def locate(self, rank: int) -> list[tuple[int, int]]:
         """(version, node) of every complete copy of ``rank``'s state the stores hold."""
         try:
-            reply, _ = request(self.address, {"op": "locate", "rank": rank})
+            reply, _ = request(self.address, {"op": "locate", "rank": rank}, secret=self.secret)
         except OSError:
             return []
         return [(int(v), int(n)) for v, n in reply["copies"]]
@@ -39,7 +45,8 @@ class StoreClient:
         """After a restore at ``version``: have every node forget ``rank``'s copies newer than it; the
         versions this node dropped (None if the store is unreachable)."""
         try:
-            reply, _ = request(self.address, {"op": "discard", "rank": rank, "version": version}, timeout=120)
+            reply, _ = request(self.address, {"op": "discard", "rank": rank, "version": version}, timeout=120,
+                               secret=self.secret)
         except OSError:
             return None
         return [int(v) for v in reply.get("dropped", [])] if reply.get("ok") else None
@@ -47,7 +54,8 @@ class StoreClient:
     def pull(self, rank: int, version: int, dest: Path) -> int | None:
         """Have the store bring ``version`` of ``rank`` into ``dest``; returns the source node."""
         try:
-            reply, _ = request(self.address, {"op": "pull", "rank": rank, "version": version, "dest": str(dest)}, timeout=120)
+            reply, _ = request(self.address, {"op": "pull", "rank": rank, "version": version, "dest": str(dest)},
+                               timeout=120, secret=self.secret)
         except OSError:
             return None
         return int(reply["source"]) if reply.get("ok") else None

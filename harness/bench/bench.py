@@ -332,7 +332,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     import shutil
     import uuid
 
-    from baft.store import ReplicationConfig
+    from baft.storeconfig import ReplicationConfig
 
     from harness.errors import LaunchError
     from harness.run.launcher import LaunchConfig, launch

@@ -16,7 +16,9 @@ prints them as YAML for ``kubectl apply -f -``. The layout, one pod per scenario
   ``/shared/{run}`` (journals) and the persistent checkpoints, also mounted at
   ``/checkpoints`` (a mount point, which IOChaos needs for storage faults).
 * a **ConfigMap** with the worker spec (what the local launcher writes for every run) and the
-  scenario file.
+  scenario file; with stores, a **Secret** ``{job}-store`` holding the run's store secret (fresh for
+  every deploy), in the environment of the trainer and the store: the stores answer only who proves
+  it, and each binds its pod's IP (never a wildcard).
 * with ``--harness``: the harness's **ServiceAccount**, a **Role** allowing exactly what
   :mod:`harness.cluster.run` does (create, get and delete the Chaos Mesh kinds the faults map to;
   list pods) and its **RoleBinding**; a **ClusterRole** and **ClusterRoleBinding** letting it get
@@ -37,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from baft.traits import TRAITS
+from baft.wire import SECRET_VARIABLE, new_secret
 from injectors.chaosmesh.crds import GROUP, PLURALS, crd_name
 
 from harness.errors import ConfigValueError
@@ -138,6 +141,11 @@ class DeployConfig:
         return f"{self.name}-{self.run}"
 
     @property
+    def secret_name(self) -> str:
+        """The Secret holding the run's store secret."""
+        return f"{self.job}-store"
+
+    @property
     def labels(self) -> dict[str, str]:
         return {"app": self.name, "baft.dev/run": self.run, "app.kubernetes.io/managed-by": "baft-harness"}
 
@@ -210,6 +218,10 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
     env = _env(BAFT_SPEC=f"{SPEC_DIR}/worker-spec.json", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", GLOO_SOCKET_IFNAME="eth0", PYTHONUNBUFFERED="1")
     env.append({"name": "BAFT_NODE_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}})
+    secret: list[dict[str, Any]] = []
+    if spec.stores is not None:  # the run's store secret, from the Secret: the stores answer only who proves it
+        secret = [{"name": SECRET_VARIABLE, "valueFrom": {"secretKeyRef": {"name": cfg.secret_name, "key": "secret"}}}]
+        env += secret
     if w.command is not None:  # the unmodified script through the boot module, in the run's own directory
         script, *args = w.command
         target = ["-m", "harness.worker.boot", script, *(a.replace("{run_dir}", work_dir(cfg)) for a in args)]
@@ -239,12 +251,15 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
                     {"name": "spec", "configMap": {"name": cfg.job}}]}
     if spec.stores is not None:  # the node's store as a sidecar
         index = "$(BAFT_NODE_INDEX)"
+        # The pod's own IP, never a wildcard: its DNS name may not resolve before the pod is ready.
         store = ["python", "-m", "baft.store", "--root", f"{SHM}/baft/node{index}", "--node", index,
-                 "--addresses", ",".join(spec.stores), "--listen", "0.0.0.0",
+                 "--addresses", ",".join(spec.stores), "--listen", "$(POD_IP)",
                  "--replication", scenario.checkpoint.replication.to_json(),
-                 "--journal", f"{SHARED}/{cfg.run}/journal/store-node{index}.jsonl"]
+                 "--journal", f"{SHARED}/{cfg.run}/journal/store-node{index}.jsonl",
+                 "--world-size", str(w.world_size)]
+        pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
         pod["initContainers"] = [{"name": "store", "image": cfg.image, "restartPolicy": "Always", "command": store,
-                                  "env": [e for e in env if e["name"] == "BAFT_NODE_INDEX"],
+                                  "env": [e for e in env if e["name"] == "BAFT_NODE_INDEX"] + [pod_ip] + secret,
                                   "volumeMounts": [m for m in mounts if m["mountPath"] in (SHARED, SHM)],
                                   "ports": [{"name": "store", "containerPort": cfg.store_port}]}]
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": cfg.meta(cfg.job),
@@ -256,7 +271,11 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
                     # restarts through on every node
                     "backoffLimit": max(6, (scenario.run.max_restarts + 1) * w.nodes),
                     "template": {"metadata": {"labels": cfg.labels}, "spec": pod}}}
-    return [config_map, service, job]
+    if not secret:
+        return [config_map, service, job]
+    token = {"apiVersion": "v1", "kind": "Secret", "metadata": cfg.meta(cfg.secret_name), "type": "Opaque",
+             "stringData": {"secret": new_secret()}}  # fresh for every deploy: one run's stores, one secret
+    return [token, config_map, service, job]
 
 
 def _scenario_text(scenario: Scenario) -> str:

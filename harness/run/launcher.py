@@ -123,6 +123,8 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
     are then driven on its links by a :class:`~harness.run.linkfaults.FaultController`.
     """
     from harness.run.linkfaults import FaultController
+    from baft.wire import SECRET_VARIABLE, new_secret
+
     from harness.run.storefleet import StoreFleet
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +138,10 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
     # Undone in reverse order whatever happens (an error, a timeout, SIGINT/SIGTERM): link faults
     # rolled back, watchdog and store fleet stopped, then every process of the launch, wherever
     # it went; one step that fails does not skip the others.
-    fleet = (StoreFleet(config.stores, config.nodes, run_dir, journal, config.topology, token=token)
+    # The stores answer only processes that prove this secret (baft.wire): this launch's workers and stores.
+    secret = {SECRET_VARIABLE: new_secret()} if config.stores is not None else {}
+    fleet = (StoreFleet(config.stores, config.nodes, run_dir, journal, config.topology, token=token,
+                        secret=secret[SECRET_VARIABLE], world_size=config.world_size)
              if config.stores is not None else None)
     with contextlib.ExitStack() as undo:
         undo.callback(journal.close)
@@ -175,7 +180,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                     cmd[at:at] = ["--local-addr", config.topology.address(node)]  # what the other nodes dial
                     cmd = config.topology.exec_prefix(node) + cmd
                 # what a Session reads
-                env = {**worker_env(node, config.topology, token), SPEC_VARIABLE: str(spec_path.resolve())}
+                env = {**worker_env(node, config.topology, token), SPEC_VARIABLE: str(spec_path.resolve()), **secret}
                 with open(logs / f"node{node}.log", "ab") as log:
                     procs.append(_start_agent(cmd, env, log, warm=config.topology is None, cwd=config.cwd))
                 journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)

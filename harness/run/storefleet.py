@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.journal import JournalWriter
-from baft.store import ReplicationConfig
+from baft.storeconfig import ReplicationConfig
+from baft.wire import SECRET_VARIABLE, request
 from injectors.process import lost_marker
 
 from harness.run.nodeenv import free_port, worker_env
@@ -42,10 +43,13 @@ class StoreFleet:
     """One store per node, monitored."""
 
     def __init__(self, spec: StoreSpec, nodes: int, run_dir: Path, journal: JournalWriter,
-                 topology: Topology | None = None, *, token: str | None = None) -> None:
+                 topology: Topology | None = None, *, token: str | None = None, secret: str, world_size: int = 0) -> None:
         self.spec, self.nodes, self.run_dir, self.journal, self.topology = spec, nodes, run_dir, journal, topology
         self.token = token
         """The launch's process token, in every store's environment."""
+        self.secret = secret
+        """The run's store secret (``BAFT_STORE_SECRET`` of every store and worker; never on a command line)."""
+        self.world_size = world_size
         hosts = [topology.address(i) if topology else "127.0.0.1" for i in range(nodes)]
         self.addresses = [f"{hosts[i]}:{free_port()}" for i in range(nodes)]
         self.procs: list[subprocess.Popen | None] = [None] * nodes
@@ -59,14 +63,16 @@ class StoreFleet:
         """The store process of ``node`` (its arguments are ``baft.store.StoreConfig``'s)."""
         return [sys.executable, "-m", "baft.store", "--root", str(self.node_dir(node)), "--node", str(node),
                 "--addresses", ",".join(self.addresses), "--replication", self.spec.replication.to_json(),
-                "--journal", str(self.run_dir / "journal" / f"store-node{node}.jsonl")]
+                "--journal", str(self.run_dir / "journal" / f"store-node{node}.jsonl"),
+                "--world-size", str(self.world_size)]
 
     def _start(self, node: int) -> None:
         cmd = self.command(node)
         if self.topology is not None:
             cmd = self.topology.exec_prefix(node) + cmd  # the store lives on its node's network
         log = open(self.run_dir / "logs" / f"store-node{node}.log", "ab")
-        self.procs[node] = subprocess.Popen(cmd, env=worker_env(node, self.topology, self.token), stdout=log,
+        env = {**worker_env(node, self.topology, self.token), SECRET_VARIABLE: self.secret}
+        self.procs[node] = subprocess.Popen(cmd, env=env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self.journal.write("store_start", node=f"node{node}", pid=self.procs[node].pid, address=self.addresses[node])
@@ -79,13 +85,11 @@ class StoreFleet:
         self._monitor.start()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
-        from baft.wire import request
-
         deadline = time.monotonic() + timeout
         for addr in self.addresses:
             while True:
                 try:
-                    request(addr, {"op": "ping"}, timeout=1)
+                    request(addr, {"op": "ping"}, timeout=1, secret=self.secret)
                     break
                 except OSError:
                     if time.monotonic() > deadline:

@@ -47,7 +47,7 @@ class Pods:
         self.subst[f"{cfg.job}-0.{cfg.job}:{cfg.rendezvous_port}"] = f"127.0.0.1:{free_port()}"
         self.subst.update({f"{SHARED}/": f"{root}/shared/", CHECKPOINTS: f"{root}/shared/{cfg.run}/checkpoints",
                            f"{SHM}/": f"{self.shm}/", SPEC_DIR: f"{root}/etc"})
-        self.config_map, _, self.job = docs
+        self.secret, self.config_map, _, self.job = docs  # a run with stores has its Secret first
         (root / "etc").mkdir()
         for name, text in self.config_map["data"].items():
             (root / "etc" / name).write_text(self.local(text))
@@ -57,12 +57,26 @@ class Pods:
             text = text.replace(a, b)
         return text
 
+    def value(self, source: dict[str, Any], index: int) -> str:
+        """What the kubelet puts in an env var from ``valueFrom``: the pod's index label, its IP, a Secret's key."""
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            assert ref["name"] == self.secret["metadata"]["name"]
+            return self.secret["stringData"][ref["key"]]
+        path = source["fieldRef"]["fieldPath"]
+        return "127.0.0.1" if path == "status.podIP" else str(index)
+
     def container(self, spec: dict[str, Any], index: int) -> tuple[list[str], dict[str, str]]:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("BAFT_STORE_SECRET", None)
+        declared = {}
         for e in spec.get("env", []):
-            env[e["name"]] = str(index) if "valueFrom" in e else self.local(e["value"])
+            declared[e["name"]] = self.value(e["valueFrom"], index) if "valueFrom" in e else self.local(e["value"])
+        env.update(declared)
         env["GLOO_SOCKET_IFNAME"] = "lo"  # a pod's eth0 is this host's loopback
-        cmd = [self.local(a).replace("$(BAFT_NODE_INDEX)", str(index)) for a in spec["command"]]
+        cmd = [self.local(a) for a in spec["command"]]
+        for name, value in declared.items():  # $(VAR) of the container's own env, as Kubernetes expands it
+            cmd = [a.replace(f"$({name})", value) for a in cmd]
         if cmd[0] == "python":
             cmd[0] = sys.executable
         return cmd, env
@@ -102,7 +116,7 @@ def test_the_deployed_pods_train_and_match_the_reference(killed: int, tmp_path: 
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    request(addr, {"op": "ping"}, timeout=1)
+                    request(addr, {"op": "ping"}, timeout=1, secret=pods.secret["stringData"]["secret"])
                     break
                 except OSError:
                     assert time.monotonic() < deadline, (logs / "store0.log").read_text()

@@ -33,7 +33,7 @@ SCENARIOS = (sorted((ROOT / "scenarios" / "ci").glob("*.yaml")) + sorted((ROOT /
              + sorted((ROOT / "examples").glob("*/kill.yaml")))  # the unmodified scripts (workload.command)
 MODELS = {"ServiceAccount": "V1ServiceAccount", "Role": "V1Role", "RoleBinding": "V1RoleBinding",
           "ClusterRole": "V1ClusterRole", "ClusterRoleBinding": "V1ClusterRoleBinding",
-          "ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job"}
+          "ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job", "Secret": "V1Secret"}
 
 
 @pytest.fixture(autouse=True)
@@ -88,8 +88,18 @@ def test_pods_run_the_scenarios_workload_on_its_layout(path: Path) -> None:
         assert len(spec["stores"]) == w.nodes
         shm = {m["name"] for m in trainer["volumeMounts"]} & {m["name"] for m in store["volumeMounts"]}
         assert "shm" in shm and {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
+        # the store binds the pod's IP and both containers take the run's secret from the Secret
+        listen = store["command"][store["command"].index("--listen") + 1]
+        assert listen == "$(POD_IP)" and {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} \
+            in store["env"]
+        secret = docs["Secret"]
+        ref = {"name": "BAFT_STORE_SECRET", "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"],
+                                                                           "key": "secret"}}}
+        assert ref in store["env"] and ref in trainer["env"] and len(secret["stringData"]["secret"]) == 64
+        assert secret["stringData"]["secret"] not in json.dumps([o for o in docs.values() if o is not secret])
+        assert store["command"][store["command"].index("--world-size") + 1] == str(w.world_size)
     else:
-        assert "initContainers" not in pod and "stores" not in spec
+        assert "initContainers" not in pod and "stores" not in spec and "Secret" not in docs
     # The storage faults' IOChaos needs the checkpoint directory to be a mount point.
     assert spec["checkpoint"]["dir"] in {m["mountPath"] for m in trainer["volumeMounts"]} \
         or "://" in spec["checkpoint"]["dir"]
@@ -125,6 +135,9 @@ def test_cli_prints_documents_and_refuses_bad_input(capsys: pytest.CaptureFixtur
     path = str(ROOT / "scenarios" / "smoke" / "kill-rank.yaml")
     assert cli_main(["deploy", path, "--namespace", "ml", "--image", "i:1", "--claim", "shared"]) == 0
     assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == ["ConfigMap", "Service", "Job"]
+    baft_path = str(ROOT / "scenarios" / "ci" / "baft-node-loss.yaml")
+    assert cli_main(["deploy", baft_path, "--namespace", "ml", "--image", "i:1", "--claim", "shared"]) == 0
+    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == ["Secret", "ConfigMap", "Service", "Job"]
     assert cli_main(["deploy", path, "--namespace", "ml", "--image", "i:1", "--claim", "shared", "--harness"]) == 2
     assert "--reference-run: expected the run to judge against" in capsys.readouterr().err
 

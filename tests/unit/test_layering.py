@@ -168,7 +168,8 @@ def test_no_file_over_600_lines() -> None:
     assert not long, long
 
 
-@pytest.mark.parametrize("module", ["baft", "baft.store", "baft.slotfile", "baft.wire", "baft.config", "baft.fields",
+@pytest.mark.parametrize("module", ["baft", "baft.store", "baft.storeconfig", "baft.placement", "baft.slotfile",
+                                    "baft.wire", "baft.config", "baft.fields",
                                     "baft.traits", "injectors", "harness.scenario", "harness.run.runner",
                                     "harness.run.agent", "harness.campaign.fuzz", "harness.cluster.deploy"])
 def test_torch_free_parts_import_without_torch(module: str) -> None:

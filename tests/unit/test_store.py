@@ -16,13 +16,23 @@ from baft.wire import request
 from harness.run.nodeenv import free_port
 
 
+SECRET = "test-secret-" + "0123456789abcdef" * 2
+
+
+@pytest.fixture(autouse=True)
+def _the_runs_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the launcher gives every worker and store of a run (requests and clients read it)."""
+    monkeypatch.setenv("BAFT_STORE_SECRET", SECRET)
+
+
 @pytest.fixture
 def two_stores(tmp_path: Path):
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     servers = []
     for node in range(2):
         store = Store(StoreConfig(root=tmp_path / f"node{node}", node=node, addresses=addresses,
-                                  journal=tmp_path / f"j{node}.jsonl", replication=ReplicationConfig(replicas=1)))
+                                  journal=tmp_path / f"j{node}.jsonl", replication=ReplicationConfig(replicas=1),
+                                  secret=SECRET, world_size=8, max_payload=1 << 20))
         host, port = addresses[node].rsplit(":", 1)
         server = _Server((host, int(port)), _Handler)
         server.store = store
@@ -175,8 +185,11 @@ def test_the_store_command_line_parses_into_its_config(tmp_path: Path) -> None:
     from baft.store import parse_args
 
     replication = ReplicationConfig(replicas=2, rate=5e6, yield_to_training=False)
-    cfg = parse_args(store_args(tmp_path, "--replication", replication.to_json(), "--listen", "0.0.0.0"))
-    assert cfg == StoreConfig(root=tmp_path, node=1, addresses=["a:1", "b:2"], listen="0.0.0.0", replication=replication)
+    cfg = parse_args(store_args(tmp_path, "--replication", replication.to_json(), "--listen", "10.0.0.7",
+                                "--world-size", "4"))
+    assert cfg == StoreConfig(root=tmp_path, node=1, addresses=["a:1", "b:2"], listen="10.0.0.7", replication=replication,
+                              secret=SECRET, world_size=4)
+    assert SECRET not in " ".join(store_args(tmp_path)) and SECRET not in repr(cfg)  # from the environment only
     assert parse_args(store_args(tmp_path)).replication == ReplicationConfig()  # defaults in one place
     assert parse_args(store_args(tmp_path, "--replication", '{"rate": 7}')).replication == ReplicationConfig(rate=7.0)
 
@@ -184,9 +197,11 @@ def test_the_store_command_line_parses_into_its_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("extra", "says"), [
     (["--replication", '{"replicas": -1}'], "replicas: expected an integer >= 0"),
     (["--replication", '{"replicas": true}'], "replicas: expected an integer >= 0"),
-    (["--replication", '{"colour": 1}'], "keys among replicas, rate, yield_to_training"),
+    (["--replication", '{"colour": 1}'], "keys among replicas, placement, rate, yield_to_training"),
     (["--replication", "fast"], "a JSON object"),
     (["--node", "2"], "a node index in 0..1"),
+    (["--listen", "0.0.0.0"], "listen: expected this node's own address"),
+    (["--listen", "::"], "listen: expected this node's own address"),
 ])
 def test_a_bad_store_config_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      extra: list[str], says: str) -> None:
@@ -230,12 +245,14 @@ def test_the_fleet_hands_each_store_the_scenarios_replication_config(tmp_path: P
 
     ckpt = CheckpointConfig(strategy="baft", replicas=2, replication_rate=3e6, replication_yield=False)
     journal = JournalWriter(tmp_path / "launcher.jsonl")
-    fleet = StoreFleet(StoreSpec(base=tmp_path / "shm", replication=ckpt.replication), 3, tmp_path, journal)
+    fleet = StoreFleet(StoreSpec(base=tmp_path / "shm", replication=ckpt.replication), 3, tmp_path, journal,
+                       secret=SECRET, world_size=6)
     cmd = fleet.command(2)
     assert cmd[1:3] == ["-m", "baft.store"]
     cfg = parse_args(cmd[3:])
     assert cfg.replication == ckpt.replication
-    assert (cfg.node, cfg.addresses, cfg.root) == (2, fleet.addresses, tmp_path / "shm" / "node2")
+    assert (cfg.node, cfg.addresses, cfg.root, cfg.world_size) == (2, fleet.addresses, tmp_path / "shm" / "node2", 6)
+    assert SECRET not in " ".join(cmd)  # the secret goes through the environment
     journal.close()
 
 

@@ -1,0 +1,38 @@
+"""Two nodes lost at once, four nodes, one replica each: where the placement kept a copy of every
+lost node's state on a survivor, the job restores from peer memory; where a whole group is gone, it
+falls back to the persistent tier — and either way continues bit for bit."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from baft.placement import holders, survives
+
+from .conftest import run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def scenario(placement: str, lost: tuple[int, int]) -> dict:
+    return {"name": f"{placement}-lose-{lost[0]}-{lost[1]}",
+            "workload": {"model": "gpt-tiny", "stages": 4, "microbatches": 4, "schedule": "1f1b", "steps": 16,
+                         "nodes": 4},
+            "checkpoint": {"strategy": "baft", "every": 4, "replicas": 1, "placement": placement},
+            "faults": [{"node_loss": {"node": n, "at_step": 11}} for n in lost],
+            "expect": {"bitwise": True, "max_lost_steps": 8}}
+
+
+@pytest.mark.parametrize(("placement", "lost", "tier"), [
+    ("group", (0, 2), "peer"),        # groups {0, 1} and {2, 3}: each lost node's partner survives
+    ("group", (2, 3), "persistent"),  # a whole group: nothing in memory holds nodes 2 and 3
+    ("ring", (2, 3), "persistent"),   # node 2's replica was on node 3
+])
+def test_simultaneous_node_losses_restore_from_where_the_placement_kept_a_copy(tmp_path: Path, ref_cache: Path,
+                                                                               placement: str, lost: tuple[int, int],
+                                                                               tier: str) -> None:
+    assert survives(frozenset(lost), holders(4, 1, placement)) == (tier == "peer")  # what the model says
+    rc, out, v = run_cli(scenario(placement, lost), tmp_path / "out", ref_cache)
+    assert rc == 0 and v["bitwise_equal"], out
+    tiers = {r["restored_tier"] for r in v["recoveries"]}
+    assert any(tier in t for t in tiers), (tiers, out)

@@ -1,0 +1,61 @@
+"""Replica placement: ring and group targets, and the chance that k nodes lost at once leave every
+state in memory — the exact count checked against listing every loss and against a simulation."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from baft.placement import (PLACEMENTS, enumerate_probability, groups, holders, recovery_probability, simulate,
+                            targets)
+
+shapes = st.integers(2, 11).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, 3), st.integers(0, n)))
+
+
+@given(shapes, st.sampled_from(PLACEMENTS))
+@settings(max_examples=200, deadline=None)
+def test_the_exact_probability_is_the_share_of_every_loss_that_keeps_every_state(shape, placement: str) -> None:
+    n, r, k = shape
+    exact = recovery_probability(n, r, k, placement)
+    assert math.isclose(exact, enumerate_probability(n, r, k, placement) if k else 1.0, abs_tol=1e-12)
+
+
+@given(st.integers(2, 40), st.integers(0, 4), st.sampled_from(PLACEMENTS))
+@settings(max_examples=100, deadline=None)
+def test_targets_are_other_nodes_as_many_as_asked(n: int, r: int, placement: str) -> None:
+    for i in range(n):
+        t = targets(i, n, r, placement)
+        assert len(t) == len(set(t)) == min(r, n - 1) and i not in t and all(0 <= x < n for x in t)
+    if placement == "group":
+        gs = groups(n, r)
+        assert sorted(x for g in gs for x in g) == list(range(n))  # a partition of the nodes
+        for g in gs:
+            for i in g:
+                assert set(targets(i, n, r, placement)) <= set(g)  # nothing leaves the group
+
+
+@pytest.mark.parametrize(("n", "r", "k"), [(32, 1, 3), (64, 2, 6), (128, 1, 4), (100, 2, 10)])
+def test_the_simulation_agrees_with_the_exact_probability(n: int, r: int, k: int) -> None:
+    for placement in PLACEMENTS:
+        exact = recovery_probability(n, r, k, placement)
+        sim = simulate(n, r, k, placement, trials=20000, seed=1)
+        assert abs(sim - exact) < 4 * math.sqrt(exact * (1 - exact) / 20000) + 1e-3, (placement, exact, sim)
+
+
+@given(shapes)
+@settings(max_examples=100, deadline=None)
+def test_group_placement_survives_at_least_as_often_as_the_ring_when_groups_divide_the_nodes(shape) -> None:
+    n, r, k = shape
+    if n % (r + 1) == 0:
+        assert recovery_probability(n, r, k, "group") >= recovery_probability(n, r, k, "ring") - 1e-12
+
+
+def test_a_whole_group_lost_loses_its_states_and_a_split_loss_does_not() -> None:
+    hs = holders(4, 1, "group")  # groups {0, 1} and {2, 3}
+    assert groups(4, 1) == [[0, 1], [2, 3]]
+    assert not all(not h <= {0, 1} for h in hs)  # the whole group gone: its states are gone
+    assert all(not h <= {0, 2} for h in hs)  # one of each group: every state survives
+    ring = holders(4, 1, "ring")
+    assert not all(not h <= {1, 2} for h in ring)  # a ring loses node 1's state with nodes 1 and 2
