@@ -93,6 +93,40 @@ def slot_size(head: bytes) -> int | None:
     return HEADER + data_len + capacity if magic == MAGIC else None
 
 
+def copy_complete(src: Path, dest: Path, version: int) -> int | None:
+    """Copy the used bytes of slot file ``src`` to ``dest`` (atomically, padded to the slot's size) if it
+    holds complete ``version`` before and after the copy; the bytes copied, or None (torn, rewritten
+    meanwhile, or not a slot). The kernel copies file to file (``copy_file_range``, else ``sendfile``):
+    nothing of the state passes through this process's memory."""
+    before = slot_header(src)
+    if before is None or before[0] != COMPLETE or before[1] != version:
+        return None
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    try:
+        with open(src, "rb") as f, open(tmp, "wb") as out:
+            _, _, _, data_len, meta_len, capacity = HEAD.unpack(f.read(HEAD.size))
+            used = HEADER + data_len + meta_len
+            done = 0
+            while done < used:
+                try:
+                    n = os.copy_file_range(f.fileno(), out.fileno(), used - done, done, done)
+                except OSError:  # a filesystem pair without it
+                    out.seek(done)
+                    n = os.sendfile(out.fileno(), f.fileno(), done, used - done)
+                if n <= 0:
+                    break
+                done += n
+            out.truncate(HEADER + data_len + capacity)
+        if done < used or slot_header(src) != before:
+            return None  # shorter than it said, or rewritten while copied: torn
+        os.replace(tmp, dest)
+        return used
+    except OSError:
+        return None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_slot(path: Path, data: bytes) -> None:
     """Atomically place a slot's used bytes at ``path``, padded to the slot's full size; bytes that are
     not a slot's (too short, another magic) raise ``ValueError`` and write nothing."""

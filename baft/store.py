@@ -53,8 +53,8 @@ from .errors import BaftConfigError
 from .fields import field_docs
 from .placement import targets
 from .storeconfig import ReplicationConfig, StoreConfig
-from .slotfile import (HEADER, SLOTS, copies, discard_newer, kept_slot, own_slot, read_complete, ring_slot,
-                       slot_of, slot_size, write_slot)
+from .slotfile import (HEADER, SLOTS, copies, copy_complete, discard_newer, kept_slot, own_slot, read_complete,
+                       ring_slot, slot_of, slot_size, write_slot)
 from .traffic import TrafficFlags
 from .wire import (FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Refused, connect, recv, recv_exact_into,
                    recv_header, request, secret_from_env, send, server_handshake)
@@ -108,7 +108,7 @@ class Store:
         self._sealed: dict[int, dict[int, str]] = {}  # rank -> recent sealed versions -> slot file
         self._done = -1  # the last round finished (every local rank's copy sent)
         self._current: int | None = None  # the round in progress
-        self._captured: dict[int, bytes] = {}  # rank -> its copy of the round's version
+        self._captured: dict[int, tuple[Path, int]] = {}  # rank -> its kept copy of the round's version, bytes
         self._sent: set[int] = set()  # ranks whose copy of the current round is sent
         self._lost: set[int] = set()  # ranks whose copy of the current round could not be taken
         self._round_t0 = 0.0
@@ -335,7 +335,8 @@ class Store:
             self._capture(rank)
 
     def _capture(self, rank: int) -> None:
-        """Copy ``rank``'s slot of the round's version into memory if it is sealed and not yet taken."""
+        """Copy ``rank``'s slot of the round's version into the node's kept ring (file to file, in the
+        kernel) if it is sealed and not yet taken; the replica is sent from that copy."""
         v = self._current
         if v is None or rank in self._captured or rank in self._sent or rank in self._lost:
             return
@@ -344,24 +345,25 @@ class Store:
             if versions and max(versions) > v:  # it moved past v without sealing it (a restart)
                 self._lose(rank, "never sealed by this rank")
             return
-        data = read_complete(Path(versions[v]), v)
-        if data is None:
-            self._lose(rank, "slot rewritten before it was read")
-            return
-        self._captured[rank] = data
         # Keep the node's own copy of every round's version (a ring like the slots'): after a
         # peer node is lost, its ranks restore from their replicas here, at a round's version,
-        # and this node's ranks must still have that version too, sent or not.
+        # and this node's ranks must still have that version too, sent or not. The kept copy is
+        # rewritten only SLOTS rounds later, long after this round's sends.
         k = self._kept.get(rank, 0)
-        write_slot(kept_slot(self.root, rank, k % SLOTS), data)
+        kept = kept_slot(self.root, rank, k % SLOTS)
+        used = copy_complete(Path(versions[v]), kept, v)
+        if used is None:
+            self._lose(rank, "slot rewritten before it was read")
+            return
+        self._captured[rank] = (kept, used)
         self._kept[rank] = k + 1
 
     def _lose(self, rank: int, reason: str) -> None:
         self._lost.add(rank)
         self.log("replication_skipped", rank=rank, version=self._current, reason=reason)
 
-    def _next_send(self) -> tuple[int, int, bytes] | None:
-        """(rank, version, data) to send next; None while waiting. Called under the lock."""
+    def _next_send(self) -> tuple[int, int, tuple[Path, int]] | None:
+        """(rank, version, (kept copy, bytes)) to send next; None while waiting. Called under the lock."""
         if self._current is None:
             self._start_round()
         if self._current is None:
@@ -372,9 +374,9 @@ class Store:
             for rank in self._sealed:
                 if rank not in self._sent and rank not in self._captured and rank not in self._lost:
                     self._lose(rank, f"not sealed within {ROUND_TIMEOUT:.0f} s")
-        for rank, data in self._captured.items():
+        for rank, copy in self._captured.items():
             if rank not in self._sent:
-                return rank, self._current, data
+                return rank, self._current, copy
         if all(r in self._sent or r in self._lost for r in self._sealed):
             self._done, self._current = self._current, None
             self._captured = {}
@@ -389,26 +391,26 @@ class Store:
                     self._cond.wait(0.2)
                 if self._closed:
                     return
-                rank, version, data = job
+                rank, version, copy = job
                 self._sent.add(rank)
                 self._inflight = (rank, version)
             try:
-                self._send_all(rank, version, data)
+                self._send_all(rank, version, *copy)
             finally:
                 with self._cond:
                     self._inflight = None
                     self._cond.notify_all()
 
-    def _send_all(self, rank: int, version: int, data: bytes) -> None:
-        """Send one replica to every target node."""
+    def _send_all(self, rank: int, version: int, path: Path, nbytes: int) -> None:
+        """Send one replica (the used ``nbytes`` of the kept copy at ``path``) to every target node."""
         for target in self.targets:
             t = time.perf_counter()
             try:
-                deferred = self._send_put(target, rank, version, data)
+                deferred = self._send_put(target, rank, version, path, nbytes)
             except OSError as e:
                 self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
                 continue
-            self.log("replicated", rank=rank, version=version, peer=target, bytes=len(data),
+            self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes,
                      seconds=time.perf_counter() - t, deferred_seconds=deferred,
                      blocked_share=round(sum(self._blocked) / max(1, len(self._blocked)), 3))
 
@@ -456,28 +458,29 @@ class Store:
             self.log("replication_paced", link_mbytes_per_s=round((self.capacity or 0) / 1e6, 3),
                      pace_mbytes_per_s=round(self.pace() / 1e6, 3), limited_by_link=limited)
 
-    def _send_put(self, target: str, rank: int, version: int, data: bytes) -> float:
-        """Send a replica in pieces: each piece waits (up to ``MAX_DEFER``) until no local rank
-        has pipeline traffic in flight, and the pieces keep the average under :meth:`pace`.
-        Returns the seconds spent deferring to training traffic."""
+    def _send_put(self, target: str, rank: int, version: int, path: Path, nbytes: int) -> float:
+        """Send a replica in pieces straight from the file (``sendfile``: the kernel copies page cache to
+        socket): each piece waits (up to ``MAX_DEFER``) until no local rank has pipeline traffic in
+        flight, and the pieces keep the average under :meth:`pace`. Returns the seconds spent
+        deferring to training traffic."""
         deferred = 0.0
-        view = memoryview(data)
-        with connect(target, self.config.secret, timeout=30) as s:
+        with connect(target, self.config.secret, timeout=30) as s, open(path, "rb") as f:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
-            raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": len(data)}).encode()
+            raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes}).encode()
             s.sendall(struct.pack(">I", len(raw)) + raw)
             start, sent = time.perf_counter(), 0
-            for off in range(0, len(data), PIECE):
+            for off in range(0, nbytes, PIECE):
                 if self.flags is not None:
                     t = time.perf_counter()
                     while not self.flags.idle() and time.perf_counter() - t < MAX_DEFER:
                         time.sleep(DEFER_POLL)
                     deferred += time.perf_counter() - t
-                piece = view[off : off + PIECE]
+                piece = min(PIECE, nbytes - off)
                 t = time.perf_counter()
-                s.sendall(piece)
-                self._measure(len(piece), time.perf_counter() - t)
-                sent += len(piece)
+                if s.sendfile(f, off, piece) != piece:
+                    raise ConnectionError(f"the replica's file ended before byte {off + piece} of {nbytes}")
+                self._measure(piece, time.perf_counter() - t)
+                sent += piece
                 rate = self.pace()
                 if rate > 0:
                     ahead = sent / rate - (time.perf_counter() - start)

@@ -332,3 +332,13 @@ def test_a_discard_forgets_a_ranks_newer_copies_on_every_node(two_stores) -> Non
     reply, _ = request(addresses[0], {"op": "discard", "rank": 0, "version": "2"})
     assert reply["ok"] is False and ">= -1" in reply["error"]
     client.close()
+
+
+def test_a_kept_copy_is_the_slots_bytes_copied_file_to_file(tmp_path: Path) -> None:
+    from baft.slotfile import copy_complete
+
+    src = seal(tmp_path / "a", rank=1, version=4, fill=9)
+    used = copy_complete(src, tmp_path / "kept", 4)
+    assert used is not None and (tmp_path / "kept").read_bytes()[:used] == src.read_bytes()[:used]
+    assert (tmp_path / "kept").stat().st_size == src.stat().st_size  # padded to the slot's size
+    assert copy_complete(src, tmp_path / "other", 5) is None and not (tmp_path / "other").exists()  # not that version
