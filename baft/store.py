@@ -37,6 +37,7 @@ import dataclasses
 import json
 import mmap
 import os
+import resource
 import signal
 import socket
 import socketserver
@@ -589,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.close()
         server.server_close()
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # what replicating and serving cost this node's cores
+        store.log("store_stop", cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3),
+                  max_rss_mbytes=round(usage.ru_maxrss / 1024, 1))
     return 0
 
 

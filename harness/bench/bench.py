@@ -284,6 +284,7 @@ def replication_stats(out: Path) -> dict[str, Any]:
 
     evs = [e for f in sorted((out / "journal").glob("store-node*.jsonl")) for e in read_events(f)]
     sent = [e for e in evs if e["event"] == "replicated"]
+    stops = [e for e in evs if e["event"] == "store_stop"]
     if not evs:
         return {}
     return {
@@ -292,6 +293,11 @@ def replication_stats(out: Path) -> dict[str, Any]:
         "failed": sum(1 for e in evs if e["event"] == "replication_failed"),
         "mbytes_per_s": (sum(e["bytes"] for e in sent) / sum(e["seconds"] for e in sent) / 1e6) if sent else None,
         "deferred_ms_median": statistics.median(e["deferred_seconds"] for e in sent) * 1e3 if sent else None,
+        # every store's own CPU time (user + system, all its threads) over the bytes the stores sent
+        "store_cpu_seconds": sum(e["cpu_seconds"] for e in stops) if stops else None,
+        "store_cpu_seconds_per_gb": (sum(e["cpu_seconds"] for e in stops) / (sum(e["bytes"] for e in sent) / 1e9))
+        if stops and sent else None,
+        "store_max_rss_mbytes": max(e["max_rss_mbytes"] for e in stops) if stops else None,
     }
 
 
@@ -318,6 +324,9 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"replication: {rep['replicated']} replicas sent, {rep['skipped']} versions skipped (link too slow), "
                      f"{rep['failed']} failed; {rep['mbytes_per_s'] or 0:.1f} MB/s per transfer, "
                      f"deferred for training traffic {rep['deferred_ms_median'] or 0:.1f} ms (median)")
+        if rep.get("store_cpu_seconds_per_gb") is not None:
+            lines.append(f"stores: {rep['store_cpu_seconds']:.1f} CPU-s in all, {rep['store_cpu_seconds_per_gb']:.1f} "
+                         f"CPU-s per replicated GB, at most {rep['store_max_rss_mbytes']:.0f} MB resident each")
     for tier, r in result["restore"].items():
         if r["seconds_median"] is not None:
             extra = f" ({r['slower_than_shm']:.1f}x shm)" if "slower_than_shm" in r else ""
