@@ -85,13 +85,6 @@ DEFER_POLL = 0.001
 TRAFFIC_FILE = "traffic"
 
 
-def _check_rank_version(rank: Any, version: Any, world_size: int = 0) -> None:
-    if type(rank) is not int or type(version) is not int or rank < 0 or version < 0:
-        raise ValueError(f"rank and version must be integers >= 0, got {rank!r} and {version!r}")
-    if world_size and rank >= world_size:
-        raise ValueError(f"rank {rank} is not a rank of this job (world size {world_size})")
-
-
 # -- the server ---------------------------------------------------------------------------------------
 class Store:
     """State and logic of one node's store (the TCP server calls :meth:`handle`)."""
@@ -158,7 +151,7 @@ class Store:
         this store's root or a directory below it (an elastic restore pulls into one); anything else
         (another directory, ``..`` out, a symlink, another name) raises ``ValueError``: a request
         never makes the store read or write outside its own root."""
-        _check_rank_version(rank, version, self.config.world_size)
+        self._check(rank, version)
         given = Path(str(path))
         root, parent = self.root.resolve(), given.parent.resolve()
         if (given.name != own_slot(root, rank, slot_of(version)).name or given.is_symlink()
@@ -166,12 +159,20 @@ class Store:
             raise ValueError(f"{str(path)!r} is not rank {rank}'s slot for version {version} in {self.root}")
         return parent / given.name
 
+    def _check(self, rank: Any, version: Any) -> None:
+        """``rank`` and ``version`` as a request gives them: integers >= 0, the rank one of the job's."""
+        if type(rank) is not int or type(version) is not int or rank < 0 or version < 0:
+            raise ValueError(f"rank and version must be integers >= 0, got {rank!r} and {version!r}")
+        if self.config.world_size and rank >= self.config.world_size:
+            raise ValueError(f"rank {rank} is not a rank of this job (world size {self.config.world_size})")
+
     def refused(self, reason: str, **fields: Any) -> None:
         self.log("store_refused", reason=reason, **fields)
 
-    def handle(self, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def handle(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """One request without a payload (a ``put`` is streamed by :meth:`receive_put`): the reply and its payload."""
         try:
-            return self._handle(header, payload)
+            return self._handle(header)
         except ValueError as e:
             self.refused(str(e), op=str(header.get("op")))
             return {"ok": False, "error": str(e)}, b""
@@ -190,7 +191,7 @@ class Store:
         """A peer's replica, read from the socket straight into the replica slot's file (no copy of it in
         memory); refused unread when it is larger than :meth:`payload_limit`."""
         rank, version, nbytes = header.get("rank"), header.get("version"), header.get("nbytes", 0)
-        _check_rank_version(rank, version, self.config.world_size)
+        self._check(rank, version)
         limit = self.payload_limit()
         if nbytes > limit:
             raise Refused(f"a replica of {nbytes} bytes (at most {limit} here)")
@@ -212,7 +213,7 @@ class Store:
             tmp.unlink(missing_ok=True)
         return {"ok": True}, b""
 
-    def _handle(self, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def _handle(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         op = header.get("op")
         if op == "ping":
             return {"ok": True, "node": self.node}, b""
@@ -228,15 +229,11 @@ class Store:
                     self._capture(header["rank"])  # now, before the slot is reused
                 self._cond.notify()
             return {"ok": True}, b""
-        if op == "put":  # a payload already in memory (the TCP handler streams it: receive_put)
-            _check_rank_version(header.get("rank"), header.get("version"), self.config.world_size)
-            write_slot(ring_slot(self.root, header["rank"], header["version"]), payload)
-            return {"ok": True}, b""
         if op == "discard":
             rank, version = header.get("rank"), header.get("version")
             if type(version) is not int or version < -1:
                 raise ValueError(f"version must be an integer >= -1 (-1: every version), got {version!r}")
-            _check_rank_version(rank, 0, self.config.world_size)
+            self._check(rank, 0)
             dropped = self.discard(rank, version)
             if header.get("forward", True):
                 for i, addr in enumerate(self.addresses):
@@ -247,10 +244,10 @@ class Store:
                             continue  # that node is down: its copies are gone with it
             return {"ok": True, "dropped": dropped}, b""
         if op == "query":
-            _check_rank_version(header.get("rank"), 0, self.config.world_size)
+            self._check(header.get("rank"), 0)
             return {"copies": [[v, str(p)] for v, p in copies(self.root, header["rank"])]}, b""
         if op == "fetch":
-            _check_rank_version(header.get("rank"), header.get("version"), self.config.world_size)
+            self._check(header.get("rank"), header.get("version"))
             for v, p in copies(self.root, header["rank"]):
                 if v == header["version"]:
                     data = read_complete(p, v)
@@ -258,7 +255,7 @@ class Store:
                         return {"ok": True}, data
             return {"ok": False}, b""
         if op == "locate":
-            _check_rank_version(header.get("rank"), 0, self.config.world_size)
+            self._check(header.get("rank"), 0)
             found: list[list[Any]] = [[v, self.node] for v, _ in copies(self.root, header["rank"])]
             for i, addr in enumerate(self.addresses):
                 if i == self.node:
@@ -275,7 +272,7 @@ class Store:
             order = [self.node] + [i for i in range(len(self.addresses)) if i != self.node]
             for i in order:
                 try:
-                    reply, data = (self.handle({"op": "fetch", "rank": rank, "version": version}, b"") if i == self.node
+                    reply, data = (self.handle({"op": "fetch", "rank": rank, "version": version}) if i == self.node
                                    else self.request(self.addresses[i], {"op": "fetch", "rank": rank, "version": version}))
                 except OSError:
                     continue
@@ -524,7 +521,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 elif header.get("nbytes"):
                     raise Refused(f"a payload with op {str(op)[:40]!r} (only put carries one)")
                 else:
-                    reply, data = store.handle(header, b"")
+                    reply, data = store.handle(header)
                 if op != "sealed":  # notifications get no answer
                     send(sock, reply, data)
         except Refused as e:

@@ -122,8 +122,7 @@ class ScriptProbe:
         """Training starts (after the framework restored itself) at ``step`` by the framework's count;
         ``models``: its model objects, fingerprinted as the model instead of the outermost modules."""
         self._framework_start = (framework, step)
-        if models and self.taken == 0:
-            self._roots = list(models)
+        self.framework_models(models or [])
 
     def framework_models(self, models: list[torch.nn.Module]) -> None:
         """The framework's model objects (before the first step): fingerprinted as the model."""
