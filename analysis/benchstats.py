@@ -7,6 +7,12 @@ slow drifts of the machine cancel out; across cycles the benchmark reports the
 median of these paired ratios, its interquartile range and a bootstrap 95%
 interval of the median. Single-run ratios here swing by ±10-15%; paired
 medians over a few dozen cycles resolve about 1%.
+
+A block's cost is either its median iteration (``stat="median"``, the first
+dropped: a per-iteration cost such as a snapshot) or its mean with everything
+(``stat="mean"``: every iteration and the drain at the block's end, recorded at
+position -1; a cost that comes every k iterations, such as a persist, which a
+median would hide).
 """
 from __future__ import annotations
 
@@ -46,22 +52,37 @@ def bootstrap_ci(xs: list[float], stat: Callable[[list[float]], float] = statist
     return stats[int(tail * rounds)], stats[int((1 - tail) * rounds) - 1]
 
 
-def block_medians(iterations: list[dict[str, Any]], skip_first: int = 1) -> dict[int, dict[str, float]]:
-    """Per cycle, per strategy: the median iteration time of its block (first ``skip_first`` dropped)."""
+def block_costs(iterations: list[dict[str, Any]], stat: str = "median", skip_first: int = 1) -> dict[int, dict[str, float]]:
+    """Per cycle, per strategy: the seconds per iteration of its block, as ``stat`` says (see the module)."""
+    if stat not in ("median", "mean"):
+        raise ValueError(f"stat: expected median or mean, found {stat!r}")
     blocks: dict[tuple[int, str], list[float]] = {}
+    counted: dict[tuple[int, str], int] = {}
     for it in iterations:
-        if it["cycle"] < 0 or it["position"] < skip_first:
+        key = (it["cycle"], it["strategy"])
+        if it["cycle"] < 0:
             continue
-        blocks.setdefault((it["cycle"], it["strategy"]), []).append(it["seconds"])
+        if stat == "median":
+            if it["position"] >= skip_first:
+                blocks.setdefault(key, []).append(it["seconds"])
+            continue
+        blocks.setdefault(key, []).append(it["seconds"])  # the drain (position -1) included
+        counted[key] = counted.get(key, 0) + (it["position"] >= 0)
     out: dict[int, dict[str, float]] = {}
-    for (cycle, strat), times in blocks.items():
-        out.setdefault(cycle, {})[strat] = statistics.median(times)
+    for key, times in blocks.items():
+        if stat == "mean" and not counted.get(key):
+            continue
+        out.setdefault(key[0], {})[key[1]] = statistics.median(times) if stat == "median" else sum(times) / counted[key]
     return out
 
 
-def paired_ratios(iterations: list[dict[str, Any]], baseline: str = "none") -> dict[str, dict[str, Any]]:
-    """For each strategy: median paired ratio to ``baseline``, IQR, bootstrap CI, n, median ms."""
-    per_cycle = block_medians(iterations)
+def paired_ratios(iterations: list[dict[str, Any]], baseline: str = "none", stat: str = "median",
+                  only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """For each strategy (those in ``only`` and the baseline, if given): median paired ratio to
+    ``baseline``, IQR, bootstrap CI, n, median ms per iteration (of block costs as ``stat`` says)."""
+    if only is not None:
+        iterations = [it for it in iterations if it["strategy"] in only or it["strategy"] == baseline]
+    per_cycle = block_costs(iterations, stat)
     strategies = sorted({s for c in per_cycle.values() for s in c})
     out: dict[str, dict[str, Any]] = {}
     for strat in strategies:

@@ -6,14 +6,26 @@ lost.
 """
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 
+def lower_thread_priority(nice: int) -> None:
+    """Raise the calling thread's nice value by ``nice`` (Linux schedules threads one by one: only
+    this thread yields to the training threads; raising it needs no privilege)."""
+    if nice > 0 and hasattr(os, "setpriority"):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+
+
 class OneInFlight:
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(self, name: str, nice: int = 0) -> None:
+        """``nice``: how much lower than the training's the worker thread's CPU priority is."""
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
+                                        initializer=lower_thread_priority, initargs=(nice,))
         self._inflight: Future | None = None
 
     @property

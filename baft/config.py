@@ -38,6 +38,18 @@ class CheckpointConfig:
     ``latest`` only after every data file is stored and checksummed)."""
     keep: int = 3
     """How many committed persistent checkpoints to keep."""
+    persist_nice: int = 0
+    """``baft``, ``checkfreq``: how much lower than training's the CPU priority of the thread that persists
+    in the background is (a nice increment, 0-19): with a higher one it runs mostly on CPU that training
+    leaves idle, and a persist takes longer."""
+    dcp_async: Literal["thread", "process"] = "thread"
+    """``async-dcp``: where DCP writes in the background: a thread of the training process, or a
+    checkpoint process of DCP's own per rank (``AsyncCheckpointerType.PROCESS``; it is spawned, so the
+    training script's entry point must be guarded by ``if __name__ == "__main__"``)."""
+    dcp_stager: bool = True
+    """``async-dcp``: stage through DCP's ``DefaultStager`` (buffers cached across saves, the copy in a
+    staging thread; shared memory in process mode, pinned memory where CUDA is present) instead of
+    ``async_save``'s default copy into fresh memory each time."""
     shm_dir: str = ""
     """``baft``: directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
     replicas: int = _REPLICATION.replicas
@@ -70,6 +82,12 @@ class CheckpointConfig:
             raise BaftConfigError("every", "an integer >= 1", self.every)
         if not isinstance(self.keep, int) or self.keep < 1:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
+        if not isinstance(self.persist_nice, int) or not 0 <= self.persist_nice <= 19:
+            raise BaftConfigError("persist_nice", "an integer from 0 to 19", self.persist_nice)
+        if self.dcp_async not in ("thread", "process"):
+            raise BaftConfigError("dcp_async", "thread or process", self.dcp_async)
+        if not isinstance(self.dcp_stager, bool):
+            raise BaftConfigError("dcp_stager", "true or false", self.dcp_stager)
         if not isinstance(self.dir, str) or not self.dir:
             raise BaftConfigError("dir", "a directory or an fsspec URL", self.dir)
         if is_url(self.dir):

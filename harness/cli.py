@@ -156,7 +156,7 @@ def _bench(args: argparse.Namespace) -> int:
     cfg = config_from_args(BenchConfig, args)
     inside = "".join(f" x {label}{n}" for label, n in (("FSDP", cfg.dp_shard), ("TP", cfg.tp)) if n > 1)
     print(f"baft: bench {cfg.model}, {cfg.stages} stages{inside} ({cfg.world_size} ranks), {cfg.microbatches} microbatches, {cfg.schedule}; "
-          f"{cfg.cycles} cycles x {len(cfg.strategies)} strategies x {cfg.block} iterations -> {args.out}", flush=True)
+          f"{cfg.cycles} cycles x {len(cfg.arms())} arms x {cfg.block} iterations -> {args.out}", flush=True)
     try:
         result = run_bench(cfg, args.out)
     except HarnessError as e:

@@ -70,7 +70,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         elif get_origin(tp) is Literal:
             choices = get_args(tp)
             kw.update(type=type(choices[0]), choices=choices)
-        elif get_origin(tp) is list and get_args(tp) == (str,):
+        elif get_origin(tp) is list and get_args(tp) in ((str,), (int,)):
             kw.update(type=str, metavar=f.name.upper() + ",...")
             help_text += " Comma-separated."
         elif tp in (int, float, str):
@@ -90,8 +90,15 @@ def config_from_args(cls: type[C], args: argparse.Namespace) -> C:
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.init and hasattr(args, f.name):
             value = getattr(args, f.name)
-            if get_origin(_plain_type(hints[f.name])) is list:
+            tp = _plain_type(hints[f.name])
+            if get_origin(tp) is list:
                 value = [x.strip() for x in value.split(",") if x.strip()]
+                if get_args(tp) == (int,):
+                    try:
+                        value = [int(x) for x in value]
+                    except ValueError:
+                        raise UsageError(f"{flag(f.name)}: expected comma-separated integers, found "
+                                         f"{getattr(args, f.name)!r}") from None
             given[f.name] = value
     try:
         return cls(**given)

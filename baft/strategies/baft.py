@@ -55,7 +55,7 @@ class BaftStrategy(Strategy):
         self.decisions: Any = None
         """The training thread's agreement on which version to persist (a group of its own: the
         persister thread may be inside a collective on :attr:`group` meanwhile)."""
-        self._writer = OneInFlight("baft-persist")
+        self._writer = OneInFlight("baft-persist", self.config.persist_nice)
         self._persisted = -1
 
     @property

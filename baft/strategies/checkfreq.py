@@ -47,7 +47,7 @@ class CheckFreqStrategy(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._writer = OneInFlight("checkfreq-persist")
+        self._writer = OneInFlight("checkfreq-persist", self.config.persist_nice)
         self._buffers: Any = None
 
     def restore(self) -> int | None:

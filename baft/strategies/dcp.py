@@ -1,8 +1,9 @@
 """``async-dcp``: ``torch.distributed.checkpoint.async_save`` every ``every`` steps.
 
-DCP stages a copy of the state dict on the training thread, then writes it in
-a background thread over a process group of its own (so its collectives never
-interleave with training's). Rank 0 commits the directory (checksums,
+DCP stages a copy of the state dict (through its ``DefaultStager`` with cached
+buffers unless ``dcp_stager`` is off), then writes it in a background thread or
+a checkpoint process of its own (``dcp_async``) over a process group of its own
+(so its collectives never interleave with training's). Rank 0 commits the directory (checksums,
 manifest, ``latest``) once its save has finished, which as DCP's coordinator
 means every rank's has. At most one save is in flight: the next waits.
 """
@@ -12,6 +13,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
@@ -66,9 +68,23 @@ class AsyncDCPStrategy(Strategy):
         super().__init__(*args, **kwargs)
         self.group: Any = None
         self._inflight: tuple[int, Future, float, int] | None = None
+        self._stager: Any = None
+        self._mode: Any = None
 
     def attached(self, stage: Any) -> None:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
         self.group = checkpoint_group()
+        process = self.config.dcp_async == "process"
+        self._mode = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
+        if self.config.dcp_stager:
+            self._stager = dcp_stager(shared_memory=process)
+
+    def settings(self) -> dict[str, Any]:
+        """What this baseline runs with (for a benchmark's record)."""
+        return {"async": self.config.dcp_async, "stager": "DefaultStager" if self.config.dcp_stager else "default copy",
+                "pinned_memory": bool(self._stager is not None and torch.cuda.is_available()),
+                "shared_memory": self.config.dcp_async == "process" and self._stager is not None}
 
     def restore(self) -> int | None:
         return restore_dcp(self, self.group)
@@ -85,7 +101,11 @@ class AsyncDCPStrategy(Strategy):
         sd = dcpformat.to_state_dict(self.state.capture(local=False), rank,
                                      self.stage_key, shard_key=self.shard_key, param_names=self.state.param_names(),
                                      process_group=self.group)
-        fut = dcp.async_save(sd, storage_writer=dcpformat.writer(self.root, step), process_group=self.group)
+        kw: dict[str, Any] = {"async_checkpointer_type": self._mode}
+        if self._stager is not None:
+            kw["async_stager"] = self._stager
+        fut = dcp.async_save(sd, storage_writer=dcpformat.writer(self.root, step), process_group=self.group, **kw)
+        fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse when the stager stages in a thread
         nbytes = sum(local_view(t).numel() * t.element_size() for t in sd.values())
         self._inflight = (step, fut, t0, nbytes)
         return True
@@ -132,3 +152,16 @@ class AsyncDCPStrategy(Strategy):
 
     def close(self) -> None:
         self._poll(block=True)
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+
+def dcp_stager(*, shared_memory: bool, async_staging: bool = True) -> Any:
+    """DCP's ``DefaultStager`` at its best on this host: cached buffers, pinned memory where CUDA is
+    present, shared memory when a checkpoint process reads them."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=shared_memory,
+                                        use_async_staging=async_staging, use_non_blocking_copy=cuda))

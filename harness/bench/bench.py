@@ -1,12 +1,23 @@
-"""``baft bench``: the cost of each checkpointing strategy against none, measured paired.
+"""``baft bench``: the cost of each checkpointing strategy against none, measured paired, in two tiers.
 
-One torchrun job trains the reference workload; the strategies take turns in
-blocks of ``block`` iterations, in a freshly shuffled order every cycle, each
-checkpointing every iteration (``baft`` persists every ``persist_every``).
-Background work of a strategy is drained, untimed, before the next block
-starts. After the cycles the job times restores from each tier. The
-orchestrating process turns the raw timings into paired ratios
-(``analysis.benchstats``), prints a table and writes ``bench.json``.
+One torchrun job trains the reference workload while *arms* take turns in
+blocks of ``block`` iterations, in a freshly shuffled order every cycle:
+
+* the **snapshot tier**, a consistent copy of the state off the training path
+  every iteration and nothing persisted: baft's in-bubble snapshot
+  (``baft:snapshot``), CheckFreq's copy at the boundary (``checkfreq:snapshot``)
+  and DCP's staging step through its ``DefaultStager`` (``async-dcp:staging``);
+  a block's cost is its median iteration (the first dropped);
+* the **persistent tier**, every strategy persisting every ``k`` iterations for
+  each ``k`` of ``persist_every`` (arm ``NAME@k``, the same ``k`` for all); the
+  block is a multiple of every ``k`` and starts just before a persist, the
+  background work left at its end is drained *timed*, and a block's cost is
+  its total time over its iterations (a median would hide the persists).
+
+Each block is paired with the ``none`` block of the same cycle. After the
+cycles the job times restores from each tier. The orchestrating process turns
+the raw timings into paired ratios (``analysis.benchstats``), prints both
+tables and writes ``bench.json`` with every arm's settings beside its ratio.
 
 Worker: ``python -m harness.bench.bench SPEC.json`` (started by the launcher).
 """
@@ -14,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import statistics
 import sys
@@ -31,6 +43,20 @@ from harness.worker.shapes import PRESETS
 from harness.worker.spec import Placement
 
 ALL = list(STRATEGIES)
+SNAPSHOT_ARMS = {"baft": "baft:snapshot", "checkfreq": "checkfreq:snapshot", "async-dcp": "async-dcp:staging"}
+"""The snapshot-tier arm of each strategy that has a snapshot step of its own."""
+NEVER = 10**12
+"""``every`` of a checkpointer that never persists."""
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """One contender of the benchmark: a strategy at one setting, in one tier."""
+
+    name: str
+    tier: Literal["baseline", "snapshot", "persistent"]
+    strategy: str
+    every: int
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,15 +81,23 @@ class BenchConfig:
     schedule: Literal["gpipe", "1f1b"] = "1f1b"
     """Pipeline schedule."""
     strategies: list[str] = field(default_factory=lambda: list(ALL))
-    """Strategies to compare; ``none`` is always added (it is the baseline)."""
-    cycles: int = 30
-    """Cycles; each runs every strategy for one block (the n of the paired statistics)."""
-    block: int = 4
-    """Iterations per block; the first of each block is not counted."""
-    warmup: int = 2
+    """Strategies to compare; ``none`` is always added (it is the baseline). Each persists in the
+    persistent tier; baft, checkfreq and async-dcp also bring their snapshot step to the snapshot tier."""
+    cycles: int = 20
+    """Cycles; each runs every arm for one block (the n of the paired statistics)."""
+    block: int = 10
+    """Iterations per block: a multiple of every persist interval (a block holds whole persist cycles)."""
+    warmup: int = 1
     """Untimed cycles first (allocations, first touch of shared memory, profiling)."""
-    persist_every: int = 20
-    """``baft`` only: persist to disk every this many iterations (its snapshot is every iteration)."""
+    persist_every: list[int] = field(default_factory=lambda: [1, 10])
+    """Persistent tier: every strategy persists every k iterations, for each k given (the same k for all).
+    With 2+ nodes the baft arm of the first k replicates through the node stores (bench.json says which)."""
+    persist_nice: int = 0
+    """``baft`` and ``checkfreq`` alike: the nice increment of their background persisting thread."""
+    dcp_async: Literal["thread", "process"] = "thread"
+    """``async-dcp``: DCP's background writer, a thread or a checkpoint process per rank."""
+    dcp_stager: bool = True
+    """``async-dcp``: stage through DCP's ``DefaultStager`` (cached buffers, a staging thread)."""
     replicate_every: int = 1
     """``baft`` with 2+ nodes: replicate every this many versions."""
     link_rate: str | None = None
@@ -83,11 +117,16 @@ class BenchConfig:
         return self.stages * self.dp_shard * self.tp
 
     def __post_init__(self) -> None:
-        for name in ("stages", "dp_shard", "tp", "nodes", "replicate_every", "microbatches", "microbatch_size", "cycles", "block", "persist_every", "restore_repeats"):
+        for name in ("stages", "dp_shard", "tp", "nodes", "replicate_every", "microbatches", "microbatch_size", "cycles", "block", "restore_repeats"):
             if getattr(self, name) < 1:
                 raise ConfigValueError(name, "an integer >= 1", getattr(self, name))
+        if not self.persist_every or any(k < 1 for k in self.persist_every) or len(set(self.persist_every)) < len(self.persist_every):
+            raise ConfigValueError("persist_every", "distinct integers >= 1", self.persist_every)
         if self.block < 2:
             raise ConfigValueError("block", "an integer >= 2 (the first iteration of a block is dropped)", self.block)
+        if self.block % self.period:
+            raise ConfigValueError("block", f"a multiple of {self.period} (every persist interval: whole persist cycles "
+                                   "in a block)", self.block)
         if self.warmup < 0:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
         if self.stages > PRESETS[self.model].layers:
@@ -113,14 +152,27 @@ class BenchConfig:
         if "none" not in self.strategies:
             self.strategies.insert(0, "none")
 
+    @property
+    def period(self) -> int:
+        """The least common multiple of the persist intervals."""
+        return math.lcm(*self.persist_every)
+
+    def arms(self) -> list[Arm]:
+        """Every arm, the baseline first."""
+        out = [Arm("none", "baseline", "none", NEVER)]
+        out += [Arm(SNAPSHOT_ARMS[s], "snapshot", s, NEVER) for s in self.strategies if s in SNAPSHOT_ARMS]
+        out += [Arm(f"{s}@{k}", "persistent", s, k) for s in self.strategies if s != "none" for k in self.persist_every]
+        return out
+
     def order(self) -> list[tuple[int, str]]:
-        """(cycle, strategy) per block; cycle -1 for the untimed warm-up."""
+        """(cycle, arm) per block; cycle -1 for the untimed warm-up."""
         rng = random.Random(self.seed)
-        out = [(-1, s) for _ in range(self.warmup) for s in self.strategies]
+        names = [a.name for a in self.arms()]
+        out = [(-1, a) for _ in range(self.warmup) for a in names]
         for c in range(self.cycles):
-            names = list(self.strategies)
-            rng.shuffle(names)
-            out += [(c, s) for s in names]
+            shuffled = list(names)
+            rng.shuffle(shuffled)
+            out += [(c, a) for a in shuffled]
         return out
 
     @property
@@ -157,35 +209,56 @@ def worker(spec_path: Path) -> int:
     wl = WorkloadConfig(model=cfg.model, stages=cfg.stages, dp_shard=cfg.dp_shard, tp=cfg.tp, nodes=cfg.nodes,
                         microbatches=cfg.microbatches,
                         microbatch_size=cfg.microbatch_size, schedule=cfg.schedule,
-                        steps=cfg.iterations, seed=cfg.seed, dataset_size=max(512, cfg.microbatches * cfg.microbatch_size))
+                        steps=cfg.iterations + cfg.period, seed=cfg.seed, dataset_size=max(512, cfg.microbatches * cfg.microbatch_size))
     trainer = PipelineTrainer(wl)
+    arms = {a.name: a for a in cfg.arms()}
     ckpts: dict[str, Checkpointer] = {}
-    for name in cfg.strategies:
-        c = CheckpointConfig(strategy=name, every=cfg.persist_every if name == "baft" else 1, keep=2,
-                             dir=str(run_dir / "checkpoints" / name), shm_dir=spec.shm_dir,
-                             planner=PlannerConfig(copier=cfg.baft_copier), replicate_every=cfg.replicate_every)
-        if name == "baft":
-            place_on_node(c, spec)
-        ckpts[name] = Checkpointer(c, trainer.state)
-        trainer.attach(ckpts[name])
+    placed = False
+    for arm in arms.values():
+        own_snapshot = arm.tier == "snapshot" and arm.strategy != "baft"  # a step done here, beside a `none` ckpt
+        c = CheckpointConfig(strategy="none" if own_snapshot else arm.strategy, every=arm.every, keep=2,
+                             dir=str(run_dir / "checkpoints" / _dirname(arm.name)),
+                             shm_dir=str(Path(spec.shm_dir) / _dirname(arm.name)),
+                             planner=PlannerConfig(copier=cfg.baft_copier), replicate_every=cfg.replicate_every,
+                             dcp_async=cfg.dcp_async, dcp_stager=cfg.dcp_stager, persist_nice=cfg.persist_nice)
+        if arm.strategy == "baft" and arm.tier == "persistent" and not placed:
+            place_on_node(c, spec)  # with 2+ nodes this arm replicates through the node stores
+            placed = True
+        ckpts[arm.name] = Checkpointer(c, trainer.state)
+        trainer.attach(ckpts[arm.name])
+    snapshot_steps = _snapshot_steps(cfg, trainer.state)
 
     baft_events: list[dict[str, Any]] = []
     events.subscribe(lambda kind, f: baft_events.append({"event": kind, **f}) if kind in ("snapshot", "bubbles", "replan") else None)
+    saved = [0]  # persistent checkpoints this rank has committed so far (any arm: one runs at a time)
+    events.subscribe(lambda kind, f: saved.__setitem__(0, saved[0] + 1) if kind == "checkpoint_saved" else None)
 
     times: list[dict[str, Any]] = []
-    step = 0
+    step = cfg.period - 1  # every block starts one iteration before a step that every interval persists
     for cycle, name in cfg.order():
-        ck = ckpts[name]
+        ck, extra = ckpts[name], snapshot_steps.get(name)
         for pos in range(cfg.block):
             t0 = time.perf_counter()
             trainer.iteration(step, ck)
             ck.after_step()
-            times.append({"cycle": cycle, "strategy": name, "position": pos, "seconds": time.perf_counter() - t0})
+            if extra is not None:
+                extra()
+            times.append({"cycle": cycle, "strategy": name, "position": pos, "seconds": time.perf_counter() - t0,
+                          "saved": saved[0]})
             step += 1
-        ck.drain()
+        t0 = time.perf_counter()
+        ck.drain()  # timed: what a block left in the background is part of its cost
+        times.append({"cycle": cycle, "strategy": name, "position": -1, "seconds": time.perf_counter() - t0,
+                      "saved": saved[0]})
         dist.barrier()
 
-    restores = _time_restores(cfg, ckpts, restore_shards, restore_dcp)
+    settings = {n: a.strategy == "async-dcp" and ckpts[n].strategy.settings() or {} for n, a in arms.items()
+                if a.tier == "persistent"}
+    first = {}  # per strategy, its first persistent arm: the one whose tiers are restored
+    for a in arms.values():
+        if a.tier == "persistent":
+            first.setdefault(a.strategy, ckpts[a.name])
+    restores = _time_restores(cfg, first, restore_shards, restore_dcp)
     for ck in ckpts.values():
         ck.drain()
     dist.barrier()
@@ -197,14 +270,41 @@ def worker(spec_path: Path) -> int:
         for i, it in enumerate(times):
             it = dict(it)
             it["seconds"] = max(g["times"][i]["seconds"] for g in gathered)  # the pipeline's pace
+            it["saved"] = min(g["times"][i]["saved"] for g in gathered)  # committed on every rank by then
             iterations.append(it)
-        raw = {"iterations": iterations, "ranks": [{"baft": g["baft"], "restores": g["restores"]} for g in gathered]}
+        raw = {"iterations": iterations, "settings": settings,
+               "ranks": [{"baft": g["baft"], "restores": g["restores"]} for g in gathered]}
         (run_dir / "bench-raw.json").write_text(json.dumps(raw))
     for ck in ckpts.values():
         ck.close()
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _dirname(arm: str) -> str:
+    return arm.replace(":", "-").replace("@", "-every-")
+
+
+def _snapshot_steps(cfg: BenchConfig, state: Any) -> dict[str, Any]:
+    """The snapshot-tier steps run beside a ``none`` checkpointer, after each iteration: CheckFreq's copy
+    into buffers allocated once, DCP's synchronous staging through its ``DefaultStager`` (cached buffers; the
+    staged copy must be complete before the next optimizer step, so it is waited for)."""
+    from baft.strategies.checkfreq import copy_into
+    from baft.strategies.dcp import dcp_stager
+
+    out: dict[str, Any] = {}
+    if "checkfreq" in cfg.strategies:
+        held: dict[str, Any] = {"buffers": None}
+
+        def checkfreq() -> None:
+            held["buffers"] = copy_into(state.capture(), held["buffers"])
+
+        out[SNAPSHOT_ARMS["checkfreq"]] = checkfreq
+    if "async-dcp" in cfg.strategies:
+        stager = dcp_stager(shared_memory=False, async_staging=False)
+        out[SNAPSHOT_ARMS["async-dcp"]] = lambda: stager.stage(state.capture())
+    return out
 
 
 def _time_restores(cfg: BenchConfig, ckpts: dict[str, Any], restore_shards: Any, restore_dcp: Any) -> dict[str, list[float]]:
@@ -246,10 +346,33 @@ def _restore_without_own_memory(snap: Any) -> int | None:
 
 
 def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
-    """bench.json: paired ratios per strategy, baft's bubble use, restore times per tier."""
+    """bench.json: paired ratios per arm in each tier with its settings, baft's bubble use, restore times."""
     from analysis.benchstats import paired_ratios
 
-    strategies = paired_ratios(raw["iterations"])
+    arms = cfg.arms()
+    tiers = {}
+    for tier, stat in (("snapshot", "median"), ("persistent", "mean")):
+        names = {a.name for a in arms if a.tier == tier}
+        if names:
+            tiers[tier] = {"statistic": stat, "arms": paired_ratios(raw["iterations"], stat=stat, only=names)}
+    settings = {}
+    for a in arms:
+        s: dict[str, Any] = {"tier": a.tier, "strategy": a.strategy,
+                             "persist_every": a.every if a.tier == "persistent" else None}
+        if a.strategy == "baft":
+            s.update(snapshot="every iteration, in the bubbles", copier=cfg.baft_copier,
+                     replicates=cfg.nodes > 1 and a.tier == "persistent" and a.every == cfg.persist_every[0])
+        if a.strategy == "checkfreq":
+            s["snapshot"] = "copy into buffers allocated once, at the boundary"
+        if a.strategy in ("baft", "checkfreq") and a.tier == "persistent":
+            s["persist_nice"] = cfg.persist_nice
+        if a.name == SNAPSHOT_ARMS["async-dcp"]:
+            s["staging"] = "DefaultStager, synchronous, cached buffers"
+        s.update(raw.get("settings", {}).get(a.name) or {})
+        settings[a.name] = s
+    for t in tiers.values():
+        for name, r in t["arms"].items():
+            r["settings"] = settings[name]
     snaps = [e for r in raw["ranks"] for e in r["baft"] if e["event"] == "snapshot"]
     bubbles = [e for r in raw["ranks"] for e in r["baft"] if e["event"] == "bubbles"]
     baft: dict[str, Any] = {}
@@ -274,7 +397,7 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
         for tier in ("peer", "persistent-dcp", "persistent-sync"):
             if restores.get(tier, {}).get("seconds_median"):
                 restores[tier]["slower_than_shm"] = restores[tier]["seconds_median"] / restores["shm"]["seconds_median"]
-    return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "strategies": strategies,
+    return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "tiers": tiers,
             "baft": baft, "restore": restores}
 
 
@@ -301,13 +424,27 @@ def replication_stats(out: Path) -> dict[str, Any]:
     }
 
 
+TIER_TITLES = {
+    "snapshot": "snapshot tier: a consistent copy every iteration, nothing persisted (block median)",
+    "persistent": "persistent tier: every strategy persists every k iterations (block mean, drain included)",
+}
+
+
 def table(result: dict[str, Any]) -> str:
-    lines = [f"{'strategy':<11} {'ratio vs none':>13} {'IQR':>17} {'95% CI':>17} {'n':>3} {'iter ms':>8}"]
-    for name, s in sorted(result["strategies"].items(), key=lambda kv: kv[1]["ratio_vs_none"]):
-        lines.append(
-            f"{name:<11} {s['ratio_vs_none']:>13.4f} {s['iqr'][0]:>8.4f}-{s['iqr'][1]:<8.4f} "
-            f"{s['ci95'][0]:>8.4f}-{s['ci95'][1]:<8.4f} {s['n']:>3} {s['median_iteration_ms']:>8.1f}"
-        )
+    lines: list[str] = []
+    for tier, t in result["tiers"].items():
+        lines += [TIER_TITLES[tier],
+                  f"  {'arm':<20} {'ratio vs none':>13} {'IQR':>17} {'95% CI':>17} {'n':>3} {'iter ms':>8}"]
+        for name, s in sorted(t["arms"].items(), key=lambda kv: kv[1]["ratio_vs_none"]):
+            lines.append(
+                f"  {name:<20} {s['ratio_vs_none']:>13.4f} {s['iqr'][0]:>8.4f}-{s['iqr'][1]:<8.4f} "
+                f"{s['ci95'][0]:>8.4f}-{s['ci95'][1]:<8.4f} {s['n']:>3} {s['median_iteration_ms']:>8.1f}"
+            )
+    dcp = next((s["settings"] for t in result["tiers"].values() for s in t["arms"].values()
+                if s["settings"].get("async")), None)
+    if dcp:
+        lines.append(f"async-dcp: {dcp['async']} writer, {dcp['stager']}, pinned memory "
+                     f"{'yes' if dcp['pinned_memory'] else 'no (no CUDA)'}, shared memory {'yes' if dcp['shared_memory'] else 'no'}")
     b = result.get("baft") or {}
     if b:
         lines.append(

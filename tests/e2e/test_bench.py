@@ -16,36 +16,58 @@ from .conftest import ROOT
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_bench_writes_paired_ratios(tmp_path: Path) -> None:
+def test_bench_writes_both_tiers_with_equal_settings(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "bench", "--out", str(out), "--cycles", "3", "--warmup", "1",
-         "--strategies", "sync,baft", "--block", "2", "--persist-every", "4", "--microbatches", "4"],
+         "--strategies", "sync,checkfreq,baft", "--block", "4", "--persist-every", "2,4", "--microbatches", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "bench.json").read_text())
     raw = json.loads((out / "bench-raw.json").read_text())
     its = raw["iterations"]
-    # What was timed: one warm-up cycle (-1) and 3 cycles, each strategy once per cycle, 2 iterations a block.
+    arms = ["none", "baft:snapshot", "checkfreq:snapshot", "sync@2", "sync@4", "checkfreq@2", "checkfreq@4",
+            "baft@2", "baft@4"]
+    # What was timed: one warm-up cycle (-1) and 3 cycles, each arm once per cycle, 4 iterations a block and
+    # the drain after them (position -1).
     blocks: dict[tuple[int, str], list[int]] = {}
     for it in its:
         blocks.setdefault((it["cycle"], it["strategy"]), []).append(it["position"])
-        assert it["seconds"] > 0
-    assert blocks == {(c, s): [0, 1] for c in range(-1, 3) for s in ("none", "sync", "baft")}
-    # bench.json's statistics are those of the raw timings (paired_ratios itself: tests/unit/test_benchstats.py).
-    assert set(result["strategies"]) == {"none", "sync", "baft"}
-    assert result["strategies"] == paired_ratios(its)  # deterministic (a seeded bootstrap), exact through JSON
-    assert all(s["n"] == 3 for s in result["strategies"].values())
-    # baft snapshotted every iteration of its blocks, and no other, on both ranks.
-    baft_steps = [step for step, it in enumerate(its) if it["strategy"] == "baft"]
+        assert it["seconds"] > 0 or it["position"] == -1
+    assert blocks == {(c, a): [0, 1, 2, 3, -1] for c in range(-1, 3) for a in arms}
+    # Both tiers, each paired with none by its own statistic (paired_ratios itself: tests/unit/test_benchstats.py).
+    snap, pers = result["tiers"]["snapshot"], result["tiers"]["persistent"]
+    assert snap["arms"].keys() == {"none", "baft:snapshot", "checkfreq:snapshot"}
+    assert pers["arms"].keys() == {"none"} | set(arms[3:])
+    for tier in (snap, pers):
+        expect = paired_ratios(its, stat=tier["statistic"], only=set(tier["arms"]))
+        assert {k: {f: v for f, v in r.items() if f != "settings"} for k, r in tier["arms"].items()} == expect
+    # Every persistent arm at the interval its name says, the same for every strategy.
+    for name, r in pers["arms"].items():
+        if name != "none":
+            assert r["settings"]["persist_every"] == int(name.split("@")[1]) and r["settings"]["tier"] == "persistent"
+    # Each arm committed, inside its own block (drain included) and on every rank, exactly block / k
+    # persistent checkpoints: the same durability for every strategy; the baseline and the snapshot
+    # tier none at all.
+    before = 0
+    for it in its:
+        if it["position"] == -1:
+            name = it["strategy"]
+            k = int(name.split("@")[1]) if "@" in name else None
+            assert it["saved"] - before == (4 // k if k else 0), (it, before)
+            before = it["saved"]
+    # Every baft arm (the snapshot arm and each persistent one) snapshotted every iteration of its blocks
+    # and no other, on both ranks; the loop's steps start at 3 (a block starts just before a persist).
+    timed = [it for it in its if it["position"] >= 0]
+    baft_steps = [3 + i for i, it in enumerate(timed) if it["strategy"].startswith("baft")]
     for rank in raw["ranks"]:
         assert sorted(e["step"] for e in rank["baft"] if e["event"] == "snapshot") == baft_steps
-    assert result["baft"]["snapshots"] == 2 * len(baft_steps) and 0 <= result["baft"]["in_window_fraction"] <= 1
+    assert result["baft"]["snapshots"] > 0 and 0 <= result["baft"]["in_window_fraction"] <= 1
     # Every tier the run filled was restored restore_repeats (3) times.
     assert set(result["restore"]) == {"shm", "persistent-dcp", "persistent-sync"}
     assert all(r["n"] == 3 and r["seconds_median"] > 0 for r in result["restore"].values())
-    assert "ratio vs none" in proc.stdout
+    assert "snapshot tier" in proc.stdout and "persistent tier" in proc.stdout and "ratio vs none" in proc.stdout
     # The snapshots' shared memory (the directory the workers were told) is gone.
     shm = Path(json.loads((out / "worker-spec.json").read_text())["shm_dir"])
     assert shm.parent == Path("/dev/shm") and re.fullmatch(r"baft-bench-[0-9a-f]{10}", shm.name), shm

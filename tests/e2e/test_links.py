@@ -68,11 +68,11 @@ def test_delay_without_netem_is_refused_up_front(tmp_path: Path) -> None:
 def test_bench_on_a_throttled_link_reports_the_link_and_replication(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "bench", "--out", str(tmp_path / "b"), "--nodes", "2", "--strategies", "baft",
-         "--cycles", "3", "--block", "3", "--warmup", "1", "--link-rate", "40mbit"],
+         "--cycles", "3", "--block", "3", "--persist-every", "3", "--warmup", "1", "--link-rate", "40mbit"],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     b = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert 0.5 * 40e6 < b["link"]["measured_bit"] <= 1.1 * 40e6
-    assert b["replication"]["replicated"] > 0 and "baft" in b["strategies"]
+    assert b["replication"]["replicated"] > 0 and "baft@3" in b["tiers"]["persistent"]["arms"]
     assert "link: throttled to 40 Mbit/s" in proc.stdout

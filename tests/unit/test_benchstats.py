@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.benchstats import block_medians, bootstrap_ci, paired_ratios, quantile
+from analysis.benchstats import block_costs, bootstrap_ci, paired_ratios, quantile
 
 
 def iterations(cycles: int, cost: float, drift: list[float]) -> list[dict]:
@@ -59,7 +59,7 @@ def test_a_cycle_without_its_baseline_block_is_not_paired() -> None:
 def test_warmup_blocks_are_ignored() -> None:
     its = iterations(4, 0.1, [1.0]) + [{"cycle": -1, "strategy": "x", "position": 1, "seconds": 99.0}]
     assert abs(paired_ratios(its)["x"]["ratio_vs_none"] - 1.1) < 1e-9
-    assert -1 not in block_medians(its)
+    assert -1 not in block_costs(its) and -1 not in block_costs(its, "mean")
 
 
 def test_quantiles_interpolate() -> None:
@@ -99,3 +99,31 @@ def test_bootstrap_of_too_few_values() -> None:
     assert bootstrap_ci([2.0]) == (2.0, 2.0)
     lo, hi = bootstrap_ci([])
     assert lo != lo and hi != hi  # nan: nothing to say
+
+
+@settings(max_examples=50, deadline=None)
+@given(block=st.integers(2, 12), spike=st.floats(0.0, 2.0), drain=st.floats(0.0, 1.0),
+       drift=st.lists(st.floats(0.5, 3.0), min_size=1, max_size=5), cycles=st.integers(1, 8))
+def test_the_mean_counts_a_persist_and_its_drain_that_the_median_hides(block: int, spike: float, drain: float,
+                                                                       drift: list[float], cycles: int) -> None:
+    """A persist every ``block`` iterations (one slow iteration) and a drain at the block's end: the
+    persistent tier's statistic is the block's whole time over its iterations; the median sees neither."""
+    its = []
+    for c in range(cycles):
+        base = 0.1 * drift[c % len(drift)]
+        for name in ("none", "x"):
+            for pos in range(block):
+                extra = spike * base if name == "x" and pos == 1 % block else 0.0
+                its.append({"cycle": c, "strategy": name, "position": pos, "seconds": base + extra})
+            its.append({"cycle": c, "strategy": name, "position": -1, "seconds": drain * base if name == "x" else 0.0})
+    mean = paired_ratios(its, stat="mean")["x"]
+    assert mean["ratio_vs_none"] == pytest.approx(1 + (spike + drain) / block) and mean["n"] == cycles
+    if block > 2:  # a median over the block (first dropped) hides the one slow iteration
+        assert paired_ratios(its)["x"]["ratio_vs_none"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="stat"):
+        block_costs(its, "max")
+
+
+def test_only_restricts_the_arms_and_keeps_the_baseline() -> None:
+    its = iterations(3, 0.2, [1.0]) + [dict(it, strategy="y") for it in iterations(3, 0.2, [1.0]) if it["strategy"] == "x"]
+    assert set(paired_ratios(its, only={"y"})) == {"none", "y"}

@@ -33,6 +33,8 @@ class Toy:
     """A name, if any."""
     names: list[str] = field(default_factory=lambda: ["a", "b"])
     """Some names."""
+    sizes: list[int] = field(default_factory=lambda: [1, 10])
+    """Some sizes."""
     loud: bool = False
     """Say more."""
     count: int
@@ -53,7 +55,7 @@ def argv_of(cfg: Any) -> list[str]:
         if isinstance(v, bool):
             out.append(flag(f.name) if v else "--no-" + flag(f.name)[2:])
         else:
-            out.append(f"{flag(f.name)}={','.join(v) if isinstance(v, list) else v}")
+            out.append(f"{flag(f.name)}={','.join(map(str, v)) if isinstance(v, list) else v}")
     return out
 
 
@@ -79,11 +81,12 @@ def test_defaults_live_in_the_config() -> None:
 
 def test_the_flags_existing_scripts_use_still_work() -> None:
     cfg = parsed(BenchConfig, ["--cycles", "3", "--warmup", "1", "--strategies", "sync,baft", "--block", "2",
-                               "--persist-every", "4", "--microbatches", "4", "--microbatch-size", "2",
+                               "--persist-every", "2", "--microbatches", "4", "--microbatch-size", "2",
                                "--nodes", "2", "--no-replication-yield", "--replicate-every", "2", "--baft-copier",
                                "thread", "--link-rate", "50mbit"])
     assert (cfg.strategies, cfg.persist_every, cfg.microbatch_size, cfg.replication_yield, cfg.link_rate) == \
-        (["none", "sync", "baft"], 4, 2, False, "50mbit")
+        (["none", "sync", "baft"], [2], 2, False, "50mbit")
+
     dep = parsed(DeployConfig, ["--namespace", "ml", "--image", "i:1", "--claim", "shared", "--harness",
                                 "--reference-run", "reference", "--cpu", "500m", "--memory", "1Gi", "--shm", "1Gi"])
     assert dep.harness and dep.reference_run == "reference" and (dep.cpu, dep.memory, dep.shm) == ("500m", "1Gi", "1Gi")
@@ -127,7 +130,7 @@ def test_other_commands_do_not_build_the_config_flags() -> None:
     """Reading a config imports its component (and torch); ``baft report`` need not wait for it."""
     assert "--persist-every" not in _parser("report").format_help()
     args = _parser("bench").parse_args(["bench", "--persist-every", "5"])
-    assert args.persist_every == 5
+    assert args.persist_every == "5"  # a list flag: parsed into [5] by config_from_args
 
 
 def valid(cls: type, **fields: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -160,8 +163,9 @@ def test_deploy_flags_round_trip(cfg: DeployConfig | None) -> None:
              nodes=st.sampled_from([1, 2]), microbatches=st.integers(4, 12), microbatch_size=st.integers(1, 8),
              schedule=st.sampled_from(["gpipe", "1f1b"]),
              strategies=st.lists(st.sampled_from(ALL), min_size=1, max_size=5, unique=True),
-             cycles=st.integers(1, 100), block=st.integers(2, 10), warmup=st.integers(0, 5),
-             persist_every=st.integers(1, 50), replicate_every=st.integers(1, 4),
+             cycles=st.integers(1, 100), block=st.sampled_from([2, 6, 10, 12, 60]), warmup=st.integers(0, 5),
+             persist_every=st.lists(st.sampled_from([1, 2, 3, 5, 6, 10]), min_size=1, max_size=2, unique=True), replicate_every=st.integers(1, 4),
+             dcp_async=st.sampled_from(["thread", "process"]), dcp_stager=st.booleans(),
              link_rate=st.sampled_from([None, "50mbit", "1gbit", "12.5MBps"]), replication_yield=st.booleans(),
              baft_copier=st.sampled_from(["inline", "thread"]), restore_repeats=st.integers(1, 5),
              seed=st.integers(0, 2**31)))
@@ -174,6 +178,7 @@ def test_bench_flags_round_trip(cfg: BenchConfig | None) -> None:
 @given(st.builds(Toy, rate=st.floats(allow_nan=False, allow_infinity=False), level=st.sampled_from([1, 2, 3]),
                  label=st.none() | st.text(st.characters(codec="ascii", exclude_characters="\x00"), min_size=1),
                  names=st.lists(st.from_regex(r"[a-z-]{1,5}", fullmatch=True), min_size=1), loud=st.booleans(),
+                 sizes=st.lists(st.integers(-5, 10**6), min_size=1),
                  count=st.integers(0, 10**6)))
 def test_every_kind_of_flag_round_trips(cfg: Toy) -> None:
     assert parsed(Toy, argv_of(cfg)) == cfg
@@ -186,3 +191,12 @@ def test_bench_layouts_inside_a_stage() -> None:
         parsed(BenchConfig, ["--tp", "2", "--model", "mlp"])
     with pytest.raises(UsageError, match=r"^--nodes: expected a divisor of stages\*dp_shard\*tp \(6\)"):
         parsed(BenchConfig, ["--stages", "3", "--dp-shard", "2", "--nodes", "4"])
+
+
+def test_integer_lists_are_parsed_and_refused_with_the_flag() -> None:
+    assert parsed(Toy, ["--count", "1", "--sizes", "3, 7"]).sizes == [3, 7]
+    with pytest.raises(UsageError, match=r"^--sizes: expected comma-separated integers, found '3,x'"):
+        parsed(Toy, ["--count", "1", "--sizes", "3,x"])
+    with pytest.raises(UsageError, match=r"^--block: expected a multiple of 10"):
+        parsed(BenchConfig, ["--block", "6"])
+    assert parsed(BenchConfig, ["--block", "6", "--persist-every", "2,3"]).period == 6

@@ -33,9 +33,11 @@ def train(st: TrainState, ck: Checkpointer, steps: int) -> None:
         ck.after_step()
 
 
-@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "none"])
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "none"] + ["async-dcp:default-copy"])
 def test_strategy_restores_its_last_persistent_checkpoint(tmp_path: Path, strategy: str) -> None:
-    cfg = CheckpointConfig(strategy=strategy, every=3, dir=str(tmp_path / "ckpt"), shm_dir=str(tmp_path / "shm"))
+    strategy, _, variant = strategy.partition(":")  # async-dcp with and without DCP's DefaultStager
+    cfg = CheckpointConfig(strategy=strategy, every=3, dir=str(tmp_path / "ckpt"), shm_dir=str(tmp_path / "shm"),
+                           dcp_stager=variant != "default-copy")
     st = make_state(0)
     ck = Checkpointer(cfg, st)
     ck.attach(torch.nn.Identity())
