@@ -102,11 +102,16 @@ WaitListener = Callable[[bool, int], None]
 
 
 class _WaitHook:
-    """The process-wide wrapper of ``torch.distributed.pipelining.schedules._wait_batch_p2p``."""
+    """The process-wide wrapper of ``torch.distributed.pipelining.schedules._wait_batch_p2p``.
+
+    Waits go to one profiler: the one whose iteration is running (:meth:`activate`, at each
+    ``begin_iteration``), so several checkpointers attached to one stage (a benchmark's arms
+    taking turns) each see the waits of their own iterations."""
 
     _lock = threading.Lock()
     _original: Callable[..., Any] | None = None
     _active: BubbleProfiler | None = None
+    _installed: list[BubbleProfiler] = []
 
     @classmethod
     def install(cls, profiler: BubbleProfiler) -> None:
@@ -125,22 +130,35 @@ class _WaitHook:
                         return original(work)
 
                 schedules._wait_batch_p2p = wait
+            if profiler not in cls._installed:
+                cls._installed.append(profiler)
             cls._active = profiler
+
+    @classmethod
+    def activate(cls, profiler: BubbleProfiler) -> None:
+        """Send the waits to ``profiler`` (one that is installed) from now on."""
+        if cls._active is not profiler:
+            with cls._lock:
+                if profiler in cls._installed:
+                    cls._active = profiler
 
     @classmethod
     def uninstall(cls, profiler: BubbleProfiler) -> None:
         from torch.distributed.pipelining import schedules
 
         with cls._lock:
+            if profiler in cls._installed:
+                cls._installed.remove(profiler)
             if cls._active is profiler:
-                cls._active = None
-            if cls._original is not None and cls._active is None:
+                cls._active = cls._installed[-1] if cls._installed else None
+            if cls._original is not None and not cls._installed:
                 schedules._wait_batch_p2p = cls._original
                 cls._original = None
 
 
 class BubbleProfiler:
-    """Profiles one pipeline stage; one per process (the wait hook is process-wide)."""
+    """Profiles one pipeline stage. The wait hook is process-wide: with several profilers on one
+    stage, the one whose iteration began last receives the waits."""
 
     def __init__(self, config: ProfilerConfig | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config or ProfilerConfig()
@@ -242,6 +260,7 @@ class BubbleProfiler:
                 self._span("wait", index, t0, t2)
 
     def begin_iteration(self, step: int) -> None:
+        _WaitHook.activate(self)
         self._t0 = self.clock()
         self._wait_index = 0
         self._current = IterationProfile(step=step)

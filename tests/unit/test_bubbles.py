@@ -337,3 +337,35 @@ def test_a_relayout_waits_for_a_reader_of_the_slots(tmp_path: Path, monkeypatch:
         assert isinstance(got[0], dict) and "model" in got[0] and not relaid.is_alive()
     finally:
         snap.close()
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+def test_the_waits_go_to_the_profiler_whose_iteration_runs() -> None:
+    """Two profilers on one stage (a benchmark's baft arms taking turns): each receives the waits of
+    its own iterations, and the schedule's wait helper is restored only when the last detaches.
+    (Before, the waits went to whichever was attached last, and the other planned with no windows.)"""
+    from torch.distributed.pipelining import schedules
+
+    original = schedules._wait_batch_p2p
+    a, b = BubbleProfiler(), BubbleProfiler()
+    a.attach([])
+    b.attach([])
+    try:
+        for prof, other in ((a, b), (b, a), (a, b)):
+            prof.begin_iteration(0)
+            schedules._wait_batch_p2p([_Done()])
+            waits = [s for s in prof.end_iteration().spans if s.kind == "wait"]
+            assert len(waits) == 1 and other._current is None
+        a.detach()
+        assert schedules._wait_batch_p2p is not original  # b still listens
+        b.begin_iteration(1)
+        schedules._wait_batch_p2p([_Done()])
+        assert [s.kind for s in b.end_iteration().spans].count("wait") == 1
+    finally:
+        a.detach()
+        b.detach()
+    assert schedules._wait_batch_p2p is original
