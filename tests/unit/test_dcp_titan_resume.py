@@ -93,7 +93,7 @@ after = dict(tensors(dict(zip(("model", "optimizer"), get_state_dict(fresh, fres
 assert set(after) == set(held), sorted(set(after) ^ set(held))
 bad = [k for k in held if not torch.equal(local(after[k]), held[k])]
 assert not bad, f"rank {rank}: resumed tensors differ from the job's: {bad}"
-print("RESUMED", len(held))
+print("RESUMED", len(held), flush=True)  # a forked rank ends with os._exit: unflushed output is lost
 dist.destroy_process_group()
 """
 
