@@ -252,8 +252,8 @@ def worker(spec_path: Path) -> int:
                       "saved": saved[0]})
         dist.barrier()
 
-    settings = {n: a.strategy == "async-dcp" and ckpts[n].strategy.settings() or {} for n, a in arms.items()
-                if a.tier == "persistent"}
+    settings = {n: ckpts[n].strategy.settings() for n, a in arms.items()  # what only the strategy knows
+                if a.tier == "persistent" and a.strategy == "async-dcp"}
     first = {}  # per strategy, its first persistent arm: the one whose tiers are restored
     for a in arms.values():
         if a.tier == "persistent":
