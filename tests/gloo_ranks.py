@@ -32,6 +32,10 @@ def _rank_main(script: str, args: list[str], env: dict[str, str], log: str) -> N
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # The server's sys.stdout need not write to fd 1 (a server forked from a pytest process has pytest's
+    # captured streams): the rank's own streams on its log.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
     os.environ.update(env)
     import torch
     torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 would: two ranks share the cores with other tests

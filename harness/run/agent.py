@@ -126,16 +126,15 @@ class ExceptionText(logging.Filter):
 
 def main(argv: list[str] | None = None) -> int:
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
-    if preload:
-        serve_forks_from_here([*PRELOAD, *preload])
     from torch.distributed.elastic.multiprocessing.errors import record
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import parse_args, run  # imports torch, starts no thread
 
     args = parse_args(rest)
     if preload:
-        if not args.module:
+        if not args.module:  # refused before the fork server starts: a refusal leaves no process behind
             raise SystemExit("harness.run.agent: --preload is for a worker module (-m MODULE); "
                              "a script runs under plain torchrun")
+        serve_forks_from_here([*PRELOAD, *preload])
         args = forked(args)
     for name in ("torch", "torch.distributed"):  # where torch attaches its handlers
         for handler in logging.getLogger(name).handlers:

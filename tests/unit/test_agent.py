@@ -31,10 +31,17 @@ def test_a_module_becomes_its_source_file_run_in_a_forked_worker() -> None:
 
 
 def test_a_script_is_refused_with_preload(capsys: pytest.CaptureFixture[str]) -> None:
+    from multiprocessing import forkserver
+
     from harness.run.agent import main
 
+    server = forkserver._forkserver._forkserver_pid
     with pytest.raises(SystemExit, match="a script runs under plain torchrun"):
         main(["--preload", "harness.worker.workload", "--nnodes", "1", "train.py"])
+    # Refused before the fork server starts. Started first, it was a fork of this pytest process that
+    # outlived the refusal and became every later forkserver Process's server here: the gloo ranks of
+    # tests/gloo_ranks.py were forked from it, with pytest's captured sys.stdout, and their output was lost.
+    assert forkserver._forkserver._forkserver_pid == server
 
 
 LOG_A_FAILURE = """
