@@ -19,6 +19,7 @@ plan order, so an early-ending window only moves chunks to the next one.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import shutil
@@ -26,6 +27,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +79,9 @@ def _pack(static: bytes, dynamic: bytes) -> bytes:
     return struct.pack("<Q", len(static)) + static + dynamic
 
 
-def _components(meta: bytes, data: torch.Tensor) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The components of a sealed version from its metadata and its slot's bytes; and the static part."""
+def _components(meta: bytes, data: torch.Tensor, copy: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The components of a sealed version from its metadata and its slot's bytes (copies of them, or
+    without ``copy`` views); and the static part."""
     (n,) = struct.unpack_from("<Q", meta, 0)
     static = codec.decode(meta[8 : 8 + n])
     dynamic = codec.decode(meta[8 + n :])
@@ -88,7 +91,7 @@ def _components(meta: bytes, data: torch.Tensor) -> tuple[dict[str, Any], dict[s
         bulk = {"model": static["model"]}
         if static.get("optimizer_state") is not None:
             bulk["optimizer"] = {"state": static["optimizer_state"]}
-    out = dict(rebuild(bulk, specs, data))
+    out = dict(rebuild(bulk, specs, data, copy))
     if "optimizer_groups" in dynamic:
         out.setdefault("optimizer", {})["param_groups"] = dynamic.pop("optimizer_groups")
     for c, v in dynamic.items():
@@ -187,8 +190,7 @@ class BubbleSnapshotter:
         self.restored_version: int | None = None
         self._pending: dict[str, Any] | None = None
         self._jobs: dict[int, list[CopyJob]] = {}
-        self._staged: dict[str, torch.Tensor] = {}
-        """The model's buffers as they were at the last step boundary (see :meth:`_stage_buffers`)."""
+        self._staged: dict[str, torch.Tensor] = {}  # the model's buffers at the last boundary (_stage_buffers)
         self._static: tuple[tuple, bytes | None] | None = None
         self.store = StoreClient(config.store) if config.store else None
         self.traffic: TrafficFlag | None = None
@@ -196,23 +198,17 @@ class BubbleSnapshotter:
             self.traffic = TrafficFlag(Path(shm_dir) / TRAFFIC_FILE, rank)
             self.profiler.listeners.insert(0, lambda entering, _window: self.traffic.set(entering))
         self._torn: list[int] = []
-        self._owner = ""
-        """This writer's :func:`owner_tag`, once the layout is known."""
-        self.placements: dict[str, Any] = {}
-        """Where the DTensors among the bulk tensors lie (:meth:`TrainState.placements`), with the layout."""
-        self.param_names: dict[int, str] = {}
-        """The optimizer's parameter index -> name (:meth:`TrainState.param_names`), with the layout."""
-        self._layout_at_boundary = False
-        """Whether the model's state dict may only be taken at the step boundary (see :meth:`attach`)."""
+        self._owner = ""  # this writer's owner_tag, once the layout is known
+        self.placements: dict[str, Any] = {}  # where the bulk tensors' DTensors lie (TrainState.placements)
+        self.param_names: dict[int, str] = {}  # the optimizer's parameter index -> name (TrainState.param_names)
+        self._layout_at_boundary = False  # the model's state dict only at the step boundary (see attach)
         self._foreign: set[int] = set()
-        """Slots an earlier writer of another ownership filled (an elastic restart changed the replicas):
-        zeroed before their next version, or the bytes this replica does not own would keep theirs."""
+        """Slots another ownership filled (an elastic restart changed the replicas): zeroed before their next
+        version, or the bytes this replica does not own would keep theirs."""
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
-        self._slots_lock = threading.Lock()
-        """Held while a reader (the persister thread) reads a slot and while the slots are remapped."""
-        self.pinned: set[int] = set()
-        """Slots a reader (the persister) still needs; a version due for a pinned slot is skipped."""
+        self._slots_lock = threading.Lock()  # held by a reader of a slot (the persister) and while remapping
+        self.pinned: set[int] = set()  # slots a reader still needs: a version due in one is skipped
 
     def attach(self, stage: Any) -> None:
         # A module with state-dict pre-hooks may act when its state dict is taken: FSDP2's reshards
@@ -450,12 +446,20 @@ class BubbleSnapshotter:
 
     def read_version(self, version: int) -> dict[str, Any]:
         """A private copy of sealed ``version``'s components (only this replica's tensors are real)."""
+        with self.sealed_version(version, copy=True) as components:
+            return components
+
+    @contextlib.contextmanager
+    def sealed_version(self, version: int, copy: bool = False) -> Iterator[dict[str, Any]]:
+        """Sealed ``version``'s components, its tensors views of its slot (or copies) that stay valid
+        inside the block: the slots are not remapped meanwhile (a layout change waits). Pin the slot
+        (:attr:`pinned`) first, or the next version due in it may overwrite them."""
         with self._slots_lock:
             slot = self.buffer.slot_for(version)
             info = slot.info(slot_of(version))
             if info is None or info.state != COMPLETE or info.version != version:
                 raise RuntimeError(f"version {version} is no longer in shared memory")
-            return _components(slot.meta(), slot.data())[0]
+            yield _components(slot.meta(), slot.data(), copy)[0]
 
     # -- restore ----------------------------------------------------------------------------
     def restore(self, floor: int = -1) -> int | None:
@@ -593,5 +597,3 @@ class BubbleSnapshotter:
         """Whether ``slot``'s version was written by this rank's place among this many replicas: a version
         an earlier world wrote (before an elastic restart) holds another share of the tensors."""
         return _writer_place(slot) == (self.replica, self.replicas)
-
-

@@ -42,6 +42,11 @@ class CheckpointConfig:
     """``baft``, ``checkfreq``: how much lower than training's the CPU priority of the thread that persists
     in the background is (a nice increment, 0-19): with a higher one it runs mostly on CPU that training
     leaves idle, and a persist takes longer."""
+    persist_writer: Literal["direct", "dcp"] = "direct"
+    """``baft``: how the persister writes the DCP checkpoint. ``direct``: each rank writes its file straight
+    from the sealed shared-memory slot and rank 0 writes DCP's metadata from what every rank wrote (one
+    exchange; :mod:`baft.dcpwrite`). ``dcp``: ``dcp.save`` of a private copy, as before (for comparison).
+    Stock ``dcp.load`` reads either."""
     dcp_async: Literal["thread", "process"] = "thread"
     """``async-dcp``: where DCP writes in the background: a thread of the training process, or a
     checkpoint process of DCP's own per rank (``AsyncCheckpointerType.PROCESS``; it is spawned, so the
@@ -84,6 +89,8 @@ class CheckpointConfig:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
         if not isinstance(self.persist_nice, int) or not 0 <= self.persist_nice <= 19:
             raise BaftConfigError("persist_nice", "an integer from 0 to 19", self.persist_nice)
+        if self.persist_writer not in ("direct", "dcp"):
+            raise BaftConfigError("persist_writer", "direct or dcp", self.persist_writer)
         if self.dcp_async not in ("thread", "process"):
             raise BaftConfigError("dcp_async", "thread or process", self.dcp_async)
         if not isinstance(self.dcp_stager, bool):

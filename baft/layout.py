@@ -74,16 +74,17 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
-def rebuild(skeleton: Any, specs: list[TensorSpec], data: torch.Tensor) -> Any:
-    """The captured tree again, each marker replaced by a copy of its tensor from ``data``."""
+def rebuild(skeleton: Any, specs: list[TensorSpec], data: torch.Tensor, copy: bool = True) -> Any:
+    """The captured tree again, each marker replaced by a copy of its tensor from ``data`` (without
+    ``copy``: by a view of ``data``)."""
     if isinstance(skeleton, Mapping):
         if set(skeleton) == {MARKER}:
             s = specs[int(skeleton[MARKER])]
-            raw = data[s.offset : s.offset + s.nbytes].clone()
-            return raw.view(getattr(torch, s.dtype)).reshape(s.shape)
-        return {k: rebuild(v, specs, data) for k, v in skeleton.items()}
+            raw = data[s.offset : s.offset + s.nbytes]
+            return (raw.clone() if copy else raw).view(getattr(torch, s.dtype)).reshape(s.shape)
+        return {k: rebuild(v, specs, data, copy) for k, v in skeleton.items()}
     if isinstance(skeleton, list):
-        return [rebuild(v, specs, data) for v in skeleton]
+        return [rebuild(v, specs, data, copy) for v in skeleton]
     if isinstance(skeleton, tuple):
-        return tuple(rebuild(v, specs, data) for v in skeleton)
+        return tuple(rebuild(v, specs, data, copy) for v in skeleton)
     return skeleton

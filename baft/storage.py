@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -85,6 +86,10 @@ class Storage:
         """Write all of ``data`` to ``rel``, durably, creating parent directories."""
         raise NotImplementedError
 
+    def write_parts(self, rel: str, parts: Sequence[bytes | memoryview]) -> None:
+        """:meth:`write` of the concatenation of ``parts`` (here joined first)."""
+        self.write(rel, b"".join(parts))
+
     def read(self, rel: str) -> bytes:
         """The bytes of ``rel``; :class:`FileNotFoundError` if it is not there."""
         raise NotImplementedError
@@ -130,12 +135,16 @@ class LocalStorage(Storage):
         return self.root / rel if rel else self.root
 
     def write(self, rel: str, data: bytes | memoryview) -> None:
+        self.write_parts(rel, (data,))
+
+    def write_parts(self, rel: str, parts: Sequence[bytes | memoryview]) -> None:
+        """Straight from ``parts`` (no joined copy): to a temporary name, fsynced, renamed into place."""
         path = self.location(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(data)
+                f.writelines(parts)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)

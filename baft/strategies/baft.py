@@ -5,10 +5,11 @@ Tiers, nearest first:
 1. shared memory (``BubbleSnapshotter``): every iteration, copied inside the
    pipeline bubbles into slots that outlive the worker;
 2. persistent storage (DCP format, ``dcpformat``): every ``every`` steps a
-   background thread reads the sealed version out of its slot (pinning the
-   slot for the moment of the copy), writes it with ``dcp.save`` over a
-   process group of its own, and rank 0 commits it (checksums, manifest,
-   ``latest`` moved only after the files are durable).
+   background thread writes the sealed version straight from its slot (pinned
+   meanwhile) into this rank's DCP data file (``dcpwrite``; ``persist_writer:
+   dcp``: ``dcp.save`` of a copy), the ranks exchange what they wrote over a
+   process group of their own, and rank 0 writes DCP's metadata and commits
+   (checksums, manifest, ``latest`` moved only after the files are durable).
 
 Restore takes the newest version every rank holds in shared memory (or can pull
 from a peer's replica) unless the newest persistent checkpoint is newer, else the
@@ -21,12 +22,13 @@ for it and reports the wait (``persist_backpressure``) — choose a larger
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from pathlib import Path
 from typing import Any
 
-from .. import dcpformat, events, persist
+from .. import dcpformat, dcpwrite, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
 from ..slotfile import slot_of
@@ -135,28 +137,40 @@ class BaftStrategy(Strategy):
         return True
 
     def _persist(self, version: int, components: dict[str, Any] | None = None) -> None:
-        """Write ``version`` (read from its slot unless ``components`` are given) and commit it."""
+        """Write ``version`` (from its slot unless ``components`` are given) and commit it."""
         snap = self._snap()
         t0 = time.perf_counter()
-        if components is None:
-            try:
-                components = snap.read_version(version)
-            finally:
-                snap.pinned.discard(slot_of(version))
-        # Announced once the slot is released: while it is pinned the snapshotter must skip
-        # versions that would land in it, so nothing slow may happen before this point.
         events.emit("phase", phase="persist", step=version)
         rank, world = rank_world()
-        sd = dcpformat.to_state_dict(components, rank, self.stage_key, snap.owned_tensors(), shard_key=self.shard_key,
-                                     placements=snap.placements, param_names=snap.param_names,
-                                     process_group=self.group)
+        direct = self.config.persist_writer == "direct"
         try:
-            dcpformat.save(self.root, version, sd, self.group)  # DCP raises a write error on every rank
-        except WRITE_ERRORS as e:
-            persist_failed(version, e)
-            return
+            # direct: written from views of the pinned slot (no copy; the slot stays pinned while its
+            # bytes go to the file); dcp: dcp.save of a private copy, the slot released right away
+            with contextlib.nullcontext(components) if components is not None else \
+                    snap.sealed_version(version, copy=not direct) as comps:
+                sd = dcpformat.to_state_dict(comps, rank, self.stage_key, snap.owned_tensors(),
+                                             shard_key=self.shard_key, placements=snap.placements,
+                                             param_names=snap.param_names, process_group=self.group)
+                if direct:
+                    written = self._write_direct(version, rank, sd)
+        finally:
+            snap.pinned.discard(slot_of(version))
+        if direct:
+            reports = all_gather(written, self.group)  # the one exchange: what every rank wrote, or why not
+            failed = next((r for r in reports if isinstance(r, str)), None)
+            if failed is not None:
+                persist_failed(version, failed)
+                return
+        else:
+            try:
+                dcpformat.save(self.root, version, sd, self.group)  # DCP raises a write error on every rank
+            except WRITE_ERRORS as e:
+                persist_failed(version, e)
+                return
 
         def commit() -> None:
+            if direct:
+                dcpwrite.write_metadata(self.root, version, reports)
             dcpformat.commit(self.root, version, world, {"format": "dcp", "strategy": "baft"})
             persist.prune(self.root, self.config.keep)
 
@@ -167,6 +181,13 @@ class BaftStrategy(Strategy):
         events.emit("checkpoint_saved", step=version, tier="persistent",
                     bytes=sum(local_view(t).numel() * t.element_size() for t in sd.values()),
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))
+
+    def _write_direct(self, version: int, rank: int, sd: dict[str, Any]) -> list[dcpwrite.Written] | str:
+        """This rank's file of ``version`` (:func:`dcpwrite.write_rank`), or why it could not be written."""
+        try:
+            return dcpwrite.write_rank(self.root, version, rank, sd)
+        except WRITE_ERRORS as e:
+            return f"rank {rank}: {type(e).__name__}: {e}"
 
     def drain(self) -> None:
         self._writer.drain()

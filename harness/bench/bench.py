@@ -94,6 +94,9 @@ class BenchConfig:
     With 2+ nodes the baft arm of the first k replicates through the node stores (bench.json says which)."""
     persist_nice: int = 0
     """``baft`` and ``checkfreq`` alike: the nice increment of their background persisting thread."""
+    persist_writer: Literal["direct", "dcp"] = "direct"
+    """``baft``: its persister writes each rank's DCP file straight from the slot (``direct``) or with
+    ``dcp.save`` of a copy (``dcp``)."""
     dcp_async: Literal["thread", "process"] = "thread"
     """``async-dcp``: DCP's background writer, a thread or a checkpoint process per rank."""
     dcp_stager: bool = True
@@ -220,7 +223,8 @@ def worker(spec_path: Path) -> int:
                              dir=str(run_dir / "checkpoints" / _dirname(arm.name)),
                              shm_dir=str(Path(spec.shm_dir) / _dirname(arm.name)),
                              planner=PlannerConfig(copier=cfg.baft_copier), replicate_every=cfg.replicate_every,
-                             dcp_async=cfg.dcp_async, dcp_stager=cfg.dcp_stager, persist_nice=cfg.persist_nice)
+                             dcp_async=cfg.dcp_async, dcp_stager=cfg.dcp_stager, persist_nice=cfg.persist_nice,
+                             persist_writer=cfg.persist_writer)
         if arm.strategy == "baft" and arm.tier == "persistent" and not placed:
             place_on_node(c, spec)  # with 2+ nodes this arm replicates through the node stores
             placed = True
@@ -366,6 +370,9 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
             s["snapshot"] = "copy into buffers allocated once, at the boundary"
         if a.strategy in ("baft", "checkfreq") and a.tier == "persistent":
             s["persist_nice"] = cfg.persist_nice
+        if a.strategy == "baft" and a.tier == "persistent":
+            s["writer"] = {"direct": "each rank's DCP file straight from its slot, metadata by rank 0",
+                           "dcp": "dcp.save of a copy"}[cfg.persist_writer]
         if a.name == SNAPSHOT_ARMS["async-dcp"]:
             s["staging"] = "DefaultStager, synchronous, cached buffers"
         s.update(raw.get("settings", {}).get(a.name) or {})

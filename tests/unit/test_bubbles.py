@@ -317,10 +317,10 @@ def test_a_relayout_waits_for_a_reader_of_the_slots(tmp_path: Path, monkeypatch:
         reading, release = threading.Event(), threading.Event()
         real = bubble._components
 
-        def slow(meta: bytes, data: torch.Tensor):
+        def slow(meta: bytes, data: torch.Tensor, copy: bool = True):
             reading.set()
             release.wait(10)
-            return real(meta, data)
+            return real(meta, data, copy)
 
         monkeypatch.setattr(bubble, "_components", slow)
         got: list[object] = []
@@ -335,6 +335,39 @@ def test_a_relayout_waits_for_a_reader_of_the_slots(tmp_path: Path, monkeypatch:
         reader.join(10)
         relaid.join(10)
         assert isinstance(got[0], dict) and "model" in got[0] and not relaid.is_alive()
+    finally:
+        snap.close()
+
+
+def test_a_relayout_waits_while_the_persister_writes_from_views_of_a_slot(tmp_path: Path) -> None:
+    # The direct persister writes a sealed version from views of its slot (no copy): the slots may not be
+    # remapped under those views until it leaves sealed_version's block.
+    import threading
+
+    st = make_state(0)
+    snap = BubbleSnapshotter(st, BAFT, tmp_path, rank=0)
+    try:
+        for _ in range(3):
+            step(st, snap)
+        inside, release, sums = threading.Event(), threading.Event(), []
+
+        def persister() -> None:
+            with snap.sealed_version(2) as components:
+                inside.set()
+                release.wait(10)
+                sums.append(sum(float(t.double().sum()) for t in components["model"].values()))
+
+        reader = threading.Thread(target=persister)
+        reader.start()
+        assert inside.wait(10)
+        relaid = threading.Thread(target=lambda: snap._relayout(snap.specs[:-1]))
+        relaid.start()
+        relaid.join(0.3)
+        assert relaid.is_alive()
+        release.set()
+        reader.join(10)
+        relaid.join(10)
+        assert not relaid.is_alive() and len(sums) == 1  # the views were read whole before the remap
     finally:
         snap.close()
 

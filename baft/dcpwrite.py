@@ -1,0 +1,245 @@
+"""A rank's share of a DCP checkpoint written straight from its tensors' bytes, without ``dcp.save``.
+
+``dcp.save`` plans every save anew (a local plan per rank, a global plan on rank 0, both
+exchanged), then serialises each tensor with ``torch.save``: per persist, tens of milliseconds of
+Python on a background thread that shares the interpreter lock and the cores with training, and
+four collectives that need every rank's persister to be scheduled. What the persistent tier
+writes is the same every time but for the tensors' values, so this writer does the work once:
+
+* each tensor's record in the data file (DCP's ``torch_save`` format: one ``torch.save`` archive
+  per tensor, a zip without compression) is ``torch.save``'s bytes of a tensor of that dtype and
+  shape, with the tensor's bytes in the data entry and that entry's CRC-32 patched in the local
+  and central headers (:class:`SaveTemplate`, made once per dtype and shape, checked by loading
+  it back when made);
+* a rank writes its file with one buffered ``writelines`` straight from its tensors (views of the
+  sealed shared-memory slot: no second copy), then reports what it wrote (:class:`Written`);
+* rank 0 writes DCP's ``.metadata`` from every rank's report: the tensors' global sizes, each
+  rank's chunk, where its bytes are; a stock ``dcp.load`` (``FileSystemReader``) reads the
+  checkpoint as if ``dcp.save`` had written it, into any sharding.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import pickle
+import struct
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
+                                                   TensorProperties, TensorStorageMetadata)
+
+from . import persist, storage
+from .errors import CheckpointCorrupt
+from .layout import as_bytes
+from .state import is_dtensor
+from .storage import Root
+
+METADATA = ".metadata"
+LOCAL_HEADER = b"PK\x03\x04"
+CENTRAL_HEADER = b"PK\x01\x02"
+#: A write of ``torch.save`` at least this long is the tensor's data: the template keeps its place only.
+_DATA_WRITE = 1 << 12
+#: Templates up to this size are checked by loading one back with a known pattern when they are made.
+_CHECKED = 1 << 20
+
+
+def data_file(rank: int) -> str:
+    """The data file of ``rank`` (the name ``FileSystemWriter`` gives a rank's first file)."""
+    return f"__{rank}_0.distcp"
+
+
+class _Recorder:
+    """A write-only stream for ``torch.save`` that keeps its small writes and only the place of a large
+    one (the data: a template never holds a tensor's bytes)."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+        self.parts: list[tuple[int, bytes | int]] = []
+
+    def write(self, b: Any) -> int:
+        n = memoryview(b).nbytes
+        self.parts.append((self.pos, n if n >= _DATA_WRITE else bytes(b)))
+        self.pos += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class SaveTemplate:
+    """``torch.save``'s archive of one tensor of some dtype and shape, but for its data: the bytes
+    before and after the data entry and where the entry's CRC-32 sits in each."""
+
+    head: bytes
+    tail: bytes
+    nbytes: int
+    head_crc: int
+    tail_crc: int
+
+    @property
+    def length(self) -> int:
+        return len(self.head) + self.nbytes + len(self.tail)
+
+    def parts(self, data: memoryview) -> tuple[bytes, memoryview, bytes]:
+        """The archive of a tensor whose bytes are ``data``, as three buffers."""
+        if data.nbytes != self.nbytes:
+            raise ValueError(f"{data.nbytes} bytes for a template of {self.nbytes}")
+        crc = struct.pack("<I", zlib.crc32(data) & 0xFFFFFFFF)
+        return (self.head[: self.head_crc] + crc + self.head[self.head_crc + 4 :], data,
+                self.tail[: self.tail_crc] + crc + self.tail[self.tail_crc + 4 :])
+
+
+def _image(parts: list[tuple[int, bytes | int]], start: int, end: int) -> bytes:
+    """The recorded bytes in [start, end) (none of them a large write)."""
+    out = bytearray()
+    for pos, b in parts:
+        if start <= pos < end:
+            if isinstance(b, int):
+                raise CheckpointCorrupt("torch.save wrote an archive this writer cannot read")
+            out += b
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def save_template(dtype: torch.dtype, shape: tuple[int, ...]) -> SaveTemplate:
+    """The :class:`SaveTemplate` of tensors of ``dtype`` and ``shape`` (made with ``torch.save`` of an
+    uninitialised one, whose pages a large tensor never touches)."""
+    t = torch.empty(shape, dtype=dtype)
+    nbytes = t.numel() * t.element_size()
+    rec = _Recorder()
+    torch.save(t, rec)
+    data_at = next((pos for pos, b in rec.parts if isinstance(b, int) and b == nbytes), None)
+    if data_at is None:  # small: the data is one of the kept writes; the local header says where
+        whole = _image(rec.parts, 0, rec.pos)
+        data_at = _data_offset(whole)
+    head, tail = _image(rec.parts, 0, data_at), _image(rec.parts, data_at + nbytes, rec.pos)
+    if len(head) != data_at or len(head) + nbytes + len(tail) != rec.pos:
+        raise CheckpointCorrupt("torch.save wrote the tensor's data in pieces; this writer needs it whole")
+    local = head.rfind(LOCAL_HEADER)  # the data entry's local header: the last one before the data
+    name_len = struct.unpack_from("<H", head, local + 26)[0] if local >= 0 else 0
+    name = head[local + 30 : local + 30 + name_len]
+    central = tail.find(CENTRAL_HEADER)
+    while central >= 0:  # the same entry in the central directory, after the data
+        n = struct.unpack_from("<H", tail, central + 28)[0]
+        if tail[central + 46 : central + 46 + n] == name:
+            break
+        central = tail.find(CENTRAL_HEADER, central + 4)
+    if local < 0 or central < 0 or not name.endswith(b"/data/0"):
+        raise CheckpointCorrupt(f"torch.save's archive of a {dtype} tensor has no data entry this writer knows")
+    template = SaveTemplate(head=head, tail=tail, nbytes=nbytes, head_crc=local + 14, tail_crc=central + 16)
+    if nbytes <= _CHECKED:
+        _check(template, dtype, shape)
+    return template
+
+
+def _data_offset(archive: bytes) -> int:
+    """Where the data entry's bytes start in a whole archive (after its local header, name, extra)."""
+    at = 0
+    while (at := archive.find(LOCAL_HEADER, at)) >= 0:
+        name_len, extra_len = struct.unpack_from("<HH", archive, at + 26)
+        if archive[at + 30 : at + 30 + name_len].endswith(b"/data/0"):
+            return at + 30 + name_len + extra_len
+        at += 4
+    raise CheckpointCorrupt("torch.save's archive has no data entry this writer knows")
+
+
+def _check(template: SaveTemplate, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """Load a patched archive back: it must be a tensor of ``dtype`` and ``shape`` holding the bytes put in."""
+    pattern = bytes((7 * i + 3) & 0x7F for i in range(template.nbytes))  # no NaN patterns matter: bytes compared
+    loaded = torch.load(io.BytesIO(b"".join(template.parts(memoryview(pattern)))), weights_only=True)
+    if loaded.dtype != dtype or tuple(loaded.shape) != shape or bytes(tensor_bytes(loaded)) != pattern:
+        raise CheckpointCorrupt(f"a patched torch.save archive of a {dtype} tensor did not load back as written")
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of CPU tensor ``t`` in row-major order (a view when it is contiguous)."""
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return memoryview(as_bytes(t).numpy()).cast("B") if t.numel() else memoryview(b"")
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """One tensor chunk a rank wrote: its DCP key, the whole tensor's dtype and size, the chunk's
+    offsets and sizes in it, and where its record is in which file."""
+
+    key: str
+    dtype: str
+    size: tuple[int, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    file: str
+    offset: int
+    length: int
+
+
+def chunk_of(t: Any) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
+    """A state-dict value as (its local tensor, the whole tensor's size, the local chunk's offsets):
+    a DTensor's shard where its placement puts it, a plain tensor as the whole."""
+    if is_dtensor(t):
+        chunks = t.__create_chunk_list__()
+        if len(chunks) != 1:
+            raise CheckpointCorrupt(f"a DTensor with {len(chunks)} local chunks; this writer takes one")
+        return t.to_local(), tuple(t.shape), tuple(chunks[0].offsets)
+    return t, tuple(t.shape), (0,) * t.dim()
+
+
+def write_rank(root: Root, step: int, rank: int, state_dict: Mapping[str, Any]) -> list[Written]:
+    """Write ``rank``'s tensors of ``state_dict`` (DCP keys -> tensors or DTensors) into its data file
+    of checkpoint ``step``, durably; what it wrote, for :func:`write_metadata`."""
+    name = data_file(rank)
+    parts: list[bytes | memoryview] = []
+    written = []
+    pos = 0
+    for key, value in state_dict.items():
+        local, size, offsets = chunk_of(value)
+        template = save_template(local.dtype, tuple(local.shape))
+        parts.extend(template.parts(tensor_bytes(local)))
+        written.append(Written(key=key, dtype=str(local.dtype).removeprefix("torch."), size=size, offsets=offsets,
+                               sizes=tuple(local.shape), file=name, offset=pos, length=template.length))
+        pos += template.length
+    st = storage.at(root)
+    st.makedirs(persist.step_name(step))
+    st.write_parts(f"{persist.step_name(step)}/{name}", parts)
+    return written
+
+
+def metadata(reports: Iterable[Sequence[Written]], checkpoint_id: str) -> Metadata:
+    """DCP's metadata of a checkpoint whose ranks wrote ``reports``. A chunk two ranks both wrote (a
+    replicated tensor) is kept once, as DCP's planner keeps it; ranks that disagree on a tensor's
+    dtype or size are refused."""
+    tensors: dict[str, TensorStorageMetadata] = {}
+    where: dict[MetadataIndex, _StorageInfo] = {}
+    for report in reports:
+        for w in report:
+            dtype = getattr(torch, w.dtype)
+            md = tensors.get(w.key)
+            if md is None:
+                md = tensors[w.key] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(w.size), [])
+            elif md.properties.dtype != dtype or tuple(md.size) != tuple(w.size):
+                raise CheckpointCorrupt(f"{w.key}: ranks wrote {md.properties.dtype} {tuple(md.size)} and "
+                                        f"{dtype} {tuple(w.size)}")
+            offsets = torch.Size(w.offsets)
+            if any(tuple(c.offsets) == tuple(offsets) for c in md.chunks):
+                continue
+            index = MetadataIndex(w.key, offsets, len(md.chunks))
+            md.chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=torch.Size(w.sizes)))
+            where[index] = _StorageInfo(w.file, w.offset, w.length)
+    return Metadata(state_dict_metadata=dict(tensors), planner_data={k: (k,) for k in tensors}, storage_data=where,
+                    storage_meta=StorageMeta(checkpoint_id=checkpoint_id, save_id=uuid.uuid4().hex),
+                    version=CURRENT_DCP_VERSION)
+
+
+def write_metadata(root: Root, step: int, reports: Iterable[Sequence[Written]]) -> None:
+    """Rank 0: write DCP's ``.metadata`` of checkpoint ``step`` from every rank's report, durably."""
+    st = storage.at(root)
+    rel = f"{persist.step_name(step)}/{METADATA}"
+    st.write(rel, pickle.dumps(metadata(reports, str(st.location(persist.step_name(step))))))
