@@ -11,7 +11,9 @@ What a rank contributes to the DCP state dict, keyed the way
                                   keyed by its parameter's name instead of its index;
 ``stage<S>/<component>.<path>``   what has no such name, and any name two pipeline stages both use
                                   (the stages' modules named alike, not after the whole model: the
-                                  stage key keeps them apart; a ``checkpoint_keys`` event says which);
+                                  stage key keeps them apart; a ``checkpoint_keys`` event says which;
+                                  the direct writer, :mod:`baft.dcpwrite`, puts ``stage<S>/`` before
+                                  the shared name itself);
 ``stage<S>.shard<K>/...``         a plain buffer of a rank that holds piece K of a sharded stage (its
                                   own copy: BatchNorm statistics of its part of the batch);
 ``rank<R>/meta``                  a uint8 tensor holding ``torch.save`` of the rest
@@ -95,10 +97,20 @@ def shared_by_stages(keys: list[str], stage_key: str, process_group: Any = None)
     return {k for k in mine if len(stages_of[k]) > 1}
 
 
+def announce_stage_keys(shared: set[str]) -> None:
+    """Journal that ``shared`` (keys two stages both wrote) went under their stages' keys."""
+    events.emit("checkpoint_keys", stage_keyed=len(shared), example=min(shared),
+                why="another pipeline stage's module has a tensor of the same name; name stage modules "
+                    "after the whole model for keys that reshard across stage counts")
+
+
 def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: set[int] | None = None, *,
                   shard_key: str | None = None, placements: dict[str, Placement] | None = None,
-                  param_names: Mapping[int, str] | None = None, process_group: Any = None) -> dict[str, torch.Tensor]:
-    """The DCP state dict of one rank (collective over ``process_group``: :func:`shared_by_stages`).
+                  param_names: Mapping[int, str] | None = None, process_group: Any = None,
+                  exchange_keys: bool = True) -> dict[str, torch.Tensor]:
+    """The DCP state dict of one rank (collective over ``process_group``: :func:`shared_by_stages`;
+    without ``exchange_keys`` not, and keys two stages share are left to the metadata's writer,
+    :func:`baft.dcpwrite.stage_keyed`).
     ``owned``: indices of the bulk tensors this rank writes (data-parallel replicas split them);
     None: all. ``placements`` (:meth:`TrainState.placements`): local shards in ``components`` that are
     DTensors' are written as those DTensors. ``param_names`` (:meth:`TrainState.param_names`): the
@@ -108,15 +120,14 @@ def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: 
         tensors = [(name, p.wrap(t) if (p := placement_for(placements, name, tuple(t.shape), local=True)) else t)
                    for name, t in tensors]
     names = dcp_keys(tensors, stage_key, shard_key, param_names)
-    if shared := shared_by_stages(names, stage_key, process_group):
+    if exchange_keys and (shared := shared_by_stages(names, stage_key, process_group)):
         names = [f"{stage_key}/{tensors[i][0]}" if k in shared else k for i, k in enumerate(names)]
-        events.emit("checkpoint_keys", stage_keyed=len(shared), example=min(shared),
-                    why="another pipeline stage's module has a tensor of the same name; name stage modules "
-                        "after the whole model for keys that reshard across stage counts")
+        announce_stage_keys(shared)
     sd: dict[str, torch.Tensor] = {
         names[i]: t for i, (_, t) in enumerate(tensors) if owned is None or i in owned
     }
-    blob = persist.serialize({"skeleton": skeleton, "names": names, "paths": [name for name, _ in tensors]})
+    blob = persist.serialize({"skeleton": skeleton, "names": names, "paths": [name for name, _ in tensors],
+                              "stage_key": stage_key})
     sd[meta_key(rank)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
     return sd
 
@@ -181,8 +192,9 @@ def load(root: Root, step: int, rank: int, process_group: Any = None, *,
     blob = {key: torch.empty(tuple(md[key].size), dtype=md[key].properties.dtype)}
     dcp.load(blob, storage_reader=reader(root, step), process_group=process_group)
     meta = persist.deserialize(blob[key].numpy().tobytes())
-    names: list[str] = meta["names"]
-    paths: list[str] = meta.get("paths") or [n.split("/", 1)[1] for n in names]  # before FQN keys: all prefixed
+    paths: list[str] = meta.get("paths") or [n.split("/", 1)[1] for n in meta["names"]]  # before FQN keys: prefixed
+    # a name another stage also wrote is under this stage's key (baft.dcpwrite.stage_keyed)
+    names = [n if n in md or "stage_key" not in meta else f"{meta['stage_key']}/{n}" for n in meta["names"]]
     template: dict[str, Any] = {}
     for name, path in zip(names, paths):
         item = md.get(name)

@@ -12,18 +12,21 @@ writes is the same every time but for the tensors' values, so this writer does t
   and central headers (:class:`SaveTemplate`, made once per dtype and shape, checked by loading
   it back when made);
 * a rank writes its file with one buffered ``writelines`` straight from its tensors (views of the
-  sealed shared-memory slot: no second copy), then reports what it wrote (:class:`Written`);
-* rank 0 writes DCP's ``.metadata`` from every rank's report: the tensors' global sizes, each
-  rank's chunk, where its bytes are; a stock ``dcp.load`` (``FileSystemReader``) reads the
+  sealed shared-memory slot: no second copy), then reports what it wrote (:class:`RankReport`:
+  the chunks, the file's size and checksum), in the one exchange of a persist;
+* rank 0 writes DCP's ``.metadata`` from every rank's report (the tensors' global sizes, each
+  rank's chunk, where its bytes are; keys two stages both wrote go under each stage's key) and
+  commits without reading anything back; a stock ``dcp.load`` (``FileSystemReader``) reads the
   checkpoint as if ``dcp.save`` had written it, into any sharding.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import hashlib
 import io
 import pickle
 import struct
-import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,12 +34,11 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
-from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
                                                    TensorProperties, TensorStorageMetadata)
 
 from . import persist, storage
 from .errors import CheckpointCorrupt
-from .layout import as_bytes
 from .state import is_dtensor
 from .storage import Root
 
@@ -159,26 +161,46 @@ def _check(template: SaveTemplate, dtype: torch.dtype, shape: tuple[int, ...]) -
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The bytes of CPU tensor ``t`` in row-major order (a view when it is contiguous)."""
+    """The bytes of tensor ``t`` in row-major order: a view of its memory when it is a contiguous CPU
+    tensor (the view keeps it alive), else of a contiguous CPU copy."""
     t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
-    return memoryview(as_bytes(t).numpy()).cast("B") if t.numel() else memoryview(b"")
+    n = t.numel() * t.element_size()
+    if not n:
+        return memoryview(b"")
+    memory = (ctypes.c_char * n).from_address(t.data_ptr())
+    memory.owner = t  # type: ignore[attr-defined]  # the tensor lives as long as a view of its bytes
+    return memoryview(memory).cast("B")
 
 
 @dataclass(frozen=True, slots=True)
 class Written:
     """One tensor chunk a rank wrote: its DCP key, the whole tensor's dtype and size, the chunk's
-    offsets and sizes in it, and where its record is in which file."""
+    offsets and sizes in it, and where its record is in the rank's file."""
 
     key: str
     dtype: str
     size: tuple[int, ...]
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
-    file: str
     offset: int
     length: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    """What one rank wrote into checkpoint ``step``: its stage's key, its file (name, size, blake2b
+    checksum, the file durable) and the chunks in it."""
+
+    rank: int
+    stage: str
+    file: str
+    size: int
+    checksum: str
+    items: tuple[Written, ...]
 
 
 def chunk_of(t: Any) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
@@ -192,54 +214,83 @@ def chunk_of(t: Any) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
     return t, tuple(t.shape), (0,) * t.dim()
 
 
-def write_rank(root: Root, step: int, rank: int, state_dict: Mapping[str, Any]) -> list[Written]:
-    """Write ``rank``'s tensors of ``state_dict`` (DCP keys -> tensors or DTensors) into its data file
-    of checkpoint ``step``, durably; what it wrote, for :func:`write_metadata`."""
+def write_rank(root: Root, step: int, rank: int, stage: str, state_dict: Mapping[str, Any]) -> RankReport:
+    """Write ``rank``'s tensors of ``state_dict`` (DCP keys -> tensors or DTensors; ``stage``: the key of
+    its pipeline stage) into its data file of checkpoint ``step``, durably (the directory entry is made
+    durable by the commit, :func:`commit`); what it wrote."""
     name = data_file(rank)
     parts: list[bytes | memoryview] = []
-    written = []
+    items = []
     pos = 0
     for key, value in state_dict.items():
         local, size, offsets = chunk_of(value)
         template = save_template(local.dtype, tuple(local.shape))
         parts.extend(template.parts(tensor_bytes(local)))
-        written.append(Written(key=key, dtype=str(local.dtype).removeprefix("torch."), size=size, offsets=offsets,
-                               sizes=tuple(local.shape), file=name, offset=pos, length=template.length))
+        items.append(Written(key=key, dtype=str(local.dtype).removeprefix("torch."), size=size, offsets=offsets,
+                             sizes=tuple(local.shape), offset=pos, length=template.length))
         pos += template.length
-    st = storage.at(root)
-    st.makedirs(persist.step_name(step))
-    st.write_parts(f"{persist.step_name(step)}/{name}", parts)
-    return written
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(part)
+    storage.at(root).write_parts(f"{persist.step_name(step)}/{name}", parts, sync_dir=False)
+    return RankReport(rank=rank, stage=stage, file=name, size=pos, checksum=digest.hexdigest(), items=tuple(items))
 
 
-def metadata(reports: Iterable[Sequence[Written]], checkpoint_id: str) -> Metadata:
+def stage_keyed(reports: Iterable[RankReport]) -> set[str]:
+    """The keys that ranks of more than one pipeline stage wrote (their stages' modules name tensors
+    alike): each stage's go under ``<stage>/<key>`` instead, or DCP would keep one stage's. A loader
+    that finds no ``key`` looks for its stage's (:func:`baft.dcpformat.load`)."""
+    stages: dict[str, set[str]] = {}
+    for r in reports:
+        for w in r.items:
+            if "/" not in w.key:
+                stages.setdefault(w.key, set()).add(r.stage)
+    return {k for k, s in stages.items() if len(s) > 1}
+
+
+def metadata(reports: Sequence[RankReport]) -> Metadata:
     """DCP's metadata of a checkpoint whose ranks wrote ``reports``. A chunk two ranks both wrote (a
     replicated tensor) is kept once, as DCP's planner keeps it; ranks that disagree on a tensor's
-    dtype or size are refused."""
+    dtype or size are refused. Without ``storage_meta`` (``dcp.save``'s ids of one save, which a load
+    does not need): the metadata of one layout is the same for every step."""
+    shared = stage_keyed(reports)
     tensors: dict[str, TensorStorageMetadata] = {}
     where: dict[MetadataIndex, _StorageInfo] = {}
-    for report in reports:
-        for w in report:
+    for r in reports:
+        for w in r.items:
+            key = f"{r.stage}/{w.key}" if w.key in shared else w.key
             dtype = getattr(torch, w.dtype)
-            md = tensors.get(w.key)
+            md = tensors.get(key)
             if md is None:
-                md = tensors[w.key] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(w.size), [])
+                md = tensors[key] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(w.size), [])
             elif md.properties.dtype != dtype or tuple(md.size) != tuple(w.size):
-                raise CheckpointCorrupt(f"{w.key}: ranks wrote {md.properties.dtype} {tuple(md.size)} and "
+                raise CheckpointCorrupt(f"{key}: ranks wrote {md.properties.dtype} {tuple(md.size)} and "
                                         f"{dtype} {tuple(w.size)}")
-            offsets = torch.Size(w.offsets)
-            if any(tuple(c.offsets) == tuple(offsets) for c in md.chunks):
+            if any(tuple(c.offsets) == w.offsets for c in md.chunks):
                 continue
-            index = MetadataIndex(w.key, offsets, len(md.chunks))
+            offsets = torch.Size(w.offsets)
+            where[MetadataIndex(key, offsets, len(md.chunks))] = _StorageInfo(r.file, w.offset, w.length)
             md.chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=torch.Size(w.sizes)))
-            where[index] = _StorageInfo(w.file, w.offset, w.length)
-    return Metadata(state_dict_metadata=dict(tensors), planner_data={k: (k,) for k in tensors}, storage_data=where,
-                    storage_meta=StorageMeta(checkpoint_id=checkpoint_id, save_id=uuid.uuid4().hex),
+    return Metadata(state_dict_metadata=tensors, planner_data={k: (k,) for k in tensors}, storage_data=where,
                     version=CURRENT_DCP_VERSION)
 
 
-def write_metadata(root: Root, step: int, reports: Iterable[Sequence[Written]]) -> None:
-    """Rank 0: write DCP's ``.metadata`` of checkpoint ``step`` from every rank's report, durably."""
+@functools.lru_cache(maxsize=2)
+def _metadata_blob(layout: tuple[tuple[int, str, str, tuple[Written, ...]], ...]) -> bytes:
+    """The pickled :func:`metadata` of reports laid out so (the same from one persist to the next while
+    the state's layout stays: made and pickled once, ~5 ms of Python for 100 tensors)."""
+    return pickle.dumps(metadata([RankReport(rank, stage, file, 0, "", items) for rank, stage, file, items in layout]))
+
+
+def commit(root: Root, step: int, reports: Sequence[RankReport], extra: dict[str, Any] | None = None) -> set[str]:
+    """Rank 0, once every rank's file is durable: write DCP's ``.metadata`` from ``reports``, then commit
+    the checkpoint (:func:`baft.persist.commit_files`: the files at their sizes, manifest, ``latest``).
+    Returns the keys written under their stage's (:func:`stage_keyed`)."""
     st = storage.at(root)
-    rel = f"{persist.step_name(step)}/{METADATA}"
-    st.write(rel, pickle.dumps(metadata(reports, str(st.location(persist.step_name(step))))))
+    d = persist.step_name(step)
+    blob = _metadata_blob(tuple((r.rank, r.stage, r.file, r.items) for r in reports))
+    st.write_parts(f"{d}/{METADATA}", (blob,), sync_dir=False)
+    files = {r.file: (r.size, r.checksum) for r in reports}
+    files[METADATA] = (len(blob), persist.checksum(blob))
+    persist.commit_files(root, step, len(reports), files, extra)
+    return stage_keyed(reports)

@@ -183,6 +183,29 @@ def commit_directory(root: Root, step: int, world_size: int, extra: dict[str, An
     _publish(st, step, {"step": step, "world_size": world_size, "files": files, **(extra or {})})
 
 
+def commit_files(root: Root, step: int, world_size: int, files: Mapping[str, tuple[int, str]],
+                 extra: dict[str, Any] | None = None) -> None:
+    """Commit a checkpoint directory whose writers made each of ``files`` durable and report its
+    size and checksum (name -> (size, blake2b)): check each is there at that size (on storage that
+    cannot be fsynced, read back and checksummed), make the directory's entries durable, write the
+    manifest, then move ``latest``. A missing or short file raises :class:`CheckpointCorrupt` and
+    nothing is committed."""
+    st = storage.at(root)
+    d = step_name(step)
+    for name, (size, digest) in files.items():
+        rel = f"{d}/{name}"
+        try:
+            found = st.size(rel)
+        except FileNotFoundError as e:
+            raise CheckpointCorrupt(f"{st.location(rel)}: missing at commit; step {step} not committed") from e
+        if found != size or (st.read_back and file_checksum(st, rel) != (size, digest)):
+            raise CheckpointCorrupt(f"{st.location(rel)}: {found} bytes at commit, its writer wrote {size}")
+    # no fsync of the directory here: the manifest's own write into it makes the writers' renames durable
+    _publish(st, step, {"step": step, "world_size": world_size,
+                        "files": {n: {"size": size, "checksum": digest} for n, (size, digest) in files.items()},
+                        **(extra or {})})
+
+
 def verify_directory(root: Root, step: int) -> None:
     """Raise :class:`CheckpointCorrupt` unless every file the manifest lists matches it."""
     st = storage.at(root)

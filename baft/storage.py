@@ -86,8 +86,9 @@ class Storage:
         """Write all of ``data`` to ``rel``, durably, creating parent directories."""
         raise NotImplementedError
 
-    def write_parts(self, rel: str, parts: Sequence[bytes | memoryview]) -> None:
-        """:meth:`write` of the concatenation of ``parts`` (here joined first)."""
+    def write_parts(self, rel: str, parts: Sequence[bytes | memoryview], sync_dir: bool = True) -> None:
+        """:meth:`write` of the concatenation of ``parts`` (here joined first). Without ``sync_dir`` the
+        caller makes the directory entry durable later (a later write into the same directory does)."""
         self.write(rel, b"".join(parts))
 
     def read(self, rel: str) -> bytes:
@@ -137,7 +138,7 @@ class LocalStorage(Storage):
     def write(self, rel: str, data: bytes | memoryview) -> None:
         self.write_parts(rel, (data,))
 
-    def write_parts(self, rel: str, parts: Sequence[bytes | memoryview]) -> None:
+    def write_parts(self, rel: str, parts: Sequence[bytes | memoryview], sync_dir: bool = True) -> None:
         """Straight from ``parts`` (no joined copy): to a temporary name, fsynced, renamed into place."""
         path = self.location(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +152,8 @@ class LocalStorage(Storage):
         except BaseException:
             tmp.unlink(missing_ok=True)  # a partial temp file would hold space the next attempt needs
             raise
-        _fsync(path.parent)
+        if sync_dir:
+            _fsync(path.parent)
 
     def read(self, rel: str) -> bytes:
         return self.location(rel).read_bytes()

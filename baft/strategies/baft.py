@@ -150,7 +150,8 @@ class BaftStrategy(Strategy):
                     snap.sealed_version(version, copy=not direct) as comps:
                 sd = dcpformat.to_state_dict(comps, rank, self.stage_key, snap.owned_tensors(),
                                              shard_key=self.shard_key, placements=snap.placements,
-                                             param_names=snap.param_names, process_group=self.group)
+                                             param_names=snap.param_names, process_group=self.group,
+                                             exchange_keys=not direct)
                 if direct:
                     written = self._write_direct(version, rank, sd)
         finally:
@@ -169,9 +170,11 @@ class BaftStrategy(Strategy):
                 return
 
         def commit() -> None:
-            if direct:
-                dcpwrite.write_metadata(self.root, version, reports)
-            dcpformat.commit(self.root, version, world, {"format": "dcp", "strategy": "baft"})
+            extra = {"format": "dcp", "strategy": "baft"}
+            if not direct:
+                dcpformat.commit(self.root, version, world, extra)
+            elif shared := dcpwrite.commit(self.root, version, reports, extra):
+                dcpformat.announce_stage_keys(shared)
             persist.prune(self.root, self.config.keep)
 
         # the persister threads of all ranks run the same saves in the same order on self.group
@@ -182,10 +185,10 @@ class BaftStrategy(Strategy):
                     bytes=sum(local_view(t).numel() * t.element_size() for t in sd.values()),
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))
 
-    def _write_direct(self, version: int, rank: int, sd: dict[str, Any]) -> list[dcpwrite.Written] | str:
+    def _write_direct(self, version: int, rank: int, sd: dict[str, Any]) -> dcpwrite.RankReport | str:
         """This rank's file of ``version`` (:func:`dcpwrite.write_rank`), or why it could not be written."""
         try:
-            return dcpwrite.write_rank(self.root, version, rank, sd)
+            return dcpwrite.write_rank(self.root, version, rank, self.stage_key, sd)
         except WRITE_ERRORS as e:
             return f"rank {rank}: {type(e).__name__}: {e}"
 

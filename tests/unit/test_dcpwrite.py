@@ -66,8 +66,10 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 
 def test_stock_dcp_reads_what_it_would_have_written_and_the_metadata_is_dcps(tmp_path: Path) -> None:
     sd = _state(1)
-    written = dcpwrite.write_rank(tmp_path / "ours", 7, 0, sd)
-    dcpwrite.write_metadata(tmp_path / "ours", 7, [written])
+    report = dcpwrite.write_rank(tmp_path / "ours", 7, 0, "stage0", sd)
+    assert dcpwrite.commit(tmp_path / "ours", 7, [report]) == set()
+    assert persist.latest(tmp_path / "ours") == 7
+    persist.verify_directory(tmp_path / "ours", 7)  # the manifest's checksums are the files' as stored
     ours = persist.step_dir(tmp_path / "ours", 7)
     out = {k: torch.empty_like(v) for k, v in sd.items()}
     dcp.load(out, storage_reader=FileSystemReader(str(ours)), no_dist=True)
@@ -89,9 +91,10 @@ def test_chunks_of_two_ranks_make_one_tensor_and_a_replicated_chunk_is_kept_once
     full = torch.arange(24, dtype=torch.float32).reshape(6, 4)
     reports = []
     for rank in range(2):  # each rank its half of the rows of model.w (as a DTensor shard reports it), model.b whole
-        written = dcpwrite.write_rank(tmp_path, 2, rank, {"model.w": full[3 * rank : 3 * rank + 3], "model.b": torch.ones(4)})
-        reports.append([replace(w, size=(6, 4), offsets=(3 * rank, 0)) if w.key == "model.w" else w for w in written])
-    dcpwrite.write_metadata(tmp_path, 2, reports)
+        r = dcpwrite.write_rank(tmp_path, 2, rank, "stage0", {"model.w": full[3 * rank : 3 * rank + 3], "model.b": torch.ones(4)})
+        items = tuple(replace(w, size=(6, 4), offsets=(3 * rank, 0)) if w.key == "model.w" else w for w in r.items)
+        reports.append(replace(r, items=items))
+    dcpwrite.commit(tmp_path, 2, reports)
     md = FileSystemReader(str(persist.step_dir(tmp_path, 2))).read_metadata()
     assert len(md.state_dict_metadata["model.w"].chunks) == 2 and len(md.state_dict_metadata["model.b"].chunks) == 1
     out = {"model.w": torch.empty(6, 4), "model.b": torch.empty(4)}
@@ -99,16 +102,38 @@ def test_chunks_of_two_ranks_make_one_tensor_and_a_replicated_chunk_is_kept_once
     assert torch.equal(out["model.w"], full) and torch.equal(out["model.b"], torch.ones(4))
 
 
-def test_ranks_that_disagree_on_a_tensor_are_refused(tmp_path: Path) -> None:
-    a = dcpwrite.write_rank(tmp_path, 1, 0, {"model.w": torch.zeros(2, 2)})
-    b = dcpwrite.write_rank(tmp_path, 1, 1, {"model.w": torch.zeros(2, 2, dtype=torch.float64)})
+def test_a_name_two_stages_both_wrote_goes_under_each_stages_key(tmp_path: Path) -> None:
+    a = dcpwrite.write_rank(tmp_path, 1, 0, "stage0", {"model.weight": torch.zeros(2), "model.only0": torch.ones(1)})
+    b = dcpwrite.write_rank(tmp_path, 1, 1, "stage1", {"model.weight": torch.ones(2)})
+    assert dcpwrite.commit(tmp_path, 1, [a, b]) == {"model.weight"}
+    md = FileSystemReader(str(persist.step_dir(tmp_path, 1))).read_metadata().state_dict_metadata
+    assert set(md) == {"stage0/model.weight", "stage1/model.weight", "model.only0"}
+
+
+def test_ranks_that_disagree_on_a_tensor_are_refused_and_nothing_is_committed(tmp_path: Path) -> None:
+    a = dcpwrite.write_rank(tmp_path, 1, 0, "stage0", {"model.w": torch.zeros(2, 2)})
+    b = dcpwrite.write_rank(tmp_path, 1, 1, "stage0", {"model.w": torch.zeros(2, 2, dtype=torch.float64)})
     with pytest.raises(CheckpointCorrupt, match="model.w: ranks wrote"):
-        dcpwrite.metadata([a, b], "x")
+        dcpwrite.commit(tmp_path, 1, [a, b])
+    assert persist.latest(tmp_path) is None
+
+
+def test_a_missing_or_short_file_at_commit_commits_nothing(tmp_path: Path) -> None:
+    a = dcpwrite.write_rank(tmp_path, 4, 0, "stage0", {"model.w": torch.ones(10)})
+    b = dcpwrite.write_rank(tmp_path, 4, 1, "stage1", {"model.v": torch.ones(10)})
+    data = Path(persist.step_dir(tmp_path, 4)) / dcpwrite.data_file(1)
+    data.write_bytes(data.read_bytes()[:-1])  # what a lost write would leave
+    with pytest.raises(CheckpointCorrupt, match="its writer wrote"):
+        dcpwrite.commit(tmp_path, 4, [a, b])
+    data.unlink()
+    with pytest.raises(CheckpointCorrupt, match="missing at commit"):
+        dcpwrite.commit(tmp_path, 4, [a, b])
+    assert persist.latest(tmp_path) is None
 
 
 def test_the_data_file_is_committed_whole_or_not_at_all(tmp_path: Path) -> None:
     """write_rank writes under a temporary name and renames: no partial data file under the real name."""
-    written = dcpwrite.write_rank(tmp_path, 3, 5, {"model.w": torch.ones(10)})
+    report = dcpwrite.write_rank(tmp_path, 3, 5, "stage0", {"model.w": torch.ones(10)})
     d = Path(persist.step_dir(tmp_path, 3))
     assert sorted(p.name for p in d.iterdir()) == [dcpwrite.data_file(5)]
-    assert (d / dcpwrite.data_file(5)).stat().st_size == written[-1].offset + written[-1].length
+    assert (d / dcpwrite.data_file(5)).stat().st_size == report.size == report.items[-1].offset + report.items[-1].length
