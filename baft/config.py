@@ -42,11 +42,13 @@ class CheckpointConfig:
     """``baft``, ``checkfreq``: how much lower than training's the CPU priority of the thread that persists
     in the background is (a nice increment, 0-19): with a higher one it runs mostly on CPU that training
     leaves idle, and a persist takes longer."""
-    persist_writer: Literal["direct", "dcp"] = "direct"
-    """``baft``: how the persister writes the DCP checkpoint. ``direct``: each rank writes its file straight
-    from the sealed shared-memory slot and rank 0 writes DCP's metadata from what every rank wrote (one
-    exchange; :mod:`baft.dcpwrite`). ``dcp``: ``dcp.save`` of a private copy, as before (for comparison).
-    Stock ``dcp.load`` reads either."""
+    persist_writer: Literal["process", "thread", "dcp"] = "process"
+    """``baft``: how the persister writes the DCP checkpoint. ``process``: each rank's file straight from
+    its sealed shared-memory slot, by a writer process of the rank's own (stdlib only, at the
+    ``persist_nice`` priority: off the training process's interpreter lock; :mod:`baft.writerproc`),
+    and rank 0 writes DCP's metadata from what every rank wrote (one exchange; :mod:`baft.dcpwrite`);
+    on an fsspec ``dir`` as ``thread``. ``thread``: the same, written by the persister thread.
+    ``dcp``: ``dcp.save`` of a private copy (for comparison). Stock ``dcp.load`` reads each."""
     dcp_async: Literal["thread", "process"] = "thread"
     """``async-dcp``: where DCP writes in the background: a thread of the training process, or a
     checkpoint process of DCP's own per rank (``AsyncCheckpointerType.PROCESS``; it is spawned, so the
@@ -89,8 +91,8 @@ class CheckpointConfig:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
         if not isinstance(self.persist_nice, int) or not 0 <= self.persist_nice <= 19:
             raise BaftConfigError("persist_nice", "an integer from 0 to 19", self.persist_nice)
-        if self.persist_writer not in ("direct", "dcp"):
-            raise BaftConfigError("persist_writer", "direct or dcp", self.persist_writer)
+        if self.persist_writer not in ("process", "thread", "dcp"):
+            raise BaftConfigError("persist_writer", "process, thread or dcp", self.persist_writer)
         if self.dcp_async not in ("thread", "process"):
             raise BaftConfigError("dcp_async", "thread or process", self.dcp_async)
         if not isinstance(self.dcp_stager, bool):

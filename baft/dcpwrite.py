@@ -41,6 +41,7 @@ from . import persist, storage
 from .errors import CheckpointCorrupt
 from .state import is_dtensor
 from .storage import Root
+from .writerproc import WriterProcess
 
 METADATA = ".metadata"
 LOCAL_HEADER = b"PK\x03\x04"
@@ -214,26 +215,53 @@ def chunk_of(t: Any) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
     return t, tuple(t.shape), (0,) * t.dim()
 
 
-def write_rank(root: Root, step: int, rank: int, stage: str, state_dict: Mapping[str, Any]) -> RankReport:
+def write_rank(root: Root, step: int, rank: int, stage: str, state_dict: Mapping[str, Any], *,
+               writer: WriterProcess | None = None, slot: Any = None) -> RankReport:
     """Write ``rank``'s tensors of ``state_dict`` (DCP keys -> tensors or DTensors; ``stage``: the key of
     its pipeline stage) into its data file of checkpoint ``step``, durably (the directory entry is made
-    durable by the commit, :func:`commit`); what it wrote."""
+    durable by the commit, :func:`commit`); what it wrote. With ``writer`` (a local ``root``), that
+    process writes the file, reading the tensors that are views of ``slot`` (a mapped
+    :class:`baft.snapshot.Slot`) from its file; else this thread writes it."""
     name = data_file(rank)
-    parts: list[bytes | memoryview] = []
+    rel = f"{persist.step_name(step)}/{name}"
+    st = storage.at(root)
+    records: list[tuple[SaveTemplate, torch.Tensor]] = []
     items = []
     pos = 0
     for key, value in state_dict.items():
         local, size, offsets = chunk_of(value)
         template = save_template(local.dtype, tuple(local.shape))
-        parts.extend(template.parts(tensor_bytes(local)))
+        records.append((template, local))
         items.append(Written(key=key, dtype=str(local.dtype).removeprefix("torch."), size=size, offsets=offsets,
                              sizes=tuple(local.shape), offset=pos, length=template.length))
         pos += template.length
-    digest = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        digest.update(part)
-    storage.at(root).write_parts(f"{persist.step_name(step)}/{name}", parts, sync_dir=False)
-    return RankReport(rank=rank, stage=stage, file=name, size=pos, checksum=digest.hexdigest(), items=tuple(items))
+    if writer is not None and isinstance(st, storage.LocalStorage):
+        st.makedirs(persist.step_name(step))
+        written, checksum = writer.write(str(st.location(rel)), str(slot.path) if slot is not None else "",
+                                         [((t.head, t.tail, t.head_crc, t.tail_crc), _source(local, slot)) for t, local in records])
+    else:
+        parts: list[bytes | memoryview] = []
+        for template, local in records:
+            parts.extend(template.parts(tensor_bytes(local)))
+        digest = hashlib.blake2b(digest_size=16)
+        for part in parts:
+            digest.update(part)
+        st.write_parts(rel, parts, sync_dir=False)
+        written, checksum = pos, digest.hexdigest()
+    if written != pos:
+        raise CheckpointCorrupt(f"{st.location(rel)}: {written} bytes written, {pos} meant")
+    return RankReport(rank=rank, stage=stage, file=name, size=pos, checksum=checksum, items=tuple(items))
+
+
+def _source(t: torch.Tensor, slot: Any) -> tuple[int, int] | bytes:
+    """Where the writer process finds ``t``'s bytes: its range in the slot file when it is a contiguous
+    view of the mapped slot, else the bytes themselves."""
+    n = t.numel() * t.element_size()
+    if slot is not None and t.device.type == "cpu" and t.is_contiguous() and n:
+        offset = t.data_ptr() - slot.bytes.data_ptr()
+        if 0 <= offset and offset + n <= slot.bytes.numel():
+            return offset, n
+    return bytes(tensor_bytes(t))
 
 
 def stage_keyed(reports: Iterable[RankReport]) -> set[str]:

@@ -32,6 +32,7 @@ from .. import dcpformat, dcpwrite, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
 from ..slotfile import slot_of
+from ..writerproc import WriterProcess
 from ..state import local_view
 from ..collective import all_gather, all_min, rank_world
 from .base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
@@ -59,6 +60,9 @@ class BaftStrategy(Strategy):
         persister thread may be inside a collective on :attr:`group` meanwhile)."""
         self._writer = OneInFlight("baft-persist", self.config.persist_nice)
         self._persisted = -1
+        self._files: WriterProcess | None = None
+        """The rank's writer process (``persist_writer: process``), started by the training thread at the
+        first persist (a process started from the persister's thread would die with that thread)."""
 
     @property
     def shm_dir(self) -> Path:
@@ -131,6 +135,8 @@ class BaftStrategy(Strategy):
                         "sealed on every rank")
             return False
         v = max(common)
+        if self.config.persist_writer == "process" and self._files is None:
+            self._files = WriterProcess(self.config.persist_nice)
         snap.pinned.add(slot_of(v))
         self._persisted = v
         self._writer.submit(self._persist, v)
@@ -142,7 +148,7 @@ class BaftStrategy(Strategy):
         t0 = time.perf_counter()
         events.emit("phase", phase="persist", step=version)
         rank, world = rank_world()
-        direct = self.config.persist_writer == "direct"
+        direct = self.config.persist_writer != "dcp"
         try:
             # direct: written from views of the pinned slot (no copy; the slot stays pinned while its
             # bytes go to the file); dcp: dcp.save of a private copy, the slot released right away
@@ -153,7 +159,8 @@ class BaftStrategy(Strategy):
                                              param_names=snap.param_names, process_group=self.group,
                                              exchange_keys=not direct)
                 if direct:
-                    written = self._write_direct(version, rank, sd)
+                    slot = snap.buffer.slot_for(version) if components is None else None
+                    written = self._write_direct(version, rank, sd, slot)
         finally:
             snap.pinned.discard(slot_of(version))
         if direct:
@@ -185,10 +192,11 @@ class BaftStrategy(Strategy):
                     bytes=sum(local_view(t).numel() * t.element_size() for t in sd.values()),
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))
 
-    def _write_direct(self, version: int, rank: int, sd: dict[str, Any]) -> dcpwrite.RankReport | str:
-        """This rank's file of ``version`` (:func:`dcpwrite.write_rank`), or why it could not be written."""
+    def _write_direct(self, version: int, rank: int, sd: dict[str, Any], slot: Any) -> dcpwrite.RankReport | str:
+        """This rank's file of ``version`` (:func:`dcpwrite.write_rank`, by the writer process when there is
+        one, reading the tensors of ``slot`` from its file), or why it could not be written."""
         try:
-            return dcpwrite.write_rank(self.root, version, rank, self.stage_key, sd)
+            return dcpwrite.write_rank(self.root, version, rank, self.stage_key, sd, writer=self._files, slot=slot)
         except WRITE_ERRORS as e:
             return f"rank {rank}: {type(e).__name__}: {e}"
 
@@ -197,12 +205,17 @@ class BaftStrategy(Strategy):
 
     def close(self) -> None:
         """Finish the persist in flight, persist the final state if it is due, release everything."""
-        self._writer.close()
-        step = self.state.step
-        if self.snap is not None and step > self._persisted and self.due(step):
-            # The state after the last step never passes a boundary inside the loop.
-            self._persisted = step
-            self._persist(step, self.state.capture())
-        if self.snap is not None:
-            self.snap.close()
-            self.snap = None
+        try:
+            self._writer.close()
+            step = self.state.step
+            if self.snap is not None and step > self._persisted and self.due(step):
+                # The state after the last step never passes a boundary inside the loop.
+                self._persisted = step
+                self._persist(step, self.state.capture())
+        finally:
+            if self._files is not None:
+                self._files.close()
+                self._files = None
+            if self.snap is not None:
+                self.snap.close()
+                self.snap = None

@@ -94,9 +94,9 @@ class BenchConfig:
     With 2+ nodes the baft arm of the first k replicates through the node stores (bench.json says which)."""
     persist_nice: int = 0
     """``baft`` and ``checkfreq`` alike: the nice increment of their background persisting thread."""
-    persist_writer: Literal["direct", "dcp"] = "direct"
-    """``baft``: its persister writes each rank's DCP file straight from the slot (``direct``) or with
-    ``dcp.save`` of a copy (``dcp``)."""
+    persist_writer: Literal["process", "thread", "dcp"] = "process"
+    """``baft``: each rank's DCP file straight from its slot by a writer process (``process``) or by the
+    persister thread (``thread``), or ``dcp.save`` of a copy (``dcp``)."""
     dcp_async: Literal["thread", "process"] = "thread"
     """``async-dcp``: DCP's background writer, a thread or a checkpoint process per rank."""
     dcp_stager: bool = True
@@ -371,7 +371,8 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
         if a.strategy in ("baft", "checkfreq") and a.tier == "persistent":
             s["persist_nice"] = cfg.persist_nice
         if a.strategy == "baft" and a.tier == "persistent":
-            s["writer"] = {"direct": "each rank's DCP file straight from its slot, metadata by rank 0",
+            s["writer"] = {"process": "each rank's DCP file straight from its slot by a writer process",
+                           "thread": "each rank's DCP file straight from its slot by the persister thread",
                            "dcp": "dcp.save of a copy"}[cfg.persist_writer]
         if a.name == SNAPSHOT_ARMS["async-dcp"]:
             s["staging"] = "DefaultStager, synchronous, cached buffers"

@@ -1,0 +1,171 @@
+"""A writer process per rank: writes a checkpoint's data file from byte ranges of a shared-memory slot.
+
+The direct persister (:mod:`baft.dcpwrite`) spends its time on bytes: the CRC-32 of each tensor's
+archive, the file's checksum, the write and its fsync. In a thread of the training process that
+work shares the interpreter lock with training, which waits for it whenever it wants the lock back
+(every few operations); in a process of its own it shares only the cores, and at a lower priority
+it runs on what training leaves idle (the pipeline bubbles). The training process sends a request
+per file: for each tensor a template (:class:`baft.dcpwrite.SaveTemplate`, sent once) and where its
+bytes are (a range of the slot file, mapped here read-only, or the bytes themselves); this process
+patches the CRCs, writes the file under a temporary name, fsyncs and renames it, and answers with
+the file's size and blake2b checksum, or the error.
+
+This file runs as a script (``python writerproc.py``) and imports only the standard library, so the
+process starts in milliseconds without torch. It reads requests from stdin and answers on stdout,
+each a length-prefixed pickle: the pipe is its parent's alone. At the end of stdin (the parent
+closed it, or died) it exits. :class:`WriterProcess` is the parent's handle.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import mmap
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import zlib
+from typing import Any
+
+_FRAME = struct.Struct("<Q")
+NAME = b"baft-writer"
+
+
+def _send(stream: Any, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_FRAME.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: Any) -> Any:
+    head = stream.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        raise EOFError
+    (n,) = _FRAME.unpack(head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError
+    return pickle.loads(data)
+
+
+class WriterProcess:
+    """The parent's handle of one writer process (started at once; one request at a time)."""
+
+    def __init__(self, nice: int = 0) -> None:
+        """``nice``: how much lower than the parent's the process's CPU priority is (0-19)."""
+        self._proc = subprocess.Popen([sys.executable, "-S", __file__, str(nice)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, close_fds=True)
+        self._ids: dict[tuple[bytes, bytes, int, int], int] = {}  # the templates the process holds, by value
+        self._lock = threading.Lock()
+
+    def write(self, path: str, slot: str, records: list[tuple[tuple[bytes, bytes, int, int], Any]]) -> tuple[int, str]:
+        """Write ``records`` into file ``path`` durably (a temporary name, fsynced, renamed; the directory
+        entry left to the caller) and return its size and blake2b checksum. Each record is (its
+        template's ``(head, tail, head_crc, tail_crc)``, its data: ``(offset, nbytes)`` in the slot file
+        ``slot``, or bytes). Raises :class:`OSError` as the write did, or when the process is gone."""
+        with self._lock:
+            templates, out = {}, []
+            for template, data in records:
+                key = self._ids.get(template, templates.get(template))
+                if key is None:  # not sent before, nor yet in this request
+                    key = templates[template] = len(self._ids) + len(templates)
+                out.append((key, data))
+            try:
+                _send(self._proc.stdin, ("write", path, slot, {k: t for t, k in templates.items()}, out))
+                answer = _receive(self._proc.stdout)
+            except (OSError, EOFError, ValueError) as e:
+                raise OSError(f"the writer process is gone ({e}); its exit status {self._proc.poll()}") from e
+            self._ids.update(templates)
+            if answer[0] == "error":
+                raise OSError(answer[1], answer[2])
+            return answer[1], answer[2]
+
+    def close(self) -> None:
+        """Stop the process: the end of its input, then wait (kill it after 10 s)."""
+        if self._proc.stdin and not self._proc.stdin.closed:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout:
+            self._proc.stdout.close()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+
+# -- the process -------------------------------------------------------------------------------------
+def _patched(template: tuple[bytes, bytes, int, int], data: memoryview) -> tuple[bytes, memoryview, bytes]:
+    head, tail, head_crc, tail_crc = template
+    crc = struct.pack("<I", zlib.crc32(data) & 0xFFFFFFFF)
+    return head[:head_crc] + crc + head[head_crc + 4 :], data, tail[:tail_crc] + crc + tail[tail_crc + 4 :]
+
+
+def _write(path: str, slot: str, templates: dict[int, Any], records: list[tuple[int, Any]]) -> tuple[int, str]:
+    view = memoryview(b"")
+    if slot:
+        fd = os.open(slot, os.O_RDONLY)
+        try:  # unmapped when the last view of it goes (an explicit close fails while one lives)
+            view = memoryview(mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ))
+        finally:
+            os.close(fd)
+    parts: list[Any] = []
+    for key, data in records:
+        source = view[data[0] : data[0] + data[1]] if isinstance(data, tuple) else memoryview(data)
+        parts.extend(_patched(templates[key], source))
+    digest = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        digest.update(p)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.writelines(parts)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)  # a partial temporary file would hold space the next attempt needs
+        except OSError:
+            pass
+        raise
+    return sum(memoryview(p).nbytes for p in parts), digest.hexdigest()
+
+
+def _serve(nice: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, ctypes.c_char_p(NAME), 0, 0, 0)  # PR_SET_NAME: how a person tells it in ps
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL: gone with the rank that started it
+    except (OSError, AttributeError):
+        pass
+    if nice:
+        os.nice(nice)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    templates: dict[int, Any] = {}
+    while True:
+        try:
+            request = _receive(stdin)
+        except EOFError:
+            return
+        _, path, slot, new, records = request
+        templates.update(new)
+        try:
+            answer: tuple[Any, ...] = ("ok", *_write(path, slot, templates, records))
+        except OSError as e:
+            answer = ("error", e.errno or 0, f"{e.strerror or e}: {e.filename or path}")
+        except Exception as e:  # noqa: BLE001 - said to the parent, which journals it; the next file may do
+            answer = ("error", 0, f"{type(e).__name__}: {e}")
+        _send(stdout, answer)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else 0)

@@ -1,0 +1,123 @@
+"""baft.writerproc: the writer process writes a DCP data file from slot ranges and bytes, durably, says
+what failed, and goes when its parent closes it or dies."""
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from baft import dcpwrite
+from baft.snapshot import Slot
+from baft.writerproc import WriterProcess
+
+
+def _records(slot: Slot) -> tuple[list, list[torch.Tensor]]:
+    data = slot.data()
+    a = data[0:400].view(torch.float32).reshape(10, 10)
+    a.copy_(torch.randn(10, 10, generator=torch.Generator().manual_seed(1)))
+    b = data[448:464].view(torch.int64)
+    b.copy_(torch.tensor([7, -3]))
+    loose = torch.arange(5, dtype=torch.int16)  # not in the slot: sent as bytes
+    tensors = [a, b, loose, a]  # the same template twice in one request
+    records = []
+    for t in tensors:
+        tpl = dcpwrite.save_template(t.dtype, tuple(t.shape))
+        records.append(((tpl.head, tpl.tail, tpl.head_crc, tpl.tail_crc), dcpwrite._source(t, slot)))
+    return records, tensors
+
+
+def test_the_file_holds_each_tensors_archive_and_the_answer_is_its_size_and_checksum(tmp_path: Path) -> None:
+    slot = Slot(tmp_path / "slot", 4096, 1024, create=True)
+    writer = WriterProcess()
+    try:
+        records, tensors = _records(slot)
+        assert isinstance(records[0][1], tuple) and isinstance(records[2][1], bytes)  # a slot range, and bytes
+        for attempt in range(2):  # the second request reuses the templates the process already holds
+            path = tmp_path / f"out{attempt}.distcp"
+            size, checksum = writer.write(str(path), str(slot.path), records)
+            raw = path.read_bytes()
+            assert size == len(raw) and checksum == dcpwrite.persist.checksum(raw)
+            pos = 0
+            for t in tensors:
+                n = dcpwrite.save_template(t.dtype, tuple(t.shape)).length
+                archive = raw[pos : pos + n]
+                assert zipfile.ZipFile(io.BytesIO(archive)).testzip() is None
+                assert torch.equal(torch.load(io.BytesIO(archive), weights_only=True), t)
+                pos += n
+            assert not (tmp_path / f"out{attempt}.distcp.tmp").exists()
+    finally:
+        writer.close()
+        slot.close()
+    assert writer._proc.returncode == 0  # it left at the end of its input
+
+
+def test_a_failed_write_is_an_oserror_and_the_process_serves_the_next(tmp_path: Path) -> None:
+    slot = Slot(tmp_path / "slot", 4096, 1024, create=True)
+    writer = WriterProcess()
+    try:
+        records, _ = _records(slot)
+        with pytest.raises(OSError, match="No such file or directory"):
+            writer.write(str(tmp_path / "no" / "such" / "dir" / "f.distcp"), str(slot.path), records)
+        size, _ = writer.write(str(tmp_path / "f.distcp"), str(slot.path), records)
+        assert size == (tmp_path / "f.distcp").stat().st_size
+    finally:
+        writer.close()
+        slot.close()
+
+
+def test_a_writer_whose_process_died_says_so(tmp_path: Path) -> None:
+    writer = WriterProcess()
+    try:
+        os.kill(writer.pid, signal.SIGKILL)
+        writer._proc.wait()
+        with pytest.raises(OSError, match="the writer process is gone"):
+            writer.write(str(tmp_path / "f"), "", [])
+    finally:
+        writer.close()
+
+
+PARENT = """
+import sys, time
+from baft.writerproc import WriterProcess
+w = WriterProcess()
+print(w.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (Z: a zombie), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return None
+
+
+def _until(check, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_the_process_goes_with_the_rank_that_started_it() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert _until(lambda: Path(f"/proc/{child}/comm").read_text().strip() == "baft-writer")  # named for ps
+        parent.kill()  # SIGKILL: no close, no atexit
+        parent.wait()
+        assert _until(lambda: _state(child) in (None, "Z"))  # killed with its parent (PR_SET_PDEATHSIG)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
