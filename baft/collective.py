@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 
@@ -27,3 +28,17 @@ def all_gather(obj: Any, group: Any = None) -> list[Any]:
 
 def all_min(value: int, group: Any = None) -> int:
     return min(int(v) for v in all_gather(value, group))
+
+
+def all_gather_ints(values: list[int], width: int, group: Any = None) -> list[list[int]]:
+    """Every rank's ``values`` (at most ``width`` non-negative ints): one collective of a fixed-size
+    tensor, where :func:`all_gather` of objects takes two and pickles."""
+    if len(values) > width or any(v < 0 for v in values):
+        raise ValueError(f"{values}: at most {width} non-negative ints")
+    if not initialized():
+        return [list(values)]
+    mine = torch.full((width,), -1, dtype=torch.int64)
+    mine[: len(values)] = torch.tensor(values, dtype=torch.int64)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine, group=group)
+    return [[v for v in t.tolist() if v >= 0] for t in out]

@@ -30,7 +30,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
@@ -177,10 +177,10 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(memory).cast("B")
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
+class Written(NamedTuple):
     """One tensor chunk a rank wrote: its DCP key, the whole tensor's dtype and size, the chunk's
-    offsets and sizes in it, and where its record is in the rank's file."""
+    offsets and sizes in it, and where its record is in the rank's file. (A tuple: a report of a few
+    hundred pickles, hashes and compares several times faster than as dataclasses.)"""
 
     key: str
     dtype: str

@@ -31,10 +31,10 @@ from typing import Any
 from .. import dcpformat, dcpwrite, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
-from ..slotfile import slot_of
+from ..slotfile import SLOTS, slot_of
 from ..writerproc import WriterProcess
 from ..state import local_view
-from ..collective import all_gather, all_min, rank_world
+from ..collective import all_gather, all_gather_ints, all_min, rank_world
 from .base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
 from .dcp import checkpoint_group, restore_dcp
 
@@ -128,8 +128,8 @@ class BaftStrategy(Strategy):
             self._writer.drain()
             events.emit("persist_backpressure", step=version, seconds=time.perf_counter() - t)
         self._writer.drain()  # surfaces a failure of the previous persist; nothing is pinned now
-        mine = {s for s in snap.sealed_versions() if self._persisted < s <= version}
-        common = set.intersection(*(set(vs) for vs in all_gather(sorted(mine), self.decisions)))
+        mine = sorted(s for s in snap.sealed_versions() if self._persisted < s <= version)
+        common = set.intersection(*(set(vs) for vs in all_gather_ints(mine, SLOTS, self.decisions)))
         if not common:
             events.emit("persist_skipped", step=version, reason="no version newer than the last persisted one is "
                         "sealed on every rank")

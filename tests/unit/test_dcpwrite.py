@@ -92,7 +92,7 @@ def test_chunks_of_two_ranks_make_one_tensor_and_a_replicated_chunk_is_kept_once
     reports = []
     for rank in range(2):  # each rank its half of the rows of model.w (as a DTensor shard reports it), model.b whole
         r = dcpwrite.write_rank(tmp_path, 2, rank, "stage0", {"model.w": full[3 * rank : 3 * rank + 3], "model.b": torch.ones(4)})
-        items = tuple(replace(w, size=(6, 4), offsets=(3 * rank, 0)) if w.key == "model.w" else w for w in r.items)
+        items = tuple(w._replace(size=(6, 4), offsets=(3 * rank, 0)) if w.key == "model.w" else w for w in r.items)
         reports.append(replace(r, items=items))
     dcpwrite.commit(tmp_path, 2, reports)
     md = FileSystemReader(str(persist.step_dir(tmp_path, 2))).read_metadata()

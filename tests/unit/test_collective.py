@@ -1,0 +1,38 @@
+"""baft.collective.all_gather_ints: every rank's few ints in one fixed-size collective."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from baft.collective import all_gather_ints
+from tests.gloo_ranks import run_ranks
+
+
+def test_without_a_process_group_it_is_the_values_and_it_refuses_what_does_not_fit() -> None:
+    assert all_gather_ints([3, 5], 3) == [[3, 5]]
+    with pytest.raises(ValueError, match="at most 2 non-negative ints"):
+        all_gather_ints([1, 2, 3], 2)
+    with pytest.raises(ValueError, match="non-negative"):
+        all_gather_ints([-1], 2)
+
+
+RANK = """
+import json, os, sys
+import torch.distributed as dist
+from baft.collective import all_gather_ints
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+got = all_gather_ints([[4, 7, 9], [], [0]][rank], 3)
+with open(os.path.join(sys.argv[1], f"{rank}.json"), "w") as f:
+    json.dump(got, f)
+dist.destroy_process_group()
+"""
+
+
+def test_three_ranks_each_get_every_ranks_values_even_none(tmp_path: Path) -> None:
+    results = run_ranks(RANK, str(tmp_path), world=3)
+    assert all(code == 0 for code, _ in results), [out[-2000:] for _, out in results]
+    for rank in range(3):
+        assert json.loads((tmp_path / f"{rank}.json").read_text()) == [[4, 7, 9], [], [0]]
