@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import BaftConfigError
+from .writerproc import write_durably
 
 Root = str | os.PathLike
 """A local directory or an fsspec URL."""
@@ -142,16 +143,7 @@ class LocalStorage(Storage):
         """Straight from ``parts`` (no joined copy): to a temporary name, fsynced, renamed into place."""
         path = self.location(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.writelines(parts)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)  # a partial temp file would hold space the next attempt needs
-            raise
+        write_durably(str(path), parts)
         if sync_dir:
             _fsync(path.parent)
 

@@ -124,6 +124,14 @@ def _write(path: str, slot: str, templates: dict[int, Any], records: list[tuple[
     digest = hashlib.blake2b(digest_size=16)
     for p in parts:
         digest.update(p)
+    write_durably(path, parts)
+    return sum(memoryview(p).nbytes for p in parts), digest.hexdigest()
+
+
+def write_durably(path: str, parts: Any) -> None:
+    """Write the concatenation of ``parts`` (buffers) to ``path``: to a temporary name beside it,
+    fsynced, renamed into place (the directory entry is the caller's to make durable). Here, not in
+    :mod:`baft.storage`, so this process needs nothing but the standard library."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
@@ -137,7 +145,6 @@ def _write(path: str, slot: str, templates: dict[int, Any], records: list[tuple[
         except OSError:
             pass
         raise
-    return sum(memoryview(p).nbytes for p in parts), digest.hexdigest()
 
 
 def _serve(nice: int) -> None:
