@@ -5,9 +5,10 @@ Tiers, nearest first:
 1. shared memory (``BubbleSnapshotter``): every iteration, copied inside the
    pipeline bubbles into slots that outlive the worker;
 2. persistent storage (DCP format, ``dcpformat``): every ``every`` steps a
-   background thread writes the sealed version straight from its slot (pinned
-   meanwhile) into this rank's DCP data file (``dcpwrite``; ``persist_writer:
-   dcp``: ``dcp.save`` of a copy), the ranks exchange what they wrote over a
+   background thread has the rank's writer process (``writerproc``) write the
+   sealed version straight from its slot (pinned meanwhile) into the rank's DCP
+   data file (``dcpwrite``; ``persist_writer: thread`` writes from the thread,
+   ``dcp`` with ``dcp.save`` of a copy), the ranks exchange what they wrote over a
    process group of their own, and rank 0 writes DCP's metadata and commits
    (checksums, manifest, ``latest`` moved only after the files are durable).
 
@@ -151,7 +152,7 @@ class BaftStrategy(Strategy):
         direct = self.config.persist_writer != "dcp"
         try:
             # direct: written from views of the pinned slot (no copy; the slot stays pinned while its
-            # bytes go to the file); dcp: dcp.save of a private copy, the slot released right away
+            # bytes go to the file); dcp: a private copy, the slot released once its state dict is made
             with contextlib.nullcontext(components) if components is not None else \
                     snap.sealed_version(version, copy=not direct) as comps:
                 sd = dcpformat.to_state_dict(comps, rank, self.stage_key, snap.owned_tensors(),
