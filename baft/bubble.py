@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import logging
 import shutil
-import struct
 import sys
 import threading
 import time
@@ -37,14 +36,15 @@ import torch.distributed as dist
 from . import codec, events
 from .collective import all_gather, all_min, rank_world
 from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
-from .layout import BULK_COMPONENTS, MARKER, TensorSpec, as_bytes, layout, rebuild, split, total_bytes
-from .components import COMPONENTS
+from .layout import BULK_COMPONENTS, TensorSpec, as_bytes, layout, split, total_bytes
 from .config import CheckpointConfig
 from .planner import Chunk, Plan, make_chunks, owned, plan
 from .profiler import BubbleProfiler
 from .slotfile import COMPLETE, WRITING, discard_newer, slot_of
 from .snapshot import Slot, SnapshotBuffer
 from .state import TrainState, local_view
+from .slotmeta import components as _components, only_markers as _only_markers, pack as _pack, \
+    static_meta as _static_meta
 from .store import TRAFFIC_FILE
 from .storeclient import StoreClient
 from .tpshared import broadcast_shared, shared_tensors
@@ -61,53 +61,6 @@ INITIAL_BANDWIDTH = 5e9
 #: Every this many iterations (and after each re-plan) the iteration's spans are announced as a
 #: ``timeline`` event: compute, waits (the bubbles) and the snapshot work done inside them.
 TIMELINE_EVERY = 10
-
-
-def _specs(meta: dict[str, Any]) -> list[TensorSpec]:
-    return [TensorSpec(name=n, dtype=d, shape=tuple(s), offset=o, nbytes=b) for n, d, s, o, b in meta["layout"]]
-
-
-def _only_markers(tree: Any) -> bool:
-    if isinstance(tree, dict):
-        return set(tree) == {MARKER} or all(_only_markers(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return all(_only_markers(v) for v in tree)
-    return tree is None
-
-
-def _pack(static: bytes, dynamic: bytes) -> bytes:
-    return struct.pack("<Q", len(static)) + static + dynamic
-
-
-def _components(meta: bytes, data: torch.Tensor, copy: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The components of a sealed version from its metadata and its slot's bytes (copies of them, or
-    without ``copy`` views); and the static part."""
-    (n,) = struct.unpack_from("<Q", meta, 0)
-    static = codec.decode(meta[8 : 8 + n])
-    dynamic = codec.decode(meta[8 + n :])
-    specs = _specs(static)
-    bulk = dynamic.pop("bulk_skeleton", None)
-    if bulk is None:
-        bulk = {"model": static["model"]}
-        if static.get("optimizer_state") is not None:
-            bulk["optimizer"] = {"state": static["optimizer_state"]}
-    out = dict(rebuild(bulk, specs, data, copy))
-    if "optimizer_groups" in dynamic:
-        out.setdefault("optimizer", {})["param_groups"] = dynamic.pop("optimizer_groups")
-    for c, v in dynamic.items():
-        out[c] = v
-    return {c: out[c] for c in COMPONENTS if c in out}, static
-
-
-def _static_meta(slot: Slot) -> dict[str, Any] | None:
-    """The static part of the metadata ``slot`` holds (None: none, or unreadable: a torn write)."""
-    try:
-        meta = slot.meta()
-        (n,) = struct.unpack_from("<Q", meta, 0)
-        out = codec.decode(bytes(meta[8 : 8 + n]))
-    except Exception:  # noqa: BLE001 - any garbage in a slot left by a killed writer reads as "unknown"
-        return None
-    return out if isinstance(out, dict) else None
 
 
 def _writer_place(slot: Slot) -> tuple[int, int]:
