@@ -412,7 +412,7 @@ class BubbleSnapshotter:
             info = slot.info(slot_of(version))
             if info is None or info.state != COMPLETE or info.version != version:
                 raise RuntimeError(f"version {version} is no longer in shared memory")
-            yield _components(slot.meta(), slot.data(), copy)[0]
+            yield _components(slot.meta(), slot.data(), copy, slot.views)[0]
 
     # -- restore ----------------------------------------------------------------------------
     def restore(self, floor: int = -1) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,6 +31,8 @@ class Slot:
 
     def __init__(self, path: Path, data_len: int, meta_capacity: int, create: bool) -> None:
         self.path = path
+        self.views: dict[Any, Any] = {}
+        """A reader's cache of views of this mapping (:data:`baft.slotmeta.Views`), dropped before it is unmapped."""
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
         try:
             fresh = create and not _reusable(fd, data_len, meta_capacity)
@@ -81,6 +84,7 @@ class Slot:
         fd = os.open(self.path, os.O_RDWR)
         try:
             os.ftruncate(fd, HEADER + self.data_len + capacity)
+            self.views.clear()
             del self.header, self.bytes
             self._mm.close()
             self._map(fd)
@@ -107,6 +111,7 @@ class Slot:
         return self.bytes[start : start + int(self.header[4])].numpy().tobytes()
 
     def close(self) -> None:
+        self.views.clear()
         del self.header, self.bytes
         self._mm.close()
 

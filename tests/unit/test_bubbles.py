@@ -317,10 +317,10 @@ def test_a_relayout_waits_for_a_reader_of_the_slots(tmp_path: Path, monkeypatch:
         reading, release = threading.Event(), threading.Event()
         real = bubble._components
 
-        def slow(meta: bytes, data: torch.Tensor, copy: bool = True):
+        def slow(meta: bytes, data: torch.Tensor, copy: bool = True, views: object = None):
             reading.set()
             release.wait(10)
-            return real(meta, data, copy)
+            return real(meta, data, copy, views)
 
         monkeypatch.setattr(bubble, "_components", slow)
         got: list[object] = []

@@ -51,3 +51,38 @@ def test_a_torn_slots_static_part_reads_as_unknown(tmp_path: Path) -> None:
         assert slotmeta.static_meta(slot) is None
     finally:
         snap.close()
+
+
+def test_a_slots_views_are_made_once_follow_its_bytes_and_never_block_its_unmapping(tmp_path: Path) -> None:
+    """The persister reads a sealed version as views of its slot every persist: the views of one slot and
+    layout are made once (the same tensors each time), show the version the slot holds now, and are
+    dropped before the slot's mapping is grown or closed (``torch.frombuffer`` exports no buffer, so
+    ``mmap.close`` unmaps under any view: a cached one read later would fault)."""
+    st = make_state(5)
+    snap = BubbleSnapshotter(st, CheckpointConfig(strategy="baft"), tmp_path, rank=0)
+    try:
+        for _ in range(2):  # version 0 has no optimizer state yet: version 1 has the layout that stays
+            step(st, snap)
+        with snap.sealed_version(1) as first:
+            w0 = first["model"]["0.weight"]
+            held = w0.clone()
+        with snap.sealed_version(1) as again:
+            assert again["model"]["0.weight"] is w0  # made once for this slot and layout
+            assert again["step"] == first["step"] == {"step": 1}
+        for _ in range(3):  # versions 2, 3, 4: version 4 goes into version 1's slot
+            step(st, snap)
+        with snap.sealed_version(4) as later:
+            assert later["model"]["0.weight"] is w0  # the same views ...
+            assert later["step"] == {"step": 4} and not torch.equal(later["model"]["0.weight"], held)  # ... of what it holds now
+        now = later["model"]["0.weight"].clone()
+        assert torch.equal(now, snap.read_version(4)["model"]["0.weight"])
+        del first, again, later, w0  # views of the mapping grow_meta unmaps: reading one after would fault
+        slot = snap.buffer.slot_for(4)
+        assert slot.views
+        slot.grow_meta(slot.meta_capacity * 2)  # remapped: the views of the old mapping are gone with it
+        assert not slot.views  # (a cached view handed out after this would read unmapped memory)
+        with snap.sealed_version(4) as after:
+            assert torch.equal(after["model"]["0.weight"], now)
+    finally:
+        snap.close()  # closes every slot, views cached in them or not
+    assert all(not s.views for s in snap.buffer.slots.values())
