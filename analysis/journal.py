@@ -52,6 +52,9 @@ Event fields:
                         timeline the job left, marked abandoned; the stores drop theirs too)
 ``checkpoint_keys``     stage_keyed, example, why (DCP tier: tensor names two pipeline stages share, written
                         under the stage's key instead of their fully qualified name)
+``interval_changed``    step, every, before, cost_seconds, iteration_seconds, mtbf_seconds, daly_seconds, bounded,
+                        why (``checkpoint.mtbf_hours``: the persistent interval adapted to the measured cost,
+                        the largest over the ranks, at a persist boundary)
 ``amp_step_skipped``    step, scale (fp16: a gradient overflowed on some rank; every rank skipped the step
                         and the scaler halved its scale)
 ``store_start`` / ``store_exit`` (launcher) node, pid / returncode
@@ -107,6 +110,7 @@ EVENTS = (
     "snapshots_discarded",
     "checkpoint_keys",
     "amp_step_skipped",
+    "interval_changed",
     "store_start",
     "store_exit",
     "agent_start",

@@ -75,6 +75,14 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
     elif t is not None:
         lines.append(f"  wall time        reference {t.reference:.1f} s{' (cached)' if t.reference_cached else ''}, "
                      f"faulted {t.faulted:.1f} s")
+    changes = v.interval_changes
+    for i, c in enumerate(changes):
+        if len(changes) > 3 and 0 < i < len(changes) - 1:
+            if i == 1:
+                lines.append(f"    ({len(changes) - 2} more changes: every " + " -> ".join(str(x.every) for x in changes[1:-1])
+                             + " steps; all in verdict.json)")
+            continue
+        lines.append(f"  persist interval step {c.step}: every {c.before} -> {c.every} steps ({c.why})")
     for label, issues in (("rejected", v.checkpoints_rejected), ("write failed", v.checkpoints_failed)):
         for c in issues:
             lines.append(f"  checkpoint {label}: step {c.step} ({c.tier}): {c.reason}")

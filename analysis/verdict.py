@@ -97,6 +97,22 @@ class CheckpointIssue(Record):
 
 
 @dataclass(kw_only=True, slots=True)
+class IntervalChange(Record):
+    """The persistent interval adapting (``checkpoint.mtbf_hours``), as every rank journaled it."""
+
+    step: int
+    """The persist boundary at which it changed."""
+    every: int
+    """The new interval, in steps."""
+    before: int
+    """The interval until then."""
+    cost_seconds: float
+    """The cost of one persist it was decided for (the largest over the ranks)."""
+    why: str
+    """The decision in words."""
+
+
+@dataclass(kw_only=True, slots=True)
 class WallSeconds(Record):
     """How long the runs took, as the harness timed them."""
 
@@ -257,6 +273,8 @@ class Verdict(Record):
     """Checkpoints a tier refused, one per step and tier."""
     checkpoints_failed: list[CheckpointIssue] = field(default_factory=list)
     """Checkpoint writes that failed, one per step and tier."""
+    interval_changes: list[IntervalChange] = field(default_factory=list)
+    """When and why the persistent interval adapted (``checkpoint.mtbf_hours``), one per step."""
     metrics: Efficiency | None = None
     """Goodput, iteration overhead, checkpoint cost and bubble use (None in files from before them)."""
     target: str = "local"
@@ -305,6 +323,7 @@ class Verdict(Record):
             "windows": [Window.from_json(w) for w in data.get("windows", [])],
             "checkpoints_rejected": [CheckpointIssue.from_json(c) for c in data.get("checkpoints_rejected", [])],
             "checkpoints_failed": [CheckpointIssue.from_json(c) for c in data.get("checkpoints_failed", [])],
+            "interval_changes": [IntervalChange.from_json(c) for c in data.get("interval_changes", [])],
             "metrics": optional(Efficiency, data.get("metrics")),
             "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
             "cluster": optional(ClusterFacts, data.get("cluster")),
@@ -443,6 +462,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         windows=windows(run),
         checkpoints_rejected=_by_step(run.events("checkpoint_rejected")),
         checkpoints_failed=_by_step(run.events("checkpoint_failed")),
+        interval_changes=interval_changes(run.events("interval_changed")),
         metrics=efficiency(reference, run, steps),
         reproducibility=repro,
     )
@@ -455,3 +475,12 @@ def _by_step(evs: list[dict[str, Any]]) -> list[CheckpointIssue]:
         out.setdefault((e.get("step"), e.get("tier")),
                        CheckpointIssue(step=e.get("step"), tier=e.get("tier"), reason=e.get("reason")))
     return sorted(out.values(), key=lambda c: (c.step is None, c.step))
+
+
+def interval_changes(evs: list[dict[str, Any]]) -> list[IntervalChange]:
+    """One entry per step at which the interval changed (every rank journals the same decision)."""
+    out: dict[int, IntervalChange] = {}
+    for e in evs:
+        out.setdefault(int(e["step"]), IntervalChange(step=int(e["step"]), every=int(e["every"]), before=int(e["before"]),
+                                                      cost_seconds=float(e["cost_seconds"]), why=str(e.get("why", ""))))
+    return [out[k] for k in sorted(out)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -27,6 +28,8 @@ class OneInFlight:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
                                         initializer=lower_thread_priority, initargs=(nice,))
         self._inflight: Future | None = None
+        self.cpu_seconds = 0.0
+        """CPU time the worker thread has spent in the jobs so far."""
 
     @property
     def busy(self) -> bool:
@@ -34,7 +37,14 @@ class OneInFlight:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         self.drain()
-        self._inflight = self._pool.submit(fn, *args)
+        self._inflight = self._pool.submit(self._timed, fn, *args)
+
+    def _timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        t = time.thread_time()
+        try:
+            return fn(*args)
+        finally:
+            self.cpu_seconds += time.thread_time() - t
 
     def drain(self) -> None:
         """Wait for the job in flight; re-raise its exception if it failed."""

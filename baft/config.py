@@ -1,6 +1,7 @@
 """The checkpoint configuration: the ``checkpoint:`` section of a scenario."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,7 +30,16 @@ class CheckpointConfig:
     ``baft``: a snapshot of every iteration in shared memory, copied inside the pipeline
     bubbles; persisted in DCP format in the background every ``every`` steps."""
     every: int = 1
-    """Write a persistent checkpoint after every this many completed steps."""
+    """Write a persistent checkpoint after every this many completed steps (with ``mtbf_hours``: at first)."""
+    mtbf_hours: float | None = None
+    """The job's mean time between failures. Set, the persistent interval adapts: at each persist
+    boundary the ranks agree on the measured cost of a persist and the iteration time, and the interval
+    becomes Daly's optimum for them in whole iterations, within ``every_min``..``every_max``
+    (:mod:`baft.interval`; an ``interval_changed`` event says when and why). Unset: every ``every``."""
+    every_min: int = 1
+    """With ``mtbf_hours``: the shortest interval it may adapt to, in steps."""
+    every_max: int = 10_000
+    """With ``mtbf_hours``: the longest interval it may adapt to, in steps (the most work a failure can cost)."""
     dir: str = "checkpoints"
     """Where the persistent tier lives: a local directory (created if missing; files
     fsynced and renamed into place) or an fsspec URL such as ``s3://bucket/prefix``,
@@ -87,6 +97,17 @@ class CheckpointConfig:
             raise BaftConfigError("strategy", "one of " + ", ".join(STRATEGIES), self.strategy)
         if not isinstance(self.every, int) or self.every < 1:
             raise BaftConfigError("every", "an integer >= 1", self.every)
+        if self.mtbf_hours is not None and (isinstance(self.mtbf_hours, bool) or not isinstance(self.mtbf_hours, (int, float))
+                                            or not 0 < self.mtbf_hours < math.inf):
+            raise BaftConfigError("mtbf_hours", "a number of hours > 0, or unset (a fixed interval)", self.mtbf_hours)
+        for key in ("every_min", "every_max"):
+            if isinstance(getattr(self, key), bool) or not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise BaftConfigError(key, "an integer >= 1", getattr(self, key))
+        if self.every_max < self.every_min:
+            raise BaftConfigError("every_max", f"an integer >= every_min ({self.every_min})", self.every_max)
+        if self.mtbf_hours is not None and not self.every_min <= self.every <= self.every_max:
+            raise BaftConfigError("every", f"an integer from every_min to every_max ({self.every_min}-{self.every_max}) "
+                                  "when the interval adapts (mtbf_hours)", self.every)
         if not isinstance(self.keep, int) or self.keep < 1:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
         if not isinstance(self.persist_nice, int) or not 0 <= self.persist_nice <= 19:

@@ -218,6 +218,9 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
             names = " or ".join(n for n, t in TRAITS.items() if announced in t.phases)
             raise ScenarioError(file, f"{path}.phase", f"a phase checkpoint strategy {checkpoint.strategy!r} announces "
                                 f"({phase} needs {names})", phase)
+        if announced == "persist" and at is not None and checkpoint.mtbf_hours is not None:
+            raise ScenarioError(file, f"{path}.at_step", "no step (checkpoint.mtbf_hours makes the persist interval adapt: "
+                                "which steps persist is known only while the job runs; use at_time or every)", at)
         if announced == "persist" and at is not None and (at == 0 or at % checkpoint.every):
             raise ScenarioError(file, f"{path}.at_step", f"a step baft persists (a multiple of checkpoint.every = {checkpoint.every})", at)
         if announced == "replicate" and (checkpoint.replicas < 1 or nodes < 2):

@@ -89,6 +89,12 @@ class BaftStrategy(Strategy):
         self.snap.attach(stage)
         self.group = checkpoint_group()
         self.decisions = checkpoint_group()
+        self.interval.group = self.decisions
+        self.interval.background = self._background_cpu
+
+    def _background_cpu(self) -> float:
+        """CPU seconds of this rank's persisting so far: the persister thread's and the writer process's."""
+        return self._writer.cpu_seconds + (self._files.cpu_seconds() if self._files is not None else 0.0)
 
     def _snap(self) -> BubbleSnapshotter:
         if self.snap is None:
@@ -124,6 +130,13 @@ class BaftStrategy(Strategy):
         version = self.state.step - 1  # what this iteration sealed, on a rank that snapshots every iteration
         if version <= self._persisted or not self.due(version):
             return False  # the same on every rank: steps and _persisted are agreed
+        t_due = time.perf_counter()
+        try:
+            return self._start_persist(snap, version)
+        finally:
+            self.interval.charge(time.perf_counter() - t_due)  # back-pressure, the decision, the submit
+
+    def _start_persist(self, snap: BubbleSnapshotter, version: int) -> bool:
         if self._writer.busy:
             t = time.perf_counter()
             self._writer.drain()

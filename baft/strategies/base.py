@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from .. import events
 from ..collective import all_gather, all_min, rank_world
 from ..errors import CheckpointCorrupt
+from ..interval import AdaptiveInterval
 from ..config import CheckpointConfig
 from ..state import TrainState
 from ..traits import TRAITS
@@ -72,6 +73,10 @@ class Strategy:
         self.state = state
         self.topology = Topology()
         self.stage_key = f"rank{rank_world()[0]}"
+        self.interval = AdaptiveInterval(config)
+        """When to persist (:mod:`baft.interval`): every ``config.every`` steps, or adapting to the measured
+        cost with ``config.mtbf_hours``. A strategy charges it what a persist costs its training thread and
+        sets ``interval.background`` to what its background work's CPU time is."""
 
     @property
     def root(self) -> Path | str:
@@ -110,7 +115,8 @@ class Strategy:
         return False
 
     def due(self, step: int) -> bool:
-        return step > 0 and step % self.config.every == 0
+        """Whether ``step`` is a persist boundary (with an adaptive interval a collective at each one)."""
+        return self.interval.due(step)
 
     def drain(self) -> None:
         """Wait until no background work of this strategy is in flight."""

@@ -49,6 +49,7 @@ class CheckFreqStrategy(Strategy):
         super().__init__(*args, **kwargs)
         self._writer = OneInFlight("checkfreq-persist", self.config.persist_nice)
         self._buffers: Any = None
+        self.interval.background = lambda: self._writer.cpu_seconds
 
     def restore(self) -> int | None:
         return restore_shards(self)
@@ -57,10 +58,12 @@ class CheckFreqStrategy(Strategy):
         step = self.state.step
         if not self.due(step):
             return False
+        t = time.perf_counter()
         self._writer.drain()  # one persist in flight at most; the buffers are reused
         t0 = time.perf_counter()
         snapshot = copy_into(self.state.capture(), self._buffers)
         snap_seconds = time.perf_counter() - t0
+        self.interval.charge(time.perf_counter() - t)
         self._buffers = snapshot
         self._writer.submit(self._persist, step, snapshot, t0, snap_seconds)
         return True

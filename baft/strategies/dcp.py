@@ -94,6 +94,7 @@ class AsyncDCPStrategy(Strategy):
         step = self.state.step
         if not self.due(step):
             return False
+        t_due = time.perf_counter()
         self._poll(block=True)
         rank, _ = rank_world()
         t0 = time.perf_counter()
@@ -108,6 +109,9 @@ class AsyncDCPStrategy(Strategy):
         fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse when the stager stages in a thread
         nbytes = sum(local_view(t).numel() * t.element_size() for t in sd.values())
         self._inflight = (step, fut, t0, nbytes)
+        # the training thread's wait (the previous save, staging, async_save's own work); DCP's background
+        # thread or process is not ours to measure: its CPU is not charged
+        self.interval.charge(time.perf_counter() - t_due)
         return True
 
     def _poll(self, block: bool) -> None:

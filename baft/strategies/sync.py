@@ -17,7 +17,11 @@ class SyncStrategy(Strategy):
     def after_step(self) -> bool:
         if not self.due(self.state.step):
             return False
-        self.save(self.state.step)
+        t0 = time.perf_counter()
+        try:
+            self.save(self.state.step)
+        finally:
+            self.interval.charge(time.perf_counter() - t0)  # all of it on the training thread
         return True
 
     def save(self, step: int) -> None:

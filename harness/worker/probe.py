@@ -22,7 +22,7 @@ from baft.state import TrainState, fingerprint_components
 #: ``baft`` events copied into the journal.
 JOURNALED = ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected", "checkpoint_failed", "restore_candidates", "snapshot",
              "snapshot_skipped", "persist_skipped", "bubbles", "timeline", "replan", "persist_backpressure",
-             "snapshots_discarded", "checkpoint_keys", "amp_step_skipped")
+             "snapshots_discarded", "checkpoint_keys", "amp_step_skipped", "interval_changed")
 
 
 def process_created() -> float | None:

@@ -9,6 +9,7 @@ import yaml
 
 from analysis.journal import Journal
 from baft import persist
+from baft.interval import every_for
 from injectors.process import KillConfig
 
 from .conftest import ROOT, delivered, run_cli
@@ -92,6 +93,20 @@ def test_random_failures_are_seeded_and_journaled(tmp_path: Path, ref_cache: Pat
     due = KillConfig(rank=1, mtbf=6, seed=236, times=2).time_occurrences()
     assert [round(t, 1) for t in due] == [6.7, 10.8]  # what the scenario's description promises
     assert all(e["elapsed"] >= t for e, t in zip(faults, due)), (faults, due)
+    # the persistent interval adapted (checkpoint.mtbf_hours): every rank decided the same at the same
+    # steps, to Daly's interval for the cost they agreed on, and both persisted the same steps
+    j = Journal.load(tmp_path / "out" / "faulted")
+    assert v["interval_changes"], out
+    changed = {r: [(e["step"], e["every"], e["cost_seconds"]) for e in j.events("interval_changed") if e["rank"] == r]
+               for r in (0, 1)}
+    assert changed[0] == changed[1] and changed[0]
+    for e in j.events("interval_changed"):
+        assert e["every"] == every_for(e["cost_seconds"], e["mtbf_seconds"], e["iteration_seconds"], 2, 100)
+    saved = {r: sorted(e["step"] for e in j.events("checkpoint_saved") if e["rank"] == r and e["tier"] == "persistent")
+             for r in (0, 1)}
+    # (a killed rank may not journal the persist it was in when its peer did: one per kill at most)
+    assert len(set(saved[0]) ^ set(saved[1])) <= len(faults) and any(b - a != 10 for a, b in zip(saved[0], saved[0][1:]))
+    assert "persist interval step" in out
 
 
 def test_corrupt_checkpoint_is_rejected_and_the_job_falls_back(tmp_path: Path, ref_cache: Path) -> None:

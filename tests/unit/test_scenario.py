@@ -157,6 +157,20 @@ def test_fault_schedule_problems_are_caught_before_running(tmp_path: Path, fault
     assert e.value.path == path and expected in e.value.expected
 
 
+def test_an_adaptive_interval_refuses_a_persist_fault_at_a_fixed_step_and_bad_bounds_by_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    adaptive = GOOD.replace("checkpoint: {strategy: sync, every: 5}",
+                            "checkpoint: {strategy: sync, every: 5, mtbf_hours: 2, every_min: 2, every_max: 50}")
+    assert load(write(tmp_path, adaptive)).checkpoint.mtbf_hours == 2
+    with pytest.raises(ScenarioError) as e:
+        load(write(tmp_path, adaptive.replace("  - kill: {rank: 1, at_step: 17}", "  - corrupt: {at_step: 10}")))
+    assert e.value.path == "faults[0].corrupt.at_step" and "known only while the job runs" in e.value.expected
+    f = write(tmp_path, adaptive.replace("every_max: 50", "every_max: 4"))
+    assert cli_main(["validate", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.every" in err and "every_min" in err
+
+
 def test_a_fault_the_host_cannot_inject_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("injectors.storage.os.geteuid", lambda: 1000)
     f = write(tmp_path, GOOD.replace("  - kill: {rank: 1, at_step: 17}", "  - disk_full: {from_step: 3}"))

@@ -199,3 +199,18 @@ def test_a_broken_verdict_file_is_an_analysis_error(tmp_path: Path) -> None:
     (tmp_path / "verdict.json").write_text(json.dumps({"scenario": "x"}))  # no passed, no failures
     with pytest.raises(AnalysisError, match="not a verdict"):
         load_verdict(tmp_path)
+
+
+def test_interval_changes_are_one_per_step_and_a_long_run_of_them_is_folded_in_the_summary() -> None:
+    from analysis.verdict import interval_changes
+
+    evs = [{"rank": r, "step": s, "every": e, "before": b, "cost_seconds": 0.02, "why": f"to {e}"}
+           for s, e, b in [(10, 7, 10), (17, 5, 7), (22, 8, 5), (30, 5, 8), (35, 3, 5)] for r in (0, 1)]
+    changes = interval_changes(evs)
+    assert [(c.step, c.every) for c in changes] == [(10, 7), (17, 5), (22, 8), (30, 5), (35, 3)]
+    v = Verdict(scenario="s", passed=True, failures=[], interval_changes=changes)
+    lines = [line for line in format_summary(v, OUT).splitlines() if "interval" in line or "more changes" in line]
+    assert lines == ["  persist interval step 10: every 10 -> 7 steps (to 7)",
+                     "    (3 more changes: every 5 -> 8 -> 5 steps; all in verdict.json)",
+                     "  persist interval step 35: every 5 -> 3 steps (to 3)"]
+    assert Verdict.from_json(v.to_json()).interval_changes == changes
