@@ -60,7 +60,8 @@ Event fields:
 ``store_start`` / ``store_exit`` (launcher) node, pid / returncode
 
 Each node's store writes ``journal/store-node<N>.jsonl``: store_start, replicated
-(rank, version, peer, bytes, seconds, deferred_seconds), replication_skipped
+(rank, version, peer, bytes, seconds, deferred_seconds, behind: the versions the rank sealed
+after this one by the time it landed), replication_skipped
 (rank, version, reason), replication_failed, pulled (rank, version, source, bytes).
 ``finish``              step
 ``agent_start`` / ``agent_exit`` (launcher) node, returncode

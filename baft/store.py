@@ -408,8 +408,10 @@ class Store:
             except OSError as e:
                 self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
                 continue
+            with self._cond:  # staleness: how many newer versions the rank sealed while this one travelled
+                behind = max(self._sealed.get(rank) or {version: ""}) - version
             self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes,
-                     seconds=time.perf_counter() - t, deferred_seconds=deferred,
+                     seconds=time.perf_counter() - t, deferred_seconds=deferred, behind=behind,
                      blocked_share=round(sum(self._blocked) / max(1, len(self._blocked)), 3))
 
     def _adapt(self, seconds: float) -> None:

@@ -429,7 +429,29 @@ def replication_stats(out: Path) -> dict[str, Any]:
         "store_cpu_seconds_per_gb": (sum(e["cpu_seconds"] for e in stops) / (sum(e["bytes"] for e in sent) / 1e9))
         if stops and sent else None,
         "store_max_rss_mbytes": max(e["max_rss_mbytes"] for e in stops) if stops else None,
+        **staleness(sent, [e for e in evs if e["event"] == "replication_stride"]),
     }
+
+
+def staleness(sent: list[dict[str, Any]], strides: list[dict[str, Any]]) -> dict[str, Any]:
+    """How far behind training the peers' copies are, in versions: ``behind`` (when a replica landed, how
+    many newer versions its rank had sealed), ``gap`` (versions between one rank's consecutive replicas)
+    and the worst staleness (``gap + behind``: how old the newest replica got just before the next
+    landed, what a node loss then would lose beyond the persistent tier's floor)."""
+    if not sent or "behind" not in sent[0]:
+        return {}
+    behind = [e["behind"] for e in sent]
+    gaps, worst, last = [], [], {}
+    for e in sorted(sent, key=lambda e: e["t"]):
+        key = (e["rank"], e["peer"])
+        if key in last:
+            gaps.append(e["version"] - last[key])
+            worst.append(gaps[-1] + e["behind"])
+        last[key] = e["version"]
+    return {"behind_versions_median": statistics.median(behind), "behind_versions_max": max(behind),
+            "gap_versions_median": statistics.median(gaps) if gaps else None,
+            "staleness_versions_max": max(worst) if worst else None,
+            "stride_max": max((e["stride"] for e in strides), default=1)}
 
 
 TIER_TITLES = {
@@ -472,6 +494,10 @@ def table(result: dict[str, Any]) -> str:
         if rep.get("store_cpu_seconds_per_gb") is not None:
             lines.append(f"stores: {rep['store_cpu_seconds']:.1f} CPU-s in all, {rep['store_cpu_seconds_per_gb']:.1f} "
                          f"CPU-s per replicated GB, at most {rep['store_max_rss_mbytes']:.0f} MB resident each")
+        if rep.get("behind_versions_median") is not None:
+            lines.append(f"staleness: a replica lands {rep['behind_versions_median']:g} versions behind (median; at most "
+                         f"{rep['behind_versions_max']}), one every {rep['gap_versions_median'] or 0:g} versions (stride up to "
+                         f"{rep['stride_max']}): the newest peer copy is at most {rep['staleness_versions_max'] or 0} versions old")
     for tier, r in result["restore"].items():
         if r["seconds_median"] is not None:
             extra = f" ({r['slower_than_shm']:.1f}x shm)" if "slower_than_shm" in r else ""

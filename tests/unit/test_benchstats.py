@@ -118,7 +118,7 @@ def test_the_mean_counts_a_persist_and_its_drain_that_the_median_hides(block: in
             its.append({"cycle": c, "strategy": name, "position": -1, "seconds": drain * base if name == "x" else 0.0})
     mean = paired_ratios(its, stat="mean")["x"]
     assert mean["ratio_vs_none"] == pytest.approx(1 + (spike + drain) / block) and mean["n"] == cycles
-    if block > 2:  # a median over the block (first dropped) hides the one slow iteration
+    if block > 3:  # a median over the block (first dropped; 3 or more left) hides the one slow iteration
         assert paired_ratios(its)["x"]["ratio_vs_none"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="stat"):
         block_costs(its, "max")
@@ -127,3 +127,18 @@ def test_the_mean_counts_a_persist_and_its_drain_that_the_median_hides(block: in
 def test_only_restricts_the_arms_and_keeps_the_baseline() -> None:
     its = iterations(3, 0.2, [1.0]) + [dict(it, strategy="y") for it in iterations(3, 0.2, [1.0]) if it["strategy"] == "x"]
     assert set(paired_ratios(its, only={"y"})) == {"none", "y"}
+
+
+def test_replica_staleness_counts_the_versions_between_replicas_and_those_sealed_in_flight() -> None:
+    from harness.bench.bench import staleness
+
+    def rep(t: float, rank: int, version: int, behind: int) -> dict:
+        return {"t": t, "rank": rank, "peer": "node1", "version": version, "behind": behind}
+
+    sent = [rep(1.0, 0, 4, 1), rep(1.1, 1, 4, 2), rep(2.0, 0, 8, 3), rep(2.2, 1, 8, 1), rep(3.0, 0, 16, 0)]
+    s = staleness(sent, [{"stride": 4}, {"stride": 8}])
+    assert s["behind_versions_median"] == 1 and s["behind_versions_max"] == 3
+    assert s["gap_versions_median"] == 4  # rank 0: 4, 8; rank 1: 4; rank 0 again: 8
+    assert s["staleness_versions_max"] == 8  # rank 0's copy of 8 was 8 + 0 old when 16 landed ... 4 + 3 before
+    assert s["stride_max"] == 8
+    assert staleness([{k: v for k, v in e.items() if k != "behind"} for e in sent], []) == {}  # older journals
