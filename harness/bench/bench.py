@@ -409,7 +409,7 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
             "baft": baft, "restore": restores}
 
 
-def replication_stats(out: Path) -> dict[str, Any]:
+def replication_stats(out: Path, block: int | None = None) -> dict[str, Any]:
     """What the node stores did: versions replicated and skipped (the link could not keep up)."""
     from analysis.journal import read_events
 
@@ -429,22 +429,23 @@ def replication_stats(out: Path) -> dict[str, Any]:
         "store_cpu_seconds_per_gb": (sum(e["cpu_seconds"] for e in stops) / (sum(e["bytes"] for e in sent) / 1e9))
         if stops and sent else None,
         "store_max_rss_mbytes": max(e["max_rss_mbytes"] for e in stops) if stops else None,
-        **staleness(sent, [e for e in evs if e["event"] == "replication_stride"]),
+        **staleness(sent, [e for e in evs if e["event"] == "replication_stride"], block),
     }
 
 
-def staleness(sent: list[dict[str, Any]], strides: list[dict[str, Any]]) -> dict[str, Any]:
+def staleness(sent: list[dict[str, Any]], strides: list[dict[str, Any]], block: int | None = None) -> dict[str, Any]:
     """How far behind training the peers' copies are, in versions: ``behind`` (when a replica landed, how
     many newer versions its rank had sealed), ``gap`` (versions between one rank's consecutive replicas)
     and the worst staleness (``gap + behind``: how old the newest replica got just before the next
-    landed, what a node loss then would lose beyond the persistent tier's floor)."""
+    landed, what a node loss then would lose beyond the persistent tier's floor). With ``block``: gaps of a
+    block or more span the other arms' blocks (which do not replicate) and are left out."""
     if not sent or "behind" not in sent[0]:
         return {}
     behind = [e["behind"] for e in sent]
     gaps, worst, last = [], [], {}
     for e in sorted(sent, key=lambda e: e["t"]):
         key = (e["rank"], e["peer"])
-        if key in last:
+        if key in last and (block is None or e["version"] - last[key] < block):
             gaps.append(e["version"] - last[key])
             worst.append(gaps[-1] + e["behind"])
         last[key] = e["version"]
@@ -546,7 +547,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     if not result.ok or not raw_path.is_file():
         raise LaunchError(f"the benchmark job failed (exit codes {result.returncodes}); logs in {out / 'logs'}")
     summary = summarize(cfg, json.loads(raw_path.read_text()))
-    summary["replication"] = replication_stats(out)
+    summary["replication"] = replication_stats(out, cfg.block)
     if link:
         summary["link"] = link
     summary["wall_seconds"] = result.seconds

@@ -141,4 +141,5 @@ def test_replica_staleness_counts_the_versions_between_replicas_and_those_sealed
     assert s["gap_versions_median"] == 4  # rank 0: 4, 8; rank 1: 4; rank 0 again: 8
     assert s["staleness_versions_max"] == 8  # rank 0's copy of 8 was 8 + 0 old when 16 landed ... 4 + 3 before
     assert s["stride_max"] == 8
+    assert staleness(sent, [], block=8)["gap_versions_median"] == 4  # gaps of 8 span other arms' blocks
     assert staleness([{k: v for k, v in e.items() if k != "behind"} for e in sent], []) == {}  # older journals
