@@ -166,6 +166,14 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
     if bad:
         blocks += [("h2", "Checkpoints rejected or failed"), ("table", (["what", "step", "tier", "reason"], [
             [k, _fmt(c.step), c.tier, c.reason] for k, c in bad]))]
+    if v.interval_changes:
+        blocks += [("h2", "Adaptive persist interval"),
+                   ("p", "checkpoint.mtbf_hours: at each persist boundary the ranks agreed on the cost of a persist "
+                         "and the interval became Daly's optimum for it (one row per change; a restarted process "
+                         "starts from checkpoint.every again)."),
+                   ("table", (["step", "every before", "every after", "cost per persist (ms)", "why"], [
+                       [_fmt(c.step), _fmt(c.before), _fmt(c.every), _fmt(c.cost_seconds * 1e3), c.why]
+                       for c in v.interval_changes]))]
     lc = v.loss_curve
     if lc is not None:
         worst, eq = lc.worst_window, lc.equivalence

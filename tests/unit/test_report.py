@@ -53,6 +53,17 @@ def test_a_run_report_has_the_story_plot_first_and_every_section(tmp_path: Path)
     assert "elastic: PASSED" in page
 
 
+def test_the_report_lists_the_adaptive_intervals_changes_and_only_when_there_were_some(tmp_path: Path) -> None:
+    from analysis.verdict import IntervalChange
+
+    v = make_run(tmp_path)
+    assert "## Adaptive persist interval" not in report(tmp_path).markdown.read_text()
+    change = IntervalChange(step=10, every=7, before=10, cost_seconds=0.0333, why="Daly's interval for 33.30 ms ...")
+    dataclasses.replace(v, interval_changes=[change]).write(tmp_path)
+    md = report(tmp_path).markdown.read_text()
+    assert "## Adaptive persist interval" in md and "| 10 | 10 | 7 | 33.3 | Daly's interval for 33.30 ms ... |" in md
+
+
 def test_a_failed_run_says_why_at_the_top(tmp_path: Path) -> None:
     make_run(tmp_path, offset=0.05)
     md = report(tmp_path).markdown.read_text()
