@@ -30,6 +30,15 @@ def all_min(value: int, group: Any = None) -> int:
     return min(int(v) for v in all_gather(value, group))
 
 
+def all_max(values: list[float], group: Any = None) -> list[float]:
+    """The element-wise largest of every rank's ``values`` (the same length on all): one all-reduce."""
+    if not initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [float(x) for x in t.tolist()]
+
+
 def all_gather_ints(values: list[int], width: int, group: Any = None) -> list[list[int]]:
     """Every rank's ``values`` (at most ``width`` non-negative ints): one collective of a fixed-size
     tensor, where :func:`all_gather` of objects takes two and pickles."""

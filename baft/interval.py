@@ -24,10 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from . import events
+from .collective import all_max
 
 
 SMOOTHING = 0.3
@@ -71,7 +69,8 @@ class AdaptiveInterval:
         self._last_end: float | None = None
         self._iterations: list[float] = []
         self._decided: dict[int, bool] = {}
-        self._cost: float | None = None  # the smoothed cost per persist (None: not measured yet)
+        self._warm = False  # past a process's first measured persists (which start what later ones reuse)
+        self._cost: float | None = None  # the smoothed cost per persist (None: none counted yet)
 
     @property
     def adaptive(self) -> bool:
@@ -103,30 +102,26 @@ class AdaptiveInterval:
         """At boundary ``step``: the cost per persist since the last decision and the iteration time,
         the largest over the ranks; the interval Daly's for them."""
         background = self.background()
-        local = [(self._blocked + background - self._background_at) / self._persists if self._persists else -1.0,
-                 sorted(self._iterations)[len(self._iterations) // 2] if self._iterations else -1.0]
-        cost, iteration = local
-        if dist.is_available() and dist.is_initialized():
-            t = torch.tensor(local, dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-            cost, iteration = (float(x) for x in t.tolist())
+        cost, iteration = all_max([
+            (self._blocked + background - self._background_at) / self._persists if self._persists else -1.0,
+            sorted(self._iterations)[len(self._iterations) // 2] if self._iterations else -1.0], self.group)
         if cost < 0 or iteration <= 0:  # no persist or no iteration measured yet (on some rank)
             return
         self._blocked, self._persists, self._background_at = 0.0, 0, background
-        if self._cost is None:  # the first persists of a process start what later ones reuse (a writer
-            self._cost = -1.0   # process, the file templates): not what a persist costs; measured from the next
+        if not self._warm:  # the first persists of a process start what later ones reuse (a writer
+            self._warm = True  # process, the file templates): not what a persist costs
             return
-        cost = self._cost = cost if self._cost < 0 else SMOOTHING * cost + (1 - SMOOTHING) * self._cost
+        cost = self._cost = cost if self._cost is None else SMOOTHING * cost + (1 - SMOOTHING) * self._cost
         mtbf = self.config.mtbf_hours * 3600
+        optimum = daly(cost, mtbf) if cost > 0 else 0.0
         every = every_for(cost, mtbf, iteration, self.config.every_min, self.config.every_max)
         bounded = every in (self.config.every_min, self.config.every_max)
         if every == self.every or (abs(every - self.every) <= HYSTERESIS * self.every and not bounded):
             return  # (a change within the noise of the measurement would make it oscillate)
         events.emit("interval_changed", step=step, every=every, before=self.every, cost_seconds=cost,
-                    iteration_seconds=iteration, mtbf_seconds=mtbf, daly_seconds=daly(cost, mtbf) if cost > 0 else 0.0,
-                    bounded=bounded,
+                    iteration_seconds=iteration, mtbf_seconds=mtbf, daly_seconds=optimum, bounded=bounded,
                     why=f"Daly's interval for {cost * 1e3:.2f} ms per persist and an MTBF of "
-                        f"{self.config.mtbf_hours:g} h is {daly(cost, mtbf) / iteration if cost > 0 else 0:.1f} "
+                        f"{self.config.mtbf_hours:g} h is {optimum / iteration:.1f} "
                         f"iterations of {iteration * 1e3:.1f} ms; every {every}"
                         + (f" (bounded to [{self.config.every_min}, {self.config.every_max}])"
                            if bounded else ""))

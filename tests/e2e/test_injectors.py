@@ -105,7 +105,7 @@ def test_random_failures_are_seeded_and_journaled(tmp_path: Path, ref_cache: Pat
     saved = {r: sorted(e["step"] for e in j.events("checkpoint_saved") if e["rank"] == r and e["tier"] == "persistent")
              for r in (0, 1)}
     # (a killed rank may not journal the persist it was in when its peer did: one per kill at most)
-    assert len(set(saved[0]) ^ set(saved[1])) <= len(faults) and any(b - a != 10 for a, b in zip(saved[0], saved[0][1:]))
+    assert len(set(saved[0]) ^ set(saved[1])) <= len(faults) and any(b - a != 20 for a, b in zip(saved[0], saved[0][1:]))
     assert "persist interval step" in out
 
 

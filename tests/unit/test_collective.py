@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from baft.collective import all_gather_ints
+from baft.collective import all_gather_ints, all_max
 from tests.gloo_ranks import run_ranks
 
 
@@ -21,12 +21,13 @@ def test_without_a_process_group_it_is_the_values_and_it_refuses_what_does_not_f
 RANK = """
 import json, os, sys
 import torch.distributed as dist
-from baft.collective import all_gather_ints
+from baft.collective import all_gather_ints, all_max
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 got = all_gather_ints([[4, 7, 9], [], [0]][rank], 3)
+largest = all_max([[0.5, -1.0], [2.25, -3.0], [1.0, 0.125]][rank])
 with open(os.path.join(sys.argv[1], f"{rank}.json"), "w") as f:
-    json.dump(got, f)
+    json.dump([got, largest], f)
 dist.destroy_process_group()
 """
 
@@ -35,4 +36,5 @@ def test_three_ranks_each_get_every_ranks_values_even_none(tmp_path: Path) -> No
     results = run_ranks(RANK, str(tmp_path), world=3)
     assert all(code == 0 for code, _ in results), [out[-2000:] for _, out in results]
     for rank in range(3):
-        assert json.loads((tmp_path / f"{rank}.json").read_text()) == [[4, 7, 9], [], [0]]
+        assert json.loads((tmp_path / f"{rank}.json").read_text()) == [[[4, 7, 9], [], [0]], [2.25, 0.125]]
+    assert all_max([1.5, -2.0]) == [1.5, -2.0]  # without a process group: the values
