@@ -61,6 +61,9 @@ INITIAL_BANDWIDTH = 5e9
 #: Every this many iterations (and after each re-plan) the iteration's spans are announced as a
 #: ``timeline`` event: compute, waits (the bubbles) and the snapshot work done inside them.
 TIMELINE_EVERY = 10
+#: The longest a due snapshot waits for the persist that holds its slot (then it is skipped): skipping
+#: would leave the previous version as the newest, and a fault then would lose two steps.
+PIN_WAIT = 2.0
 
 
 def _writer_place(slot: Slot) -> tuple[int, int]:
@@ -197,8 +200,14 @@ class BubbleSnapshotter:
         if version == self.restored_version or not self.due(version):
             return  # already in shared memory (we restored from it) / the plan skips it
         if slot_of(version) in self.pinned:
-            events.emit("snapshot_skipped", step=version, tier="shm", reason="slot still being persisted")
-            return
+            t = time.perf_counter()
+            while slot_of(version) in self.pinned and time.perf_counter() - t < PIN_WAIT:
+                time.sleep(0.001)
+            events.emit("persist_backpressure", step=version, seconds=time.perf_counter() - t)
+            if slot_of(version) in self.pinned:
+                events.emit("snapshot_skipped", step=version, tier="shm",
+                            reason=f"slot still being persisted after {PIN_WAIT:g} s")
+                return
         # The RNGs move in the first forward and the data position with the next batch:
         # these are taken now. Parameters, optimizer and scheduler stay put until the
         # optimizer step, so capturing them is part of the work done inside the bubbles.
