@@ -26,7 +26,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,9 @@ from .snapshot import Slot, SnapshotBuffer
 from .state import TrainState, local_view
 from .slotmeta import components as _components, only_markers as _only_markers, pack as _pack, \
     static_meta as _static_meta
-from .store import TRAFFIC_FILE
 from .storeclient import StoreClient
 from .tpshared import broadcast_shared, shared_tensors
-from .traffic import TrafficFlag
+from .traffic import TRAFFIC_FILE, TrafficFlag
 
 log = logging.getLogger("baft")
 
@@ -163,6 +162,8 @@ class BubbleSnapshotter:
         version, or the bytes this replica does not own would keep theirs."""
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
+        self.persist_every: Callable[[], int] | None = None
+        """The persistent interval now (the strategy's; told to the store with each sealed version)."""
         self._slots_lock = threading.Lock()  # held by a reader of a slot (the persister) and while remapping
         self.pinned: set[int] = set()  # slots a reader still needs: a version due in one is skipped
 
@@ -359,7 +360,8 @@ class BubbleSnapshotter:
         pending["slot"].complete(version, pending["meta"])
         self.last_sealed = version
         if (self.store is not None and version % self.config.replicate_every == 0
-                and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)))):
+                and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)),
+                                      self.persist_every() if self.persist_every is not None else None)):
             events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
         self.last_stats = stats
         if stats.bandwidth > 0:

@@ -79,10 +79,12 @@ class CheckpointConfig:
     """``baft``: hand every this many versions to the store for replication (1: every one)."""
     replication_rate: float = _REPLICATION.rate
     """``baft``: replication rate limit per node in bytes/s (0: none). When the link cannot
-    carry a replica per iteration, older versions are skipped and the skips journaled."""
+    carry a replica per iteration, older versions are skipped and the skips journaled; when it
+    cannot deliver a replica before the persistent tier saves a newer version, replication
+    stops (journaled ``replication_degraded``) and is probed again every 30 s."""
     replication_yield: bool = _REPLICATION.yield_to_training
     """``baft``: the store sends replica data only while no rank of its node has pipeline
-    traffic in flight (each 256 KiB piece waits at most 20 ms)."""
+    traffic in flight (each 64 KiB piece waits at most 20 ms)."""
     store: str = ""
     """``baft``: host:port of this node's store (set by the harness; empty: no store, no peers)."""
     node: int = 0

@@ -8,10 +8,13 @@ snapshot slots are files in the node's shared-memory directory; the store
   that slot to the stores of its ``replicas`` peers (``put``; ring or group placement, :mod:`baft.placement`),
   under a rate limit, newest version first: when a rank seals faster than the
   link carries its replicas, older pending versions are dropped and the drop
-  is journaled (the replication frequency degrades instead of the training);
-* sends each replica in 256 KiB pieces, each only while no worker of the node
-  has pipeline traffic in flight (``baft.traffic``; a piece waits at most 20 ms,
-  so replication always progresses);
+  is journaled (the replication frequency degrades instead of the training),
+  and when a replica could no longer land before the persistent tier has a
+  newer version, replication stops and says why (:mod:`baft.replstride`);
+* sends each replica straight from the file in 64 KiB pieces, each only while
+  no worker of the node has pipeline traffic in flight (``baft.traffic``; a
+  piece waits at most 20 ms, so replication always progresses), paced to a
+  share of the link once the link is the bottleneck (:mod:`baft.linkmeter`);
 * keeps the replicas it receives as slot files of the same format
   (``replica-rank-R.slotK``), double-buffered like the originals;
 * answers restores: ``locate`` lists every complete copy of a rank's state on
@@ -32,7 +35,6 @@ It binds one address, its own (never a wildcard).
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import json
 import mmap
@@ -41,7 +43,6 @@ import resource
 import signal
 import socket
 import socketserver
-import statistics
 import struct
 import sys
 import textwrap
@@ -52,11 +53,13 @@ from typing import Any
 
 from .errors import BaftConfigError
 from .fields import field_docs
+from .linkmeter import LinkMeter
 from .placement import targets
+from .replstride import Stride
 from .storeconfig import ReplicationConfig, StoreConfig
 from .slotfile import (HEADER, SLOTS, copies, copy_complete, discard_newer, kept_slot, own_slot, read_complete,
                        ring_slot, slot_of, slot_size, write_slot)
-from .traffic import TrafficFlags
+from .traffic import TRAFFIC_FILE, TrafficFlags
 from .wire import (FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Refused, connect, recv, recv_exact_into,
                    recv_header, request, secret_from_env, send, server_handshake)
 
@@ -68,21 +71,9 @@ PIECE = 64 << 10
 SNDBUF = 64 << 10
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0
-#: The largest replication stride (versions) the store degrades to.
-MAX_STRIDE = 64
-#: With ``yield``, replication takes at most this share of the link's measured capacity.
-LINK_SHARE = float(os.environ.get("BAFT_LINK_SHARE", "0.5"))
-#: The link is taken for the bottleneck when at least this share of recent pieces blocked
-#: (measured: 0.33-0.56 on a 50 Mbit/s tbf link, 0-0.13 on loopback with busy cores).
-LINK_BOUND = 0.3
-#: Seconds the pacing holds after the link last looked like the bottleneck.
-PACE_HOLD = 10.0
-#: A send that blocks at least this long measured the link, not the kernel's buffer.
-BLOCKED_SEND = 0.002
 #: The longest a piece waits for the node's pipeline traffic to pause (progress is guaranteed).
 MAX_DEFER = 0.02
 DEFER_POLL = 0.001
-TRAFFIC_FILE = "traffic"
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -108,18 +99,12 @@ class Store:
         self._round_t0 = 0.0
         self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
-        self.stride = 1
-        """Replicate only versions that are multiples of this (a power of two, grown while the
-        link cannot carry every version, so every node's choice of versions lines up)."""
-        self._period: float | None = None  # seconds per version, from the sealed notifications
-        self._last_seal: tuple[int, float] | None = None
+        self.stride = Stride(self.log)
+        """Which versions are replicated (:mod:`baft.replstride`): every stride-th, or none while the link
+        is too slow for a replica to beat the persistent tier."""
+        self.link = LinkMeter(config.replication.rate, self.flags is not None)
+        """The link's measured capacity and the pace of the sends (:mod:`baft.linkmeter`)."""
         self._closed = False
-        self.capacity: float | None = None
-        """Estimate of the link's bytes/s, from piece sends that had to wait for the link."""
-        self._rates: collections.deque[float] = collections.deque(maxlen=32)
-        self._blocked: collections.deque[bool] = collections.deque(maxlen=32)
-        self._limited_until = 0.0
-        self._limited = False
         threading.Thread(target=self._replicate_loop, name="store-replicate", daemon=True).start()
 
     @property
@@ -224,7 +209,8 @@ class Store:
                 versions[header["version"]] = str(file)
                 for old in sorted(versions)[:-(SLOTS - 1)]:
                     del versions[old]  # its slot is being reused for the next version by now
-                self._note_period(header["version"])
+                every = header.get("persist_every")
+                self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None)
                 if header["version"] == self._current:
                     self._capture(header["rank"])  # now, before the slot is reused
                 self._cond.notify()
@@ -303,14 +289,6 @@ class Store:
             self.log("discarded", rank=rank, after=version, versions=dropped)
         return dropped
 
-    def _note_period(self, version: int) -> None:
-        now = time.monotonic()
-        if self._last_seal is not None and version > self._last_seal[0]:
-            per = (now - self._last_seal[1]) / (version - self._last_seal[0])
-            self._period = per if self._period is None else 0.8 * self._period + 0.2 * per
-        if self._last_seal is None or version >= self._last_seal[0]:
-            self._last_seal = (version, now)
-
     # -- replication in rounds -------------------------------------------------------------
     # A round is one version v (on the stride) replicated for every rank of the node, so the
     # copies of all ranks line up on common versions: a restore needs one every rank can get.
@@ -320,12 +298,14 @@ class Store:
 
     def _start_round(self) -> None:
         """Open a round at the newest version on the stride that any local rank has sealed."""
-        fresh = set().union(*({v for v in vs if v % self.stride == 0 and v > self._done} for vs in self._sealed.values()))
+        if not self.stride.may_start():
+            return
+        fresh = set().union(*({v for v in vs if self.stride.wants(v) and v > self._done} for vs in self._sealed.values()))
         if not fresh:
             return
         v = max(fresh)
         if self._done >= 0 and v - self._done > 1:
-            self.log("replication_skipped", version=v, skipped=v - self._done - 1, stride=self.stride,
+            self.log("replication_skipped", version=v, skipped=v - self._done - 1, stride=self.stride.value,
                      reason=f"{v - self._done - 1} version(s) sealed since the last round were not replicated")
         self._current, self._captured, self._sent, self._lost = v, {}, set(), set()
         self._round_t0 = time.monotonic()
@@ -378,7 +358,7 @@ class Store:
         if all(r in self._sent or r in self._lost for r in self._sealed):
             self._done, self._current = self._current, None
             self._captured = {}
-            self._adapt(time.monotonic() - self._round_t0)
+            self.stride.round_done(time.monotonic() - self._round_t0)
             return self._next_send()
         return None
 
@@ -412,56 +392,12 @@ class Store:
                 behind = max(self._sealed.get(rank) or {version: ""}) - version
             self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes,
                      seconds=time.perf_counter() - t, deferred_seconds=deferred, behind=behind,
-                     blocked_share=round(sum(self._blocked) / max(1, len(self._blocked)), 3))
-
-    def _adapt(self, seconds: float) -> None:
-        """Double the stride while a round takes longer than the versions it covers; halve it when
-        rounds fit easily again. Powers of two keep every node's choice of versions aligned."""
-        if self._period is None or self._period <= 0:
-            return
-        if seconds > self.stride * self._period and self.stride < MAX_STRIDE:
-            self._set_stride(self.stride * 2, "a round took longer than its versions", seconds)
-        elif self.stride > 1 and seconds < 0.3 * (self.stride // 2) * self._period:
-            self._set_stride(self.stride // 2, "rounds fit again", seconds)
-
-    def _set_stride(self, stride: int, reason: str, seconds: float) -> None:
-        if stride != self.stride:
-            self.stride = stride
-            self.log("replication_stride", stride=stride, reason=reason, round_seconds=round(seconds, 4),
-                     version_seconds=round(self._period, 4) if self._period else None)
-
-    def pace(self) -> float:
-        """Bytes/s to send at: the configured ``rate``, and with ``yield``, once the link is found
-        to be the bottleneck, at most ``LINK_SHARE`` of its measured capacity (0: unlimited)."""
-        rate = self.config.replication.rate
-        limits = [rate] if rate > 0 else []
-        if self.flags is not None and self._limited and self.capacity is not None and LINK_SHARE > 0:
-            limits.append(LINK_SHARE * self.capacity)
-        return min(limits, default=0.0)
-
-    def _measure(self, nbytes: int, seconds: float) -> None:
-        """Learn from one piece's send: a slow link blocks (nearly) every piece at its rate; a
-        receiver that was merely descheduled on busy cores blocks some pieces, not most."""
-        blocked = seconds >= BLOCKED_SEND
-        self._blocked.append(blocked)
-        if blocked:
-            self._rates.append(nbytes / seconds)
-            self.capacity = statistics.median(self._rates)
-        now = time.monotonic()
-        if len(self._blocked) >= 16 and sum(self._blocked) >= LINK_BOUND * len(self._blocked):
-            # Paced sends stop blocking, so once the link is found slow the pacing holds for a
-            # while before the store tries full speed again (and re-detects a link still slow).
-            self._limited_until = now + PACE_HOLD
-        limited = now < self._limited_until
-        if limited != self._limited:
-            self._limited = limited
-            self.log("replication_paced", link_mbytes_per_s=round((self.capacity or 0) / 1e6, 3),
-                     pace_mbytes_per_s=round(self.pace() / 1e6, 3), limited_by_link=limited)
+                     blocked_share=round(self.link.blocked_share(), 3))
 
     def _send_put(self, target: str, rank: int, version: int, path: Path, nbytes: int) -> float:
         """Send a replica in pieces straight from the file (``sendfile``: the kernel copies page cache to
         socket): each piece waits (up to ``MAX_DEFER``) until no local rank has pipeline traffic in
-        flight, and the pieces keep the average under :meth:`pace`. Returns the seconds spent
+        flight, and the pieces keep the average under the link's pace. Returns the seconds spent
         deferring to training traffic."""
         deferred = 0.0
         with connect(target, self.config.secret, timeout=30) as s, open(path, "rb") as f:
@@ -479,9 +415,13 @@ class Store:
                 t = time.perf_counter()
                 if s.sendfile(f, off, piece) != piece:
                     raise ConnectionError(f"the replica's file ended before byte {off + piece} of {nbytes}")
-                self._measure(piece, time.perf_counter() - t)
+                change = self.link.measure(piece, time.perf_counter() - t)
+                if change is not None:
+                    self.log("replication_paced", link_mbytes_per_s=round(change.link_bytes_per_s / 1e6, 3),
+                             pace_mbytes_per_s=round(change.pace_bytes_per_s / 1e6, 3),
+                             limited_by_link=change.limited_by_link)
                 sent += piece
-                rate = self.pace()
+                rate = self.link.pace()
                 if rate > 0:
                     ahead = sent / rate - (time.perf_counter() - start)
                     if ahead > 0:

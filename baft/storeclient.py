@@ -21,13 +21,16 @@ class StoreClient:
                                   "that know it)", "<not set>")
         self._sock: socket.socket | None = None
 
-    def sealed(self, rank: int, version: int, file: Path) -> bool:
-        """Tell the store a version is complete (fire and forget; False if the store is unreachable)."""
+    def sealed(self, rank: int, version: int, file: Path, persist_every: int | None = None) -> bool:
+        """Tell the store a version is complete (fire and forget; False if the store is unreachable).
+        ``persist_every``: the rank's persistent interval now (the store stops replicating when the
+        link cannot deliver a replica before the persistent tier has a newer version)."""
         for _ in range(2):
             try:
                 if self._sock is None:
                     self._sock = connect(self.address, self.secret, timeout=5)
-                send(self._sock, {"op": "sealed", "rank": rank, "version": version, "file": str(file)})
+                send(self._sock, {"op": "sealed", "rank": rank, "version": version, "file": str(file),
+                                  "persist_every": persist_every})
                 return True
             except OSError:
                 self.close()

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 SLOTS = 256
+#: The file's name in the node's shared-memory directory.
+TRAFFIC_FILE = "traffic"
 
 
 def _map(path: Path) -> mmap.mmap:

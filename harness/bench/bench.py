@@ -429,6 +429,10 @@ def replication_stats(out: Path, block: int | None = None) -> dict[str, Any]:
         "store_cpu_seconds_per_gb": (sum(e["cpu_seconds"] for e in stops) / (sum(e["bytes"] for e in sent) / 1e9))
         if stops and sent else None,
         "store_max_rss_mbytes": max(e["max_rss_mbytes"] for e in stops) if stops else None,
+        # the link could not deliver a replica before the persistent tier had a newer version
+        "degraded": sum(1 for e in evs if e["event"] == "replication_degraded"),
+        "resumed": sum(1 for e in evs if e["event"] == "replication_resumed"),
+        "degraded_reason": next((e["reason"] for e in evs if e["event"] == "replication_degraded"), None),
         **staleness(sent, [e for e in evs if e["event"] == "replication_stride"], block),
     }
 
@@ -492,6 +496,9 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"replication: {rep['replicated']} replicas sent, {rep['skipped']} versions skipped (link too slow), "
                      f"{rep['failed']} failed; {rep['mbytes_per_s'] or 0:.1f} MB/s per transfer, "
                      f"deferred for training traffic {rep['deferred_ms_median'] or 0:.1f} ms (median)")
+        if rep.get("degraded"):
+            lines.append(f"replication stopped {rep['degraded']} time(s), resumed {rep['resumed']}: "
+                         f"{rep['degraded_reason']}")
         if rep.get("store_cpu_seconds_per_gb") is not None:
             lines.append(f"stores: {rep['store_cpu_seconds']:.1f} CPU-s in all, {rep['store_cpu_seconds_per_gb']:.1f} "
                          f"CPU-s per replicated GB, at most {rep['store_max_rss_mbytes']:.0f} MB resident each")

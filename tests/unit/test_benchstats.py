@@ -143,3 +143,21 @@ def test_replica_staleness_counts_the_versions_between_replicas_and_those_sealed
     assert s["stride_max"] == 8
     assert staleness(sent, [], block=8)["gap_versions_median"] == 4  # gaps of 8 span other arms' blocks
     assert staleness([{k: v for k, v in e.items() if k != "behind"} for e in sent], []) == {}  # older journals
+
+
+def test_the_bench_reports_when_and_why_replication_stopped(tmp_path) -> None:
+    import json
+
+    from harness.bench.bench import replication_stats, table
+
+    (tmp_path / "journal").mkdir()
+    why = "a round of replicas takes 31.0 versions (median of the last 3), the persistent tier saves every 10"
+    events = [{"t": 1.0, "event": "replicated", "rank": 0, "peer": "node1", "version": 4, "bytes": 10**6,
+               "seconds": 2.0, "deferred_seconds": 0.01, "behind": 20},
+              {"t": 2.0, "event": "replication_degraded", "reason": why},
+              {"t": 9.0, "event": "store_stop", "cpu_seconds": 0.5, "max_rss_mbytes": 90.0}]
+    (tmp_path / "journal" / "store-node0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rep = replication_stats(tmp_path)
+    assert (rep["degraded"], rep["resumed"], rep["degraded_reason"]) == (1, 0, why)
+    lines = table({"tiers": {}, "restore": {}, "replication": rep}).splitlines()
+    assert any(line.startswith("replication stopped 1 time(s), resumed 0: a round of replicas") for line in lines)

@@ -1,8 +1,11 @@
 """The node store: replicates sealed slots to the next node, locates and pulls copies for a restore."""
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,24 +28,33 @@ def _the_runs_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BAFT_STORE_SECRET", SECRET)
 
 
-@pytest.fixture
-def two_stores(tmp_path: Path):
+@contextlib.contextmanager
+def stores(tmp_path: Path, replication: ReplicationConfig) -> Iterator[tuple[list[str], list[Store]]]:
+    """Two nodes' stores serving in this process: their addresses and the Store objects."""
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     servers = []
     for node in range(2):
         store = Store(StoreConfig(root=tmp_path / f"node{node}", node=node, addresses=addresses,
-                                  journal=tmp_path / f"j{node}.jsonl", replication=ReplicationConfig(replicas=1),
+                                  journal=tmp_path / f"j{node}.jsonl", replication=replication,
                                   secret=SECRET, world_size=8, max_payload=1 << 20))
         host, port = addresses[node].rsplit(":", 1)
         server = _Server((host, int(port)), _Handler)
         server.store = store
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append((server, store))
-    yield tmp_path, addresses
-    for server, store in servers:
-        store.close()
-        server.shutdown()
-        server.server_close()
+    try:
+        yield addresses, [store for _, store in servers]
+    finally:
+        for server, store in servers:
+            store.close()
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.fixture
+def two_stores(tmp_path: Path):
+    with stores(tmp_path, ReplicationConfig(replicas=1)) as (addresses, _):
+        yield tmp_path, addresses
 
 
 def seal(root: Path, rank: int, version: int, fill: int) -> Path:
@@ -126,8 +138,6 @@ def test_replicas_wait_for_training_traffic_to_pause(two_stores, monkeypatch: py
     """A piece waits while a local rank's pipeline transfer is in flight (up to MAX_DEFER), and not at all
     when none is. The flag is held until the replica has arrived, so the wait is certain, not a race
     between this thread's sleep and the store's."""
-    import json
-
     from baft import store
     from baft.store import TRAFFIC_FILE
     from baft.traffic import TrafficFlag
@@ -156,6 +166,51 @@ def test_replicas_wait_for_training_traffic_to_pause(two_stores, monkeypatch: py
     client.close()
 
 
+def test_a_link_too_slow_to_beat_the_persistent_tier_stops_replication_until_a_probe_finds_it_fast(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank seals a version every ~10 ms and persists every 20; at 8 kB/s a round of its ~4 kB replica takes
+    ~0.5 s (about 50 versions): the store stops replicating, journals why, keeps probing while the link is
+    slow, and resumes once a probe round is fast (the newest replica at most 5 versions old at a failure,
+    half the persistent tier's 10)."""
+    from baft import replstride
+
+    monkeypatch.setattr(replstride, "DEGRADE_HOLD", 0.6)
+    with stores(tmp_path, ReplicationConfig(replicas=1, rate=8_000, yield_to_training=False)) as (addresses, nodes):
+        client, stop = StoreClient(addresses[0]), threading.Event()
+
+        def train() -> None:
+            v = 0
+            while not stop.is_set():
+                v += 1
+                client.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v % 7), persist_every=20)
+                time.sleep(0.01)
+
+        trainer = threading.Thread(target=train, daemon=True)
+        trainer.start()
+        journal = tmp_path / "j0.jsonl"
+
+        def events(kind: str) -> list[dict]:
+            return [e for e in map(json.loads, journal.read_text().splitlines()) if e["event"] == kind]
+
+        try:
+            wait_for(lambda: journal.is_file() and events("replication_degraded"))
+            (why,) = events("replication_degraded")
+            assert why["persist_every"] == 20 and why["replica_age_versions"] > 10 and "persistent tier" in why["reason"]
+            sent = len(events("replicated"))
+            time.sleep(0.4)  # no probe before the hold is over: nothing sent
+            assert len(events("replicated")) == sent and nodes[0].stride.degraded
+            wait_for(lambda: len(events("replicated")) > sent)  # a probe round, still slow
+            assert nodes[0].stride.degraded and not events("replication_resumed")
+            nodes[0].link.rate = 0  # the link is fast again
+            wait_for(lambda: events("replication_resumed"))
+            n = len(events("replicated"))
+            wait_for(lambda: len(events("replicated")) >= n + 5)  # replicating again, round after round
+        finally:
+            stop.set()
+            trainer.join()
+            client.close()
+
+
 def test_rounds_replicate_one_version_for_every_local_rank(two_stores) -> None:
     """Ranks of a node are replicated at the same versions, so a restore finds a common one."""
     root, addresses = two_stores
@@ -165,7 +220,6 @@ def test_rounds_replicate_one_version_for_every_local_rank(two_stores) -> None:
     wait_for(lambda: 4 in replicas_of(root / "node1", 0) and '"replicated"' in (root / "j0.jsonl").read_text())
     client.sealed(1, 5, seal(root / "node0", rank=1, version=5, fill=2))  # rank 1 has no version 4
     client.sealed(0, 5, seal(root / "node0", rank=0, version=5, fill=3))
-    import json
 
     # the sender journals a replica once the receiver has it: wait for the lines, not only the files
     wait_for(lambda: (root / "j0.jsonl").read_text().count('"replicated"') >= 3)

@@ -1,0 +1,114 @@
+"""Which versions a store replicates (baft.replstride): the stride follows the link, and replication stops
+when a replica could no longer beat the persistent tier, then resumes after a probe."""
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings, strategies as st
+
+from baft.replstride import DEGRADE_HOLD, DEGRADE_ROUNDS, MAX_STRIDE, RESUME_SHARE, Stride
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stride(period: float = 0.1, persist_every: int | None = 10) -> tuple[Stride, Clock, list[tuple[str, dict[str, Any]]]]:
+    clock, events = Clock(), []
+    s = Stride(lambda event, **fields: events.append((event, fields)), clock)
+    for v in range(5):  # sealed every `period` seconds
+        s.sealed(v, persist_every)
+        clock.now += period
+    return s, clock, events
+
+
+def test_the_period_comes_from_the_seals_and_the_persistent_interval_from_the_ranks() -> None:
+    s, _, _ = stride(period=0.25, persist_every=7)
+    assert abs(s.period - 0.25) < 1e-9 and s.persist_every == 7
+    s.sealed(5, None)  # a rank that did not say keeps the last interval
+    assert s.persist_every == 7
+
+
+def test_a_slow_link_doubles_the_stride_and_a_fast_one_halves_it_again() -> None:
+    s, _, events = stride(persist_every=None)
+    s.round_done(0.25)  # 2.5 versions for a stride of 1
+    s.round_done(0.25)  # 2.5 versions for a stride of 2
+    assert s.value == 4 and [e for e, _ in events] == ["replication_stride"] * 2
+    assert s.wants(8) and not s.wants(6)
+    s.round_done(0.01)
+    assert s.value == 2 and events[-1][1]["reason"] == "rounds fit again"
+
+
+def test_replicas_older_than_the_persistent_tiers_checkpoints_stop_replication_and_say_why() -> None:
+    s, clock, events = stride(period=0.1, persist_every=10)
+    for _ in range(DEGRADE_ROUNDS - 1):
+        s.round_done(1.5)  # 15 versions a round: the newest replica 22.5 versions old, the checkpoint 5
+        assert not s.degraded
+    s.round_done(1.5)
+    assert s.degraded and not s.may_start()
+    (degraded,) = [f for e, f in events if e == "replication_degraded"]
+    assert degraded["replica_age_versions"] == 22.5 and degraded["persistent_age_versions"] == 5
+    assert degraded["persist_every"] == 10
+    assert "persistent tier" in degraded["reason"]
+    clock.now += DEGRADE_HOLD - 0.1
+    assert not s.may_start()
+    clock.now += 0.2
+    assert s.may_start()  # one probe round
+    s.round_done(0.3)  # 3 versions: replicas 4.5 old, younger than 5 but not by the resume margin
+    assert s.degraded and not s.may_start()
+    clock.now += DEGRADE_HOLD + 0.1
+    s.round_done(0.15)  # replicas 2 versions old: at most half the persistent tier's 5
+    assert not s.degraded and s.may_start() and "replication_resumed" in [e for e, _ in events[-2:]]
+
+
+def test_one_slow_round_among_fast_ones_degrades_nothing() -> None:
+    s, _, events = stride(period=0.1, persist_every=10)
+    for seconds in (0.05, 3.0, 0.05, 0.05, 3.0, 0.05):  # 0.5 and 30 versions
+        s.round_done(seconds)
+    assert not s.degraded and "replication_degraded" not in [e for e, _ in events]
+
+
+def test_without_a_persistent_interval_replication_never_stops() -> None:
+    s, _, _ = stride(persist_every=None)
+    for _ in range(10):
+        s.round_done(100.0)
+    assert not s.degraded and s.value == MAX_STRIDE
+
+
+@settings(max_examples=60, deadline=None)
+@given(rounds=st.lists(st.floats(0.001, 20.0), min_size=1, max_size=40), every=st.integers(1, 50))
+def test_the_stride_stays_a_power_of_two_within_bounds_and_degradation_follows_the_median(
+        rounds: list[float], every: int) -> None:
+    s, _, events = stride(period=0.1, persist_every=every)
+    ages: list[float] = []
+    for seconds in rounds:
+        was = s.degraded
+        ages.append(s.ages(seconds)[0])
+        s.round_done(seconds)
+        assert 1 <= s.value <= MAX_STRIDE and s.value & (s.value - 1) == 0
+        if not was and s.degraded:  # only after DEGRADE_ROUNDS rounds whose median is older than the checkpoint
+            (fields,) = [f for e, f in events if e == "replication_degraded"][-1:]
+            assert len(ages) >= DEGRADE_ROUNDS and sorted(ages[-DEGRADE_ROUNDS:])[DEGRADE_ROUNDS // 2] > every / 2
+            assert fields["replica_age_versions"] > fields["persistent_age_versions"] == every / 2
+        if was and not s.degraded:
+            assert ages[-1] <= RESUME_SHARE * every / 2
+            ages.clear()
+    kinds = [e for e, _ in events if e != "replication_stride"]
+    assert all(a != b for a, b in zip(kinds, kinds[1:]))  # degraded and resumed alternate
+
+
+def test_time_away_from_this_strategy_is_not_taken_for_the_pace_of_its_versions() -> None:
+    """A benchmark's other arms (or a restart) advance the step while this rank hands over nothing: a gap
+    longer than the handover cadence tells nothing about seconds per version."""
+    s, clock, _ = stride(period=0.1)
+    clock.now += 5.0
+    s.sealed(25)  # 20 versions later, after 5 s of another arm's block
+    assert abs(s.period - 0.1) < 1e-9
+    for v in (27, 29, 31):  # gaps of 2 after a cadence of 1: away too (replicate_every 2 has a cadence of 2)
+        clock.now += 0.2
+        s.sealed(v)
+    assert abs(s.period - 0.1) < 1e-9
