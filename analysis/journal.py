@@ -63,7 +63,11 @@ Event fields:
 Each node's store writes ``journal/store-node<N>.jsonl``: store_start, replicated
 (rank, version, peer, bytes, seconds, deferred_seconds, behind: the versions the rank sealed
 after this one by the time it landed), replication_skipped
-(rank, version, reason), replication_failed, pulled (rank, version, source, bytes).
+(rank, version, reason), replication_failed, pulled (rank, version, source, bytes),
+replication_paced (the link found to be the bottleneck or no longer), replication_stride (stride, reason),
+replication_degraded (replica_age_versions, persistent_age_versions, persist_every, reason: replication
+stopped, the newest peer copy would be older than the persistent tier's), replication_resumed (a probe found
+the link fast again).
 ``finish``              step
 ``agent_start`` / ``agent_exit`` (launcher) node, returncode
 ``aborted``             (launcher) signal (SIGINT/SIGTERM), seconds into the launch or during=reference:
@@ -206,6 +210,8 @@ class Journal:
     run_dir: Path
     ranks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     launcher: list[dict[str, Any]] = field(default_factory=list)
+    stores: list[dict[str, Any]] = field(default_factory=list)
+    """The node stores' events (``journal/store-node<N>.jsonl``), ordered by time."""
 
     @classmethod
     def load(cls, run_dir: Path) -> Journal:
@@ -225,6 +231,8 @@ class Journal:
             j.launcher = list(read_events(launcher_journal(run_dir)))
         if not j.ranks:
             raise AnalysisError(f"{root}: no rank journals")
+        j.stores = sorted((e for f in sorted(root.glob("store-node*.jsonl")) for e in read_events(f)),
+                          key=lambda e: e["t"])
         return j
 
     @property

@@ -174,6 +174,14 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
                    ("table", (["step", "every before", "every after", "cost per persist (ms)", "why"], [
                        [_fmt(c.step), _fmt(c.before), _fmt(c.every), _fmt(c.cost_seconds * 1e3), c.why]
                        for c in v.interval_changes]))]
+    if v.replication_changes:
+        blocks += [("h2", "Replication stopped or resumed"),
+                   ("p", "A node's store stops replicating when its link makes the newest peer copy older than the "
+                         "newest persistent checkpoint (recovery then uses the persistent tier) and probes the link "
+                         "again later."),
+                   ("table", (["node", "step", "what", "why"], [
+                       [c.node, _fmt(c.step), "stopped" if c.stopped else "resumed", c.reason]
+                       for c in v.replication_changes]))]
     lc = v.loss_curve
     if lc is not None:
         worst, eq = lc.worst_window, lc.equivalence

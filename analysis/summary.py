@@ -83,6 +83,9 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
                              + " steps; all in verdict.json)")
             continue
         lines.append(f"  persist interval step {c.step}: every {c.before} -> {c.every} steps ({c.why})")
+    for c in v.replication_changes:
+        at = f"at step {c.step}" if c.step is not None else "before the first step"
+        lines.append(f"  replication {c.node} {'stopped' if c.stopped else 'resumed'} {at}: {c.reason}")
     for label, issues in (("rejected", v.checkpoints_rejected), ("write failed", v.checkpoints_failed)):
         for c in issues:
             lines.append(f"  checkpoint {label}: step {c.step} ({c.tier}): {c.reason}")

@@ -113,6 +113,20 @@ class IntervalChange(Record):
 
 
 @dataclass(kw_only=True, slots=True)
+class ReplicationChange(Record):
+    """A node's store stopping or resuming replication (the link against the persistent tier)."""
+
+    node: str
+    """The store's node (``node<N>``)."""
+    step: int | None
+    """The newest step any rank had journaled by then (None: before the first)."""
+    stopped: bool
+    """True: replication stopped (``replication_degraded``); False: it resumed."""
+    reason: str
+    """The store's reason, with the numbers that decided it."""
+
+
+@dataclass(kw_only=True, slots=True)
 class WallSeconds(Record):
     """How long the runs took, as the harness timed them."""
 
@@ -275,6 +289,9 @@ class Verdict(Record):
     """Checkpoint writes that failed, one per step and tier."""
     interval_changes: list[IntervalChange] = field(default_factory=list)
     """When and why the persistent interval adapted (``checkpoint.mtbf_hours``), one per step."""
+    replication_changes: list[ReplicationChange] = field(default_factory=list)
+    """When and why a node's store stopped replicating (its link too slow for a replica to be fresher than
+    the persistent tier) or resumed."""
     metrics: Efficiency | None = None
     """Goodput, iteration overhead, checkpoint cost and bubble use (None in files from before them)."""
     target: str = "local"
@@ -324,6 +341,7 @@ class Verdict(Record):
             "checkpoints_rejected": [CheckpointIssue.from_json(c) for c in data.get("checkpoints_rejected", [])],
             "checkpoints_failed": [CheckpointIssue.from_json(c) for c in data.get("checkpoints_failed", [])],
             "interval_changes": [IntervalChange.from_json(c) for c in data.get("interval_changes", [])],
+            "replication_changes": [ReplicationChange.from_json(c) for c in data.get("replication_changes", [])],
             "metrics": optional(Efficiency, data.get("metrics")),
             "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
             "cluster": optional(ClusterFacts, data.get("cluster")),
@@ -463,6 +481,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         checkpoints_rejected=_by_step(run.events("checkpoint_rejected")),
         checkpoints_failed=_by_step(run.events("checkpoint_failed")),
         interval_changes=interval_changes(run.events("interval_changed")),
+        replication_changes=replication_changes(run),
         metrics=efficiency(reference, run, steps),
         reproducibility=repro,
     )
@@ -484,3 +503,16 @@ def interval_changes(evs: list[dict[str, Any]]) -> list[IntervalChange]:
         out.setdefault(int(e["step"]), IntervalChange(step=int(e["step"]), every=int(e["every"]), before=int(e["before"]),
                                                       cost_seconds=float(e["cost_seconds"]), why=str(e.get("why", ""))))
     return [out[k] for k in sorted(out)]
+
+
+def replication_changes(run: Journal) -> list[ReplicationChange]:
+    """The stores' stops and resumptions, each at the newest step the ranks had journaled by then."""
+    marks = sorted((e["t"], int(e["step"])) for evs in run.ranks.values() for e in evs
+                   if isinstance(e.get("step"), int) and not isinstance(e.get("step"), bool))
+    out = []
+    for e in run.stores:
+        if e["event"] in ("replication_degraded", "replication_resumed"):
+            step = max((s for t, s in marks if t <= e["t"]), default=None)
+            out.append(ReplicationChange(node=str(e.get("node")), step=step, stopped=e["event"] == "replication_degraded",
+                                         reason=str(e.get("reason", ""))))
+    return out

@@ -81,7 +81,7 @@ class CheckpointConfig:
     """``baft``: replication rate limit per node in bytes/s (0: none). When the link cannot
     carry a replica per iteration, older versions are skipped and the skips journaled; when it
     cannot deliver a replica before the persistent tier saves a newer version, replication
-    stops (journaled ``replication_degraded``) and is probed again every 30 s."""
+    stops (journaled ``replication_degraded``) and is probed again after 30 s, then less often."""
     replication_yield: bool = _REPLICATION.yield_to_training
     """``baft``: the store sends replica data only while no rank of its node has pipeline
     traffic in flight (each 64 KiB piece waits at most 20 ms)."""

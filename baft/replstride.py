@@ -10,8 +10,9 @@ covered)``, so at a failure the newest replica is about ``covered + max(1,
 covered) / 2`` versions old, against half the persistent interval
 for the persistent tier), replicating costs the link and the cores for
 nothing: the store stops (``replication_degraded``, with the numbers that
-decided it) and recovery falls to the persistent tier. Every ``DEGRADE_HOLD``
-seconds it probes with one round and resumes when the replicas' age would be
+decided it) and recovery falls to the persistent tier. After ``DEGRADE_HOLD``
+seconds it probes with one round (then after twice as long, up to
+``MAX_HOLD``, while the link stays slow) and resumes when the replicas' age would be
 at most ``RESUME_SHARE`` of the persistent tier's (``replication_resumed``).
 Torch-free (the store imports it).
 """
@@ -27,8 +28,10 @@ from typing import Any
 MAX_STRIDE = 64
 #: Rounds whose median decides a degradation (one slow round on busy cores decides nothing).
 DEGRADE_ROUNDS = 3
-#: Seconds between probes while replication is degraded.
+#: Seconds until the first probe once replication is degraded; each probe that finds the link still too
+#: slow doubles the wait, up to ``MAX_HOLD`` (a probe round costs the link what a round costs).
 DEGRADE_HOLD = 30.0
+MAX_HOLD = 240.0
 #: A probe resumes replication when the replicas' age would be at most this share of the persistent tier's.
 RESUME_SHARE = 0.5
 
@@ -51,6 +54,8 @@ class Stride:
         self._cadence: int | None = None
         self._ages: deque[float] = deque(maxlen=DEGRADE_ROUNDS)
         self._probe_at = 0.0
+        self.hold = DEGRADE_HOLD
+        """Seconds until the next probe while degraded."""
 
     def sealed(self, version: int, persist_every: int | None = None) -> None:
         """A local rank sealed ``version`` (and persists every ``persist_every`` versions)."""
@@ -92,7 +97,8 @@ class Stride:
         self._ages.append(replica)
         if self.degraded:
             if persistent is not None and replica > RESUME_SHARE * persistent:
-                self._probe_at = self.clock() + DEGRADE_HOLD
+                self.hold = min(2 * self.hold, MAX_HOLD)
+                self._probe_at = self.clock() + self.hold
                 return
             self.degraded = False
             self._ages.clear()
@@ -103,11 +109,12 @@ class Stride:
         elif (persistent is not None and len(self._ages) == DEGRADE_ROUNDS
               and statistics.median(self._ages) > persistent):
             self.degraded = True
-            self._probe_at = self.clock() + DEGRADE_HOLD
+            self.hold = DEGRADE_HOLD
+            self._probe_at = self.clock() + self.hold
             age = statistics.median(self._ages)
             self.log("replication_degraded", round_seconds=round(seconds, 4), version_seconds=round(self.period, 4),
                      replica_age_versions=round(age, 2), persistent_age_versions=persistent,
-                     persist_every=self.persist_every, stride=self.value, probe_seconds=DEGRADE_HOLD,
+                     persist_every=self.persist_every, stride=self.value, probe_seconds=self.hold,
                      reason=f"the link makes the newest peer copy {age:.1f} versions old at a failure (median of "
                      f"the last {DEGRADE_ROUNDS} rounds), older than the persistent tier's {persistent:g} (it saves "
                      f"every {self.persist_every}): replication stops and recovery is left to the persistent tier")

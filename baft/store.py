@@ -358,7 +358,8 @@ class Store:
         if all(r in self._sent or r in self._lost for r in self._sealed):
             self._done, self._current = self._current, None
             self._captured = {}
-            self.stride.round_done(time.monotonic() - self._round_t0)
+            if self._sent:  # a round whose every copy was lost measured nothing about the link
+                self.stride.round_done(time.monotonic() - self._round_t0)
             return self._next_send()
         return None
 

@@ -42,6 +42,27 @@ def test_throttled_link_keeps_training_first_and_the_replicas_useful(tmp_path: P
     assert _baft_namespaces() <= before  # this run's namespaces are gone
 
 
+def test_a_link_too_slow_for_useful_replicas_degrades_to_the_persistent_tier_and_says_why(
+        tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "link-slow-degrades.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    stores = [e for f in sorted((tmp_path / "out" / "faulted" / "journal").glob("store-node*.jsonl")) for e in read_events(f)]
+    degraded = [e for e in stores if e["event"] == "replication_degraded"]
+    assert degraded, [e["event"] for e in stores]
+    assert all(e["replica_age_versions"] > e["persistent_age_versions"] == 2 and "persistent tier" in e["reason"]
+               for e in degraded)
+    for node in {e["node"] for e in degraded}:  # after its stop, a node replicates only probe rounds (the first after 30 s)
+        mine = [e for e in stores if e["node"] == node]
+        t0 = min(e["t"] for e in mine if e["event"] == "replication_degraded")
+        # until the node's store restarts (a lost node's replacement starts afresh and learns it again)
+        t1 = min([e["t"] for e in mine if e["event"] == "store_start" and e["t"] > t0] + [mine[-1]["t"]])
+        later = [e for e in mine if e["event"] == "replicated" and t0 < e["t"] <= t1]
+        assert len(later) <= 1 + int((t1 - t0) // 30), later
+    assert any(c["stopped"] and "persistent tier" in c["reason"] for c in v["replication_changes"])  # in the verdict
+    rec = v["recoveries"][0]
+    assert rec["restored_tier"] == "persistent" and v["bitwise_equal"] and rec["lost_steps"] <= 8
+
+
 def test_partition_stalls_the_job_the_watchdog_restarts_it(tmp_path: Path, ref_cache: Path) -> None:
     rc, out, v = run_cli(CI / "link-partition.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out

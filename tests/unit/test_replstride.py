@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import given, settings, strategies as st
 
-from baft.replstride import DEGRADE_HOLD, DEGRADE_ROUNDS, MAX_STRIDE, RESUME_SHARE, Stride
+from baft.replstride import DEGRADE_HOLD, DEGRADE_ROUNDS, MAX_HOLD, MAX_STRIDE, RESUME_SHARE, Stride
 
 
 class Clock:
@@ -61,6 +61,12 @@ def test_replicas_older_than_the_persistent_tiers_checkpoints_stop_replication_a
     s.round_done(0.3)  # 3 versions: replicas 4.5 old, younger than 5 but not by the resume margin
     assert s.degraded and not s.may_start()
     clock.now += DEGRADE_HOLD + 0.1
+    assert not s.may_start()  # a failed probe doubles the wait
+    clock.now += DEGRADE_HOLD
+    assert s.may_start()
+    s.round_done(1.5)
+    assert s.hold == min(4 * DEGRADE_HOLD, MAX_HOLD)
+    clock.now += s.hold + 0.1
     s.round_done(0.15)  # replicas 2 versions old: at most half the persistent tier's 5
     assert not s.degraded and s.may_start() and "replication_resumed" in [e for e, _ in events[-2:]]
 

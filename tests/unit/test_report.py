@@ -64,6 +64,17 @@ def test_the_report_lists_the_adaptive_intervals_changes_and_only_when_there_wer
     assert "## Adaptive persist interval" in md and "| 10 | 10 | 7 | 33.3 | Daly's interval for 33.30 ms ... |" in md
 
 
+def test_the_report_lists_where_replication_stopped_and_only_when_it_did(tmp_path: Path) -> None:
+    from analysis.verdict import ReplicationChange
+
+    v = make_run(tmp_path)
+    assert "## Replication stopped" not in report(tmp_path).markdown.read_text()
+    change = ReplicationChange(node="node0", step=17, stopped=True, reason="the link makes the newest peer copy 9.1 ...")
+    dataclasses.replace(v, replication_changes=[change]).write(tmp_path)
+    md = report(tmp_path).markdown.read_text()
+    assert "## Replication stopped or resumed" in md and "| node0 | 17 | stopped | the link makes the newest" in md
+
+
 def test_a_failed_run_says_why_at_the_top(tmp_path: Path) -> None:
     make_run(tmp_path, offset=0.05)
     md = report(tmp_path).markdown.read_text()

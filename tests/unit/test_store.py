@@ -127,6 +127,24 @@ def test_a_torn_slot_is_never_replicated(two_stores) -> None:
     assert '"replicated"' not in journal.read_text()
 
 
+def test_a_round_that_sent_nothing_tells_nothing_about_the_link(tmp_path: Path) -> None:
+    """A probe round whose only copy was lost (its slot rewritten first) took no time because it sent
+    nothing: it must not pass for a fast link and resume replication (a benchmark run did that)."""
+    with stores(tmp_path, ReplicationConfig(replicas=1)) as (addresses, nodes):
+        stride = nodes[0].stride
+        stride.period, stride.persist_every, stride.degraded = 0.1, 10, True  # degraded; its probe is due
+        path = seal(tmp_path / "node0", rank=0, version=2, fill=1)
+        buf = SnapshotBuffer(tmp_path / "node0", 0)
+        buf.open_existing()
+        buf.slots[slot_of(2)].begin(5)  # the slot is reused before the store reads it
+        buf.close()
+        StoreClient(addresses[0]).sealed(0, 2, path, persist_every=10)
+        journal = tmp_path / "j0.jsonl"
+        wait_for(lambda: journal.is_file() and "rewritten" in journal.read_text())
+        time.sleep(0.3)  # the round has ended by now (nothing else to wait for)
+        assert stride.degraded and "replication_resumed" not in journal.read_text()
+
+
 def test_unknown_ops_and_missing_versions_are_answered(two_stores) -> None:
     _, addresses = two_stores
     reply, _ = request(addresses[1], {"op": "frobnicate"})

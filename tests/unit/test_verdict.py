@@ -214,3 +214,24 @@ def test_interval_changes_are_one_per_step_and_a_long_run_of_them_is_folded_in_t
                      "    (3 more changes: every 5 -> 8 -> 5 steps; all in verdict.json)",
                      "  persist interval step 35: every 5 -> 3 steps (to 3)"]
     assert Verdict.from_json(v.to_json()).interval_changes == changes
+
+
+def test_the_stores_stops_and_resumptions_are_in_the_verdict_at_the_step_the_ranks_had_reached(tmp_path: Path) -> None:
+    from analysis.verdict import replication_changes
+
+    (tmp_path / "journal" / "rank-0").mkdir(parents=True)
+    rank = [{"t": 10.0 + s, "event": "snapshot", "step": s} for s in range(8)]
+    (tmp_path / "journal" / "rank-0" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in rank))
+    store = [{"t": 9.0, "event": "replication_degraded", "node": "node1", "reason": "early"},
+             {"t": 13.5, "event": "replication_degraded", "node": "node0", "reason": "the link makes ... older"},
+             {"t": 16.2, "event": "replicated", "node": "node0"},
+             {"t": 16.5, "event": "replication_resumed", "node": "node0", "reason": "a probe round ..."}]
+    (tmp_path / "journal" / "store-node0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in store))
+    changes = replication_changes(Journal.load(tmp_path))
+    assert [(c.node, c.step, c.stopped) for c in changes] == [("node1", None, True), ("node0", 3, True),
+                                                             ("node0", 6, False)]
+    v = Verdict(scenario="s", passed=True, failures=[], replication_changes=changes)
+    lines = [line for line in format_summary(v, OUT).splitlines() if "replication" in line]
+    assert lines[1] == "  replication node0 stopped at step 3: the link makes ... older"
+    assert lines[0].endswith("before the first step: early")
+    assert Verdict.from_json(v.to_json()).replication_changes == changes
