@@ -15,7 +15,7 @@ StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
 STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
 #: The section's replication keys -> the fields of the stores' :class:`~baft.store.ReplicationConfig`.
 REPLICATION_KEYS = {"replicas": "replicas", "replication_rate": "rate", "replication_yield": "yield_to_training",
-                    "placement": "placement"}
+                    "placement": "placement", "replication_max_slowdown": "max_slowdown"}
 _REPLICATION = ReplicationConfig()  # whose defaults the section's replication keys take
 
 
@@ -85,6 +85,10 @@ class CheckpointConfig:
     replication_yield: bool = _REPLICATION.yield_to_training
     """``baft``: the store sends replica data only while no rank of its node has pipeline
     traffic in flight (each 64 KiB piece waits at most 20 ms)."""
+    replication_max_slowdown: float = _REPLICATION.max_slowdown
+    """``baft``: the share by which replication may slow training (measured by each node's store:
+    versions timed while it sends and while it does not); beyond it the store stops replicating,
+    journals why (``replication_degraded``) and probes again later (0: no limit)."""
     store: str = ""
     """``baft``: host:port of this node's store (set by the harness; empty: no store, no peers)."""
     node: int = 0
@@ -134,5 +138,5 @@ class CheckpointConfig:
     @property
     def replication(self) -> ReplicationConfig:
         """``baft``: how the node stores replicate (``replicas``, ``placement``, ``replication_rate``,
-        ``replication_yield``)."""
+        ``replication_yield``, ``replication_max_slowdown``)."""
         return ReplicationConfig(**{field: getattr(self, key) for key, field in REPLICATION_KEYS.items()})

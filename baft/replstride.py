@@ -3,17 +3,25 @@
 A round replicates one version for every rank of the node. When a round takes
 longer than the versions it covers, the stride doubles (powers of two keep
 every node's choice of versions aligned); it halves when rounds fit easily
-again. When the link is so slow that the newest peer copy would on average be
-older than the newest persistent checkpoint (a replica lands ``covered``
-versions after it was sealed and at best the rounds land one every ``max(1,
-covered)``, so at a failure the newest replica is about ``covered + max(1,
-covered) / 2`` versions old, against half the persistent interval
-for the persistent tier), replicating costs the link and the cores for
-nothing: the store stops (``replication_degraded``, with the numbers that
-decided it) and recovery falls to the persistent tier. After ``DEGRADE_HOLD``
-seconds it probes with one round (then after twice as long, up to
-``MAX_HOLD``, while the link stays slow) and resumes when the replicas' age would be
-at most ``RESUME_SHARE`` of the persistent tier's (``replication_resumed``).
+again. Replication stops altogether (``replication_degraded``, with the
+numbers that decided it; recovery then falls to the persistent tier) when
+either
+
+* it slows training by more than the budget (``ReplicationConfig.max_slowdown``):
+  the store times the ranks' versions while it is sending and while it is not
+  (every ``QUIET_EVERY`` seconds of sending it holds off for ``QUIET_VERSIONS``
+  versions to measure the second), so replica traffic that delays the
+  pipeline's activations on a slow link shows as slower versions; or
+* the newest peer copy would on average be older than the newest persistent
+  checkpoint: a replica lands ``covered`` versions after it was sealed and at
+  best the rounds land one every ``max(1, covered)``, so at a failure it is
+  about ``covered + max(1, covered) / 2`` versions old, against half the
+  persistent interval for the persistent tier.
+
+After ``DEGRADE_HOLD`` seconds it probes with one round (then after twice as
+long, up to ``MAX_HOLD``, while the link stays bad) and resumes when the probe
+shows neither (``replication_resumed``): replicas at most ``RESUME_SHARE`` of
+the persistent tier's age, the slowdown at most ``RESUME_SHARE`` of the budget.
 Torch-free (the store imports it).
 """
 from __future__ import annotations
@@ -26,21 +34,31 @@ from typing import Any
 
 #: The largest stride (versions) the store degrades to.
 MAX_STRIDE = 64
-#: Rounds whose median decides a degradation (one slow round on busy cores decides nothing).
+#: Rounds whose median age decides a degradation (one slow round on busy cores decides nothing).
 DEGRADE_ROUNDS = 3
 #: Seconds until the first probe once replication is degraded; each probe that finds the link still too
-#: slow doubles the wait, up to ``MAX_HOLD`` (a probe round costs the link what a round costs).
+#: bad doubles the wait, up to ``MAX_HOLD`` (a probe round costs the link what a round costs).
 DEGRADE_HOLD = 30.0
 MAX_HOLD = 240.0
-#: A probe resumes replication when the replicas' age would be at most this share of the persistent tier's.
+#: A probe resumes replication when both measures are at most this share of their limits.
 RESUME_SHARE = 0.5
+#: After this many seconds of sending without a version sealed in quiet, hold rounds off for
+#: ``QUIET_VERSIONS`` versions to time them without replica traffic.
+QUIET_EVERY = 20.0
+QUIET_VERSIONS = 4
+#: Versions timed each way that the slowdown is the ratio of the medians of.
+SAMPLES = 8
+MIN_BUSY, MIN_QUIET = 4, 2
 
 
 class Stride:
-    """One store's choice of versions. ``log(event, **fields)`` journals the changes."""
+    """One store's choice of versions. ``log(event, **fields)`` journals the changes; ``max_slowdown``:
+    the share by which replication may slow the ranks' versions (0: no limit)."""
 
-    def __init__(self, log: Callable[..., None], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, log: Callable[..., None], max_slowdown: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.log = log
+        self.max_slowdown = max_slowdown
         self.clock = clock
         self.value = 1
         """Replicate only versions that are multiples of this (a power of two)."""
@@ -49,16 +67,21 @@ class Stride:
         self.persist_every: int | None = None
         """The persistent tier's interval in versions, as the ranks last reported it (None: unknown)."""
         self.degraded = False
-        """Whether replication is stopped because the persistent tier is fresher."""
+        """Whether replication is stopped (too slow to beat the persistent tier, or too costly)."""
+        self.hold = DEGRADE_HOLD
+        """Seconds until the next probe while degraded."""
         self._last_seal: tuple[int, float] | None = None
         self._cadence: int | None = None
         self._ages: deque[float] = deque(maxlen=DEGRADE_ROUNDS)
+        self._busy: deque[float] = deque(maxlen=SAMPLES)
+        self._quiet: deque[float] = deque(maxlen=SAMPLES)
+        self._quiet_at = clock()  # when a version was last timed without replica traffic
+        self._quiet_left = 0
         self._probe_at = 0.0
-        self.hold = DEGRADE_HOLD
-        """Seconds until the next probe while degraded."""
 
-    def sealed(self, version: int, persist_every: int | None = None) -> None:
-        """A local rank sealed ``version`` (and persists every ``persist_every`` versions)."""
+    def sealed(self, version: int, persist_every: int | None = None, busy: bool = False) -> None:
+        """A local rank sealed ``version`` (and persists every ``persist_every`` versions); ``busy``: the
+        store was sending replica data since the previous version was sealed."""
         now = self.clock()
         if self._last_seal is not None and version > self._last_seal[0]:
             gap = version - self._last_seal[0]
@@ -69,6 +92,11 @@ class Stride:
             if gap == self._cadence:
                 per = (now - self._last_seal[1]) / gap
                 self.period = per if self.period is None else 0.8 * self.period + 0.2 * per
+                (self._busy if busy else self._quiet).append(per)
+                if not busy:
+                    self._quiet_at = now
+            if self._quiet_left:
+                self._quiet_left -= 1
         if self._last_seal is None or version >= self._last_seal[0]:
             self._last_seal = (version, now)
         if persist_every is not None:
@@ -78,7 +106,10 @@ class Stride:
         return version % self.value == 0
 
     def may_start(self) -> bool:
-        """Whether a round may start now: always, except while degraded between probes."""
+        """Whether a round may start now: not while versions are being timed in quiet, nor while
+        degraded between probes."""
+        if self._quiet_left:
+            return False
         return not self.degraded or self.clock() >= self._probe_at
 
     def ages(self, seconds: float) -> tuple[float, float | None]:
@@ -89,43 +120,69 @@ class Stride:
         every = self.persist_every
         return covered + max(1.0, covered) / 2, (every / 2 if every is not None else None)
 
+    def slowdown(self) -> float | None:
+        """How much slower the ranks' versions come while replica data is sent (None: not measured yet)."""
+        if len(self._busy) < MIN_BUSY or len(self._quiet) < MIN_QUIET:
+            return None
+        return statistics.median(self._busy) / statistics.median(self._quiet) - 1
+
     def round_done(self, seconds: float) -> None:
         """A round took ``seconds``: degrade, resume or change the stride."""
         if self.period is None or self.period <= 0:
             return
         replica, persistent = self.ages(seconds)
         self._ages.append(replica)
+        slow = self.slowdown()
         if self.degraded:
-            if persistent is not None and replica > RESUME_SHARE * persistent:
-                self.hold = min(2 * self.hold, MAX_HOLD)
-                self._probe_at = self.clock() + self.hold
-                return
-            self.degraded = False
-            self._ages.clear()
-            self.log("replication_resumed", round_seconds=round(seconds, 4), replica_age_versions=round(replica, 2),
-                     persistent_age_versions=persistent, persist_every=self.persist_every,
-                     reason=f"a probe round makes the newest peer copy {replica:.1f} versions old at a failure, at "
-                     f"most {RESUME_SHARE:g} of the persistent tier's {persistent:g}")
-        elif (persistent is not None and len(self._ages) == DEGRADE_ROUNDS
-              and statistics.median(self._ages) > persistent):
-            self.degraded = True
-            self.hold = DEGRADE_HOLD
-            self._probe_at = self.clock() + self.hold
-            age = statistics.median(self._ages)
-            self.log("replication_degraded", round_seconds=round(seconds, 4), version_seconds=round(self.period, 4),
-                     replica_age_versions=round(age, 2), persistent_age_versions=persistent,
-                     persist_every=self.persist_every, stride=self.value, probe_seconds=self.hold,
-                     reason=f"the link makes the newest peer copy {age:.1f} versions old at a failure (median of "
-                     f"the last {DEGRADE_ROUNDS} rounds), older than the persistent tier's {persistent:g} (it saves "
-                     f"every {self.persist_every}): replication stops and recovery is left to the persistent tier")
+            self._after_probe(seconds, replica, persistent, slow)
             return
+        if self.max_slowdown > 0 and slow is not None and slow > self.max_slowdown:
+            self._degrade(seconds, f"replication slows training by {slow:.0%} (a version every "
+                          f"{statistics.median(self._busy):.3f} s while replicas are sent, "
+                          f"{statistics.median(self._quiet):.3f} s otherwise), more than the budget of "
+                          f"{self.max_slowdown:.0%} (replication.max_slowdown)", slowdown=round(slow, 3))
+            return
+        if persistent is not None and len(self._ages) == DEGRADE_ROUNDS and statistics.median(self._ages) > persistent:
+            age = statistics.median(self._ages)
+            self._degrade(seconds, f"the link makes the newest peer copy {age:.1f} versions old at a failure (median "
+                          f"of the last {DEGRADE_ROUNDS} rounds), older than the persistent tier's {persistent:g} (it "
+                          f"saves every {self.persist_every})", replica_age_versions=round(age, 2))
+            return
+        if self.clock() - self._quiet_at > QUIET_EVERY:
+            self._quiet_left = QUIET_VERSIONS  # time a few versions without replica traffic
         if seconds > self.value * self.period and self.value < MAX_STRIDE:
             self._set(self.value * 2, "a round took longer than its versions", seconds)
         elif self.value > 1 and seconds < 0.3 * (self.value // 2) * self.period:
             self._set(self.value // 2, "rounds fit again", seconds)
 
+    def _degrade(self, seconds: float, why: str, **fields: Any) -> None:
+        self.degraded = True
+        self.hold = DEGRADE_HOLD
+        self._probe_at = self.clock() + self.hold
+        self._busy.clear()  # a probe times its own versions
+        self.log("replication_degraded", round_seconds=round(seconds, 4), version_seconds=round(self.period or 0, 4),
+                 persistent_age_versions=self.ages(0)[1], persist_every=self.persist_every, stride=self.value,
+                 probe_seconds=self.hold, reason=why + ": replication stops and recovery is left to the persistent tier",
+                 **fields)
+
+    def _after_probe(self, seconds: float, replica: float, persistent: float | None, slow: float | None) -> None:
+        too_old = persistent is not None and replica > RESUME_SHARE * persistent
+        too_slow = self.max_slowdown > 0 and slow is not None and slow > RESUME_SHARE * self.max_slowdown
+        if too_old or too_slow:
+            self.hold = min(2 * self.hold, MAX_HOLD)
+            self._probe_at = self.clock() + self.hold
+            self._busy.clear()
+            return
+        self.degraded = False
+        self._ages.clear()
+        cost = f", training {slow:.0%} slower while it was sent" if slow is not None else ""
+        self.log("replication_resumed", round_seconds=round(seconds, 4), replica_age_versions=round(replica, 2),
+                 persistent_age_versions=persistent, persist_every=self.persist_every,
+                 slowdown=round(slow, 3) if slow is not None else None,
+                 reason=f"a probe round makes the newest peer copy {replica:.1f} versions old at a failure "
+                 f"(the persistent tier's: {persistent}){cost}")
+
     def _set(self, value: int, reason: str, seconds: float) -> None:
         self.value = value
-        fields: dict[str, Any] = {"stride": value, "reason": reason, "round_seconds": round(seconds, 4),
-                                  "version_seconds": round(self.period, 4) if self.period else None}
-        self.log("replication_stride", **fields)
+        self.log("replication_stride", stride=value, reason=reason, round_seconds=round(seconds, 4),
+                 version_seconds=round(self.period, 4) if self.period else None)

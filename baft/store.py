@@ -69,6 +69,12 @@ from .wire import (FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Refused, connect, recv, rec
 #: training's packets.
 PIECE = 64 << 10
 SNDBUF = 64 << 10
+#: Replica sockets are marked as the lowest class of traffic: ``SO_PRIORITY`` filler (Linux's TC_PRIO_FILLER,
+#: the last band of a priority queue such as pfifo_fast) and DSCP Lower Effort (RFC 8622) for switches that
+#: honour it. Where the bottleneck queue serves by priority, a replica's packets leave only when no training
+#: packet waits, so one delays an activation by at most the packet on the wire.
+FILLER_PRIORITY = 1
+LOWER_EFFORT_TOS = 0x01 << 2
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0
 #: The longest a piece waits for the node's pipeline traffic to pause (progress is guaranteed).
@@ -99,7 +105,8 @@ class Store:
         self._round_t0 = 0.0
         self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
-        self.stride = Stride(self.log)
+        self._busy = False  # a replica was sent since the last sealed notification
+        self.stride = Stride(self.log, config.replication.max_slowdown)
         """Which versions are replicated (:mod:`baft.replstride`): every stride-th, or none while the link
         is too slow for a replica to beat the persistent tier."""
         self.link = LinkMeter(config.replication.rate, self.flags is not None)
@@ -210,7 +217,9 @@ class Store:
                 for old in sorted(versions)[:-(SLOTS - 1)]:
                     del versions[old]  # its slot is being reused for the next version by now
                 every = header.get("persist_every")
-                self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None)
+                busy = self._busy or self._inflight is not None  # replica data went out since the last seal
+                self._busy = False
+                self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None, busy)
                 if header["version"] == self._current:
                     self._capture(header["rank"])  # now, before the slot is reused
                 self._cond.notify()
@@ -373,6 +382,7 @@ class Store:
                 rank, version, copy = job
                 self._sent.add(rank)
                 self._inflight = (rank, version)
+                self._busy = True
             try:
                 self._send_all(rank, version, *copy)
             finally:
@@ -403,6 +413,8 @@ class Store:
         deferred = 0.0
         with connect(target, self.config.secret, timeout=30) as s, open(path, "rb") as f:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+            s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, LOWER_EFFORT_TOS)  # sets a priority from the TOS: first
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, FILLER_PRIORITY)
             raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes}).encode()
             s.sendall(struct.pack(">I", len(raw)) + raw)
             start, sent = time.perf_counter(), 0

@@ -31,6 +31,10 @@ class ReplicationConfig:
     yield_to_training: bool = True
     """Send replica data only while no rank of the node has pipeline traffic in flight (each
     piece waits at most 20 ms, so replication always progresses)."""
+    max_slowdown: float = 0.25
+    """The share by which replication may slow the ranks' versions: measured by the store (versions
+    timed while it sends and while it does not); beyond it replication stops, is journaled
+    (``replication_degraded``) and probed again later (0: no limit)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:
@@ -40,6 +44,10 @@ class ReplicationConfig:
         self.rate = float(self.rate)
         if self.placement not in PLACEMENTS:
             raise BaftConfigError("placement", "one of " + ", ".join(PLACEMENTS), self.placement)
+        if isinstance(self.max_slowdown, bool) or not isinstance(self.max_slowdown, (int, float)) or self.max_slowdown < 0:
+            raise BaftConfigError("max_slowdown", "a number >= 0 (a share: 0.25 is 25%; 0 means no limit)",
+                                  self.max_slowdown)
+        self.max_slowdown = float(self.max_slowdown)
         if not isinstance(self.yield_to_training, bool):
             raise BaftConfigError("yield_to_training", "true or false", self.yield_to_training)
 

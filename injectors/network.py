@@ -5,7 +5,10 @@ store) runs in its own network namespace, wired to a Linux bridge in the root
 namespace by a veth pair. Link faults are then ordinary qdiscs on those veths:
 
 - ``throttle``: a ``tbf`` qdisc on the node's in-namespace interface, so all of its
-  outgoing traffic is shaped (measured 95 Mbit/s for 100 Mbit/s on this host).
+  outgoing traffic is shaped (measured 95 Mbit/s for 100 Mbit/s on this host). Under
+  it, a ``pfifo_fast`` queue serves packets by their socket priority, strict priority
+  like a NIC's traffic classes: what a socket marks as filler (the stores' replicas,
+  ``SO_PRIORITY`` 1) leaves only when no training packet is queued.
 - ``partition``: a ``blackhole`` qdisc on both ends of the node's veth. Packets are
   silently dropped in both directions, as on a cut cable: connects time out and
   open TCP connections stall, rather than failing fast with "network unreachable"
@@ -248,6 +251,8 @@ class Shaping:
     rate_bit: int
     burst_bytes: int
     latency_ms: float
+    classes: bool = True
+    """Serve queued packets by socket priority (a ``pfifo_fast`` child: bands 0, 1, 2; filler in band 2)."""
 
 
 class Topology:
@@ -413,12 +418,15 @@ class Topology:
 
     # link faults
 
-    def throttle(self, i: int, rate_bit: int, burst_bytes: int | None = None, latency_ms: float = 50) -> Shaping:
+    def throttle(self, i: int, rate_bit: int, burst_bytes: int | None = None, latency_ms: float = 50,
+                 classes: bool = True) -> Shaping:
         """Shape all of node i's outgoing traffic to ``rate_bit`` bits/s with a tbf qdisc.
 
         ``burst_bytes`` defaults to 10 ms worth of the rate (at least 16 KiB, so a
         full-size frame always fits); ``latency_ms`` bounds how long a packet may
-        queue before tbf drops it. Returns what was installed (for the journal).
+        queue before tbf drops it (without ``classes``; with them the queue is
+        pfifo_fast's, the interface's txqueuelen packets, served by socket
+        priority). Returns what was installed (for the journal).
         Replaces an earlier throttle; under a partition it takes effect on heal().
         """
         self._node(i)
@@ -429,7 +437,8 @@ class Topology:
             raise FaultConfigError("burst", "an int of bytes >= 1600 (a full frame)", burst_bytes)
         if not latency_ms > 0:
             raise FaultConfigError("latency_ms", "a positive number of milliseconds", latency_ms)
-        self._shaping[i] = Shaping(rate_bit=rate_bit, burst_bytes=burst, latency_ms=float(latency_ms))
+        self._shaping[i] = Shaping(rate_bit=rate_bit, burst_bytes=burst, latency_ms=float(latency_ms),
+                                   classes=bool(classes))
         self._apply_egress(i)
         return self._shaping[i]
 
@@ -474,8 +483,10 @@ class Topology:
         if i in self._partitioned:
             _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "root", "blackhole"])
         elif (s := self._shaping.get(i)) is not None:
-            _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "root", "tbf", "rate", f"{s.rate_bit}bit",
-                  "burst", str(s.burst_bytes), "latency", f"{s.latency_ms:g}ms"])
+            _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "root", "handle", "1:", "tbf", "rate",
+                  f"{s.rate_bit}bit", "burst", str(s.burst_bytes), "latency", f"{s.latency_ms:g}ms"])
+            if s.classes:
+                _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "parent", "1:1", "handle", "10:", "pfifo_fast"])
         else:
             _clear_root(IFNAME, ns)
 

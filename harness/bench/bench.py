@@ -106,8 +106,14 @@ class BenchConfig:
     link_rate: str | None = None
     """With 2+ nodes: run each node in its own network namespace and throttle every node's
     link to this rate (tc units, e.g. ``50mbit``); the rate achieved is measured. Needs root."""
+    link_classes: bool = True
+    """With ``link_rate``: the throttled link serves packets by socket priority (strict, like a NIC's traffic
+    classes), so the stores' replicas, marked as filler, go only when no training packet waits."""
     replication_yield: bool = True
     """With 2+ nodes: the stores send replica data only while the node's pipeline traffic is idle."""
+    replication_max_slowdown: float = 0.25
+    """With 2+ nodes: the stores stop replicating when it slows the ranks' versions by more than this share
+    (0: never; see ``ReplicationConfig.max_slowdown``)."""
     baft_copier: Literal["inline", "thread"] = "inline"
     """``baft`` only: who does the snapshot work inside the waits (see ``baft.engine``)."""
     restore_repeats: int = 3
@@ -490,7 +496,8 @@ def table(result: dict[str, Any]) -> str:
         )
     link = result.get("link")
     if link:
-        lines.append(f"link: throttled to {link['rate_bit'] / 1e6:.0f} Mbit/s, measured {link['measured_bit'] / 1e6:.1f} Mbit/s")
+        lines.append(f"link: throttled to {link['rate_bit'] / 1e6:.0f} Mbit/s, measured {link['measured_bit'] / 1e6:.1f} Mbit/s"
+                     + ("; packets served by socket priority (replicas last)" if link.get("classes") else "; one FIFO"))
     rep = result.get("replication")
     if rep:
         lines.append(f"replication: {rep['replicated']} replicas sent, {rep['skipped']} versions skipped (link too slow), "
@@ -529,7 +536,8 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "journal", ignore_errors=True)
     shm = Path("/dev/shm") / f"baft-bench-{uuid.uuid4().hex[:10]}"
-    stores = (StoreSpec(base=shm, replication=ReplicationConfig(replicas=1, yield_to_training=cfg.replication_yield))
+    stores = (StoreSpec(base=shm, replication=ReplicationConfig(replicas=1, yield_to_training=cfg.replication_yield,
+                                                                 max_slowdown=cfg.replication_max_slowdown))
               if "baft" in cfg.strategies and cfg.nodes > 1 else None)
     link: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
@@ -541,8 +549,8 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
             topology = stack.enter_context(Topology(cfg.nodes))
             rate = parse_rate(cfg.link_rate)
             for n in range(cfg.nodes):
-                topology.throttle(n, rate)
-            link = {"rate_bit": rate, "measured_bit": measure_throttle(topology, 0, 1, rate)}
+                topology.throttle(n, rate, classes=cfg.link_classes)
+            link = {"rate_bit": rate, "measured_bit": measure_throttle(topology, 0, 1, rate), "classes": cfg.link_classes}
         try:
             result = launch(out, BenchSpec(bench=cfg, shm_dir=str(shm)),
                             LaunchConfig(nodes=cfg.nodes, world_size=cfg.world_size, max_restarts=0, timeout=timeout,

@@ -103,7 +103,13 @@ class FakeHost:
             kind = self.root.get((ns, args[4]))
             return json.dumps([{"kind": kind}] if kind else [])
         if cmd[0] == "tc" and args[0] == "qdisc":
-            op, dev, kind = args[1], args[3], args[5] if len(args) > 5 else None
+            op, dev, rest = args[1], args[3], args[4:]
+            if rest[:1] == ["parent"]:  # a child under the root (tbf's priority queue): the root stays
+                return ""
+            rest = rest[1:]  # "root"
+            if rest[:1] == ["handle"]:
+                rest = rest[2:]
+            kind = rest[0] if rest else None
             if kind == "netem" and not self.netem:
                 raise CommandFailed(cmd, 2, NO_NETEM)
             if op in ("add", "replace"):

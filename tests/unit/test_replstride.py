@@ -6,7 +6,8 @@ from typing import Any
 
 from hypothesis import given, settings, strategies as st
 
-from baft.replstride import DEGRADE_HOLD, DEGRADE_ROUNDS, MAX_HOLD, MAX_STRIDE, RESUME_SHARE, Stride
+from baft.replstride import (DEGRADE_HOLD, DEGRADE_ROUNDS, MAX_HOLD, MAX_STRIDE, QUIET_EVERY, QUIET_VERSIONS,
+                             RESUME_SHARE, Stride)
 
 
 class Clock:
@@ -17,9 +18,10 @@ class Clock:
         return self.now
 
 
-def stride(period: float = 0.1, persist_every: int | None = 10) -> tuple[Stride, Clock, list[tuple[str, dict[str, Any]]]]:
+def stride(period: float = 0.1, persist_every: int | None = 10,
+           max_slowdown: float = 0.0) -> tuple[Stride, Clock, list[tuple[str, dict[str, Any]]]]:
     clock, events = Clock(), []
-    s = Stride(lambda event, **fields: events.append((event, fields)), clock)
+    s = Stride(lambda event, **fields: events.append((event, fields)), max_slowdown, clock)
     for v in range(5):  # sealed every `period` seconds
         s.sealed(v, persist_every)
         clock.now += period
@@ -118,3 +120,45 @@ def test_time_away_from_this_strategy_is_not_taken_for_the_pace_of_its_versions(
         clock.now += 0.2
         s.sealed(v)
     assert abs(s.period - 0.1) < 1e-9
+
+
+def seal_for(s: Stride, clock: Clock, first: int, n: int, per: float, busy: bool) -> int:
+    """Seal ``n`` versions from ``first``, ``per`` seconds apart; returns the next version."""
+    for v in range(first, first + n):
+        clock.now += per
+        s.sealed(v, busy=busy)
+    return first + n
+
+
+def test_replication_that_slows_training_beyond_the_budget_stops_and_says_by_how_much() -> None:
+    s, clock, events = stride(period=0.1, persist_every=50, max_slowdown=0.25)  # 5 quiet versions, 0.1 s each
+    v = seal_for(s, clock, 5, 6, 0.15, busy=True)  # 50% slower while replicas go out
+    s.round_done(0.3)  # a fast round by age (3 versions, far under the persistent tier's 25)
+    assert s.degraded
+    (why,) = [f for e, f in events if e == "replication_degraded"]
+    assert why["slowdown"] == 0.5 and "slows training by 50%" in why["reason"] and "max_slowdown" in why["reason"]
+    clock.now += DEGRADE_HOLD + 1
+    assert s.may_start()
+    v = seal_for(s, clock, v, 5, 0.105, busy=True)  # the probe: 5% slower now
+    s.round_done(0.3)
+    assert not s.degraded and events[-1][0] in ("replication_resumed", "replication_stride")
+    assert [f for e, f in events if e == "replication_resumed"][0]["slowdown"] == 0.05
+
+
+def test_within_the_budget_or_without_one_replication_goes_on() -> None:
+    for budget, per in ((0.25, 0.12), (0.0, 0.3)):
+        s, clock, _ = stride(period=0.1, persist_every=50, max_slowdown=budget)
+        seal_for(s, clock, 5, 8, per, busy=True)
+        s.round_done(0.3)
+        assert not s.degraded
+
+
+def test_after_long_sending_a_few_versions_are_timed_without_replica_traffic() -> None:
+    s, clock, _ = stride(period=0.1, persist_every=50)
+    v = seal_for(s, clock, 5, int(QUIET_EVERY / 0.1) + 5, 0.1, busy=True)
+    s.round_done(0.05)
+    assert not s.may_start()  # holding off to time quiet versions
+    v = seal_for(s, clock, v, QUIET_VERSIONS - 1, 0.1, busy=False)
+    assert not s.may_start()
+    seal_for(s, clock, v, 1, 0.1, busy=False)
+    assert s.may_start()
