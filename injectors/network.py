@@ -487,6 +487,11 @@ class Topology:
                   f"{s.rate_bit}bit", "burst", str(s.burst_bytes), "latency", f"{s.latency_ms:g}ms"])
             if s.classes:
                 _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "parent", "1:1", "handle", "10:", "pfifo_fast"])
+            else:  # replacing tbf by tbf keeps its child: an earlier throttle's priority queue would stay
+                try:
+                    _run(["tc", "-n", ns, "qdisc", "del", "dev", IFNAME, "parent", "1:1", "handle", "10:"])
+                except CommandFailed:
+                    pass  # there was none
         else:
             _clear_root(IFNAME, ns)
 

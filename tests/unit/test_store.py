@@ -145,6 +145,44 @@ def test_a_round_that_sent_nothing_tells_nothing_about_the_link(tmp_path: Path) 
         assert stride.degraded and "replication_resumed" not in journal.read_text()
 
 
+def test_replica_sockets_are_marked_as_the_lowest_class_of_traffic(two_stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a queue serves by priority (a NIC's traffic classes, the harness's throttled links) replicas
+    go after every training packet: SO_PRIORITY filler (1) and DSCP Lower Effort."""
+    import socket
+
+    from baft import store
+
+    marks = []
+    real = store.connect
+
+    def connect(*a, **k):
+        sock = real(*a, **k)
+        original = sock.setsockopt
+
+        class Recorded:  # the socket, with its marks read back once they are set
+            def __getattr__(self, name):
+                return getattr(sock, name)
+
+            def setsockopt(self, *args):
+                original(*args)
+                marks.append((sock.getsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY),
+                              sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS)))
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                sock.close()
+
+        return Recorded()
+
+    monkeypatch.setattr(store, "connect", connect)
+    root, addresses = two_stores
+    sealed_on_node0(root, addresses[0])
+    wait_for(lambda: 7 in replicas_of(root / "node1", 3))
+    assert marks and marks[-1] == (store.FILLER_PRIORITY, store.LOWER_EFFORT_TOS)
+
+
 def test_unknown_ops_and_missing_versions_are_answered(two_stores) -> None:
     _, addresses = two_stores
     reply, _ = request(addresses[1], {"op": "frobnicate"})
