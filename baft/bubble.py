@@ -162,8 +162,9 @@ class BubbleSnapshotter:
         version, or the bytes this replica does not own would keep theirs."""
         self.last_stats: CopyStats | None = None
         self.last_sealed: int | None = None
-        self.persist_every: Callable[[], int] | None = None
-        """The persistent interval now (the strategy's; told to the store with each sealed version)."""
+        self.persistent: Callable[[], tuple[int, int]] | None = None
+        """The strategy's persistent interval now and its newest persistent checkpoint (-1: none), told to
+        the store with each sealed version."""
         self._slots_lock = threading.Lock()  # held by a reader of a slot (the persister) and while remapping
         self.pinned: set[int] = set()  # slots a reader still needs: a version due in one is skipped
 
@@ -361,7 +362,7 @@ class BubbleSnapshotter:
         self.last_sealed = version
         if (self.store is not None and version % self.config.replicate_every == 0
                 and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)),
-                                      self.persist_every() if self.persist_every is not None else None)):
+                                      *(self.persistent() if self.persistent is not None else (None, None)))):
             events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
         self.last_stats = stats
         if stats.bandwidth > 0:

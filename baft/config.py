@@ -86,9 +86,10 @@ class CheckpointConfig:
     """``baft``: the store sends replica data only while no rank of its node has pipeline
     traffic in flight (each 64 KiB piece waits at most 20 ms)."""
     replication_max_slowdown: float = _REPLICATION.max_slowdown
-    """``baft``: the share by which replication may slow training (measured by each node's store:
-    versions timed while it sends and while it does not); beyond it the store stops replicating,
-    journals why (``replication_degraded``) and probes again later (0: no limit)."""
+    """``baft``: the share by which replication may slow training (0.25: 25%; 0, the default: no limit),
+    measured by each node's store (versions timed while it sends and while it does not); beyond it,
+    once a persistent checkpoint exists, the store stops replicating, journals why
+    (``replication_degraded``) and probes again later."""
     store: str = ""
     """``baft``: host:port of this node's store (set by the harness; empty: no store, no peers)."""
     node: int = 0

@@ -4,10 +4,11 @@ A round replicates one version for every rank of the node. When a round takes
 longer than the versions it covers, the stride doubles (powers of two keep
 every node's choice of versions aligned); it halves when rounds fit easily
 again. Replication stops altogether (``replication_degraded``, with the
-numbers that decided it; recovery then falls to the persistent tier) when
-either
+numbers that decided it; recovery then falls to the persistent tier) — never
+while the ranks have no persistent checkpoint yet, the replicas then being the
+only copy — when either
 
-* it slows training by more than the budget (``ReplicationConfig.max_slowdown``):
+* it slows training by more than a budget the user set (``ReplicationConfig.max_slowdown``):
   the store times the ranks' versions while it is sending and while it is not
   (every ``QUIET_EVERY`` seconds of sending it holds off for ``QUIET_VERSIONS``
   versions to measure the second), so replica traffic that delays the
@@ -66,6 +67,8 @@ class Stride:
         """Seconds per version, from the sealed notifications (smoothed)."""
         self.persist_every: int | None = None
         """The persistent tier's interval in versions, as the ranks last reported it (None: unknown)."""
+        self.persisted: int | None = None
+        """The newest persistent checkpoint the ranks reported (-1: none yet; None: never told)."""
         self.degraded = False
         """Whether replication is stopped (too slow to beat the persistent tier, or too costly)."""
         self.hold = DEGRADE_HOLD
@@ -79,9 +82,11 @@ class Stride:
         self._quiet_left = 0
         self._probe_at = 0.0
 
-    def sealed(self, version: int, persist_every: int | None = None, busy: bool = False) -> None:
-        """A local rank sealed ``version`` (and persists every ``persist_every`` versions); ``busy``: the
-        store was sending replica data since the previous version was sealed."""
+    def sealed(self, version: int, persist_every: int | None = None, busy: bool = False,
+               persisted: int | None = None) -> None:
+        """A local rank sealed ``version`` (and persists every ``persist_every`` versions; its newest
+        persistent checkpoint is ``persisted``, -1: none yet); ``busy``: the store was sending replica
+        data since the previous version was sealed."""
         now = self.clock()
         if self._last_seal is not None and version > self._last_seal[0]:
             gap = version - self._last_seal[0]
@@ -101,6 +106,8 @@ class Stride:
             self._last_seal = (version, now)
         if persist_every is not None:
             self.persist_every = persist_every
+        if persisted is not None:
+            self.persisted = persisted
 
     def wants(self, version: int) -> bool:
         return version % self.value == 0
@@ -136,20 +143,22 @@ class Stride:
         if self.degraded:
             self._after_probe(seconds, replica, persistent, slow)
             return
-        if self.max_slowdown > 0 and slow is not None and slow > self.max_slowdown:
+        if self.persisted is None or self.persisted < 0:
+            pass  # the replicas are the only copy there is: replication never stops then
+        elif self.max_slowdown > 0 and slow is not None and slow > self.max_slowdown:
             self._degrade(seconds, f"replication slows training by {slow:.0%} (a version every "
                           f"{statistics.median(self._busy):.3f} s while replicas are sent, "
                           f"{statistics.median(self._quiet):.3f} s otherwise), more than the budget of "
                           f"{self.max_slowdown:.0%} (replication.max_slowdown)", slowdown=round(slow, 3))
             return
-        if persistent is not None and len(self._ages) == DEGRADE_ROUNDS and statistics.median(self._ages) > persistent:
+        elif persistent is not None and len(self._ages) == DEGRADE_ROUNDS and statistics.median(self._ages) > persistent:
             age = statistics.median(self._ages)
             self._degrade(seconds, f"the link makes the newest peer copy {age:.1f} versions old at a failure (median "
                           f"of the last {DEGRADE_ROUNDS} rounds), older than the persistent tier's {persistent:g} (it "
                           f"saves every {self.persist_every})", replica_age_versions=round(age, 2))
             return
-        if self.clock() - self._quiet_at > QUIET_EVERY:
-            self._quiet_left = QUIET_VERSIONS  # time a few versions without replica traffic
+        if self.max_slowdown > 0 and self.clock() - self._quiet_at > QUIET_EVERY:
+            self._quiet_left = QUIET_VERSIONS  # time a few versions without replica traffic (they are not replicated)
         if seconds > self.value * self.period and self.value < MAX_STRIDE:
             self._set(self.value * 2, "a round took longer than its versions", seconds)
         elif self.value > 1 and seconds < 0.3 * (self.value // 2) * self.period:

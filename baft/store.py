@@ -219,7 +219,9 @@ class Store:
                 every = header.get("persist_every")
                 busy = self._busy or self._inflight is not None  # replica data went out since the last seal
                 self._busy = False
-                self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None, busy)
+                persisted = header.get("persisted")
+                self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None, busy,
+                                   persisted if type(persisted) is int else None)
                 if header["version"] == self._current:
                     self._capture(header["rank"])  # now, before the slot is reused
                 self._cond.notify()

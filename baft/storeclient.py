@@ -21,16 +21,18 @@ class StoreClient:
                                   "that know it)", "<not set>")
         self._sock: socket.socket | None = None
 
-    def sealed(self, rank: int, version: int, file: Path, persist_every: int | None = None) -> bool:
+    def sealed(self, rank: int, version: int, file: Path, persist_every: int | None = None,
+               persisted: int | None = None) -> bool:
         """Tell the store a version is complete (fire and forget; False if the store is unreachable).
-        ``persist_every``: the rank's persistent interval now (the store stops replicating when the
-        link cannot deliver a replica before the persistent tier has a newer version)."""
+        ``persist_every``, ``persisted``: the rank's persistent interval now and its newest persistent
+        checkpoint (-1: none yet); the store stops replicating only when the persistent tier holds a
+        copy and a replica would not be the fresher one (or costs more than its budget)."""
         for _ in range(2):
             try:
                 if self._sock is None:
                     self._sock = connect(self.address, self.secret, timeout=5)
                 send(self._sock, {"op": "sealed", "rank": rank, "version": version, "file": str(file),
-                                  "persist_every": persist_every})
+                                  "persist_every": persist_every, "persisted": persisted})
                 return True
             except OSError:
                 self.close()

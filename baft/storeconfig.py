@@ -31,10 +31,12 @@ class ReplicationConfig:
     yield_to_training: bool = True
     """Send replica data only while no rank of the node has pipeline traffic in flight (each
     piece waits at most 20 ms, so replication always progresses)."""
-    max_slowdown: float = 0.25
-    """The share by which replication may slow the ranks' versions: measured by the store (versions
-    timed while it sends and while it does not); beyond it replication stops, is journaled
-    (``replication_degraded``) and probed again later (0: no limit)."""
+    max_slowdown: float = 0.0
+    """The share by which replication may slow the ranks' versions (0.25: 25%; 0, the default: no
+    limit): measured by the store (it times versions while it sends and, holding off a few versions
+    every 20 s, while it does not); beyond it replication stops once a persistent checkpoint exists,
+    is journaled (``replication_degraded``) and probed again later. A budget trades the freshness
+    of the peer copies for speed."""
 
     def __post_init__(self) -> None:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:

@@ -86,7 +86,7 @@ class BaftStrategy(Strategy):
         self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=t.replica,
                                       replicas=t.replicas, replica_group=t.replica_group, world=world,
                                       tp=(t.tp_rank, t.tp_group) if t.tp_size > 1 else None)
-        self.snap.persist_every = lambda: self.interval.every
+        self.snap.persistent = lambda: (self.interval.every, self._persisted)
         self.snap.attach(stage)
         self.group = checkpoint_group()
         self.decisions = checkpoint_group()

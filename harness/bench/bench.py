@@ -111,9 +111,9 @@ class BenchConfig:
     classes), so the stores' replicas, marked as filler, go only when no training packet waits."""
     replication_yield: bool = True
     """With 2+ nodes: the stores send replica data only while the node's pipeline traffic is idle."""
-    replication_max_slowdown: float = 0.25
+    replication_max_slowdown: float = 0.0
     """With 2+ nodes: the stores stop replicating when it slows the ranks' versions by more than this share
-    (0: never; see ``ReplicationConfig.max_slowdown``)."""
+    (0, the default: never; see ``ReplicationConfig.max_slowdown``)."""
     baft_copier: Literal["inline", "thread"] = "inline"
     """``baft`` only: who does the snapshot work inside the waits (see ``baft.engine``)."""
     restore_repeats: int = 3

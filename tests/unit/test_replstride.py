@@ -22,8 +22,8 @@ def stride(period: float = 0.1, persist_every: int | None = 10,
            max_slowdown: float = 0.0) -> tuple[Stride, Clock, list[tuple[str, dict[str, Any]]]]:
     clock, events = Clock(), []
     s = Stride(lambda event, **fields: events.append((event, fields)), max_slowdown, clock)
-    for v in range(5):  # sealed every `period` seconds
-        s.sealed(v, persist_every)
+    for v in range(5):  # sealed every `period` seconds; a persistent checkpoint exists
+        s.sealed(v, persist_every, persisted=0)
         clock.now += period
     return s, clock, events
 
@@ -153,8 +153,12 @@ def test_within_the_budget_or_without_one_replication_goes_on() -> None:
         assert not s.degraded
 
 
-def test_after_long_sending_a_few_versions_are_timed_without_replica_traffic() -> None:
-    s, clock, _ = stride(period=0.1, persist_every=50)
+def test_after_long_sending_a_few_versions_are_timed_without_replica_traffic_when_there_is_a_budget() -> None:
+    s, clock, _ = stride(period=0.1, persist_every=50)  # no budget: nothing to time, no version goes unreplicated
+    seal_for(s, clock, 5, int(QUIET_EVERY / 0.1) + 5, 0.1, busy=True)
+    s.round_done(0.05)
+    assert s.may_start()
+    s, clock, _ = stride(period=0.1, persist_every=50, max_slowdown=0.25)
     v = seal_for(s, clock, 5, int(QUIET_EVERY / 0.1) + 5, 0.1, busy=True)
     s.round_done(0.05)
     assert not s.may_start()  # holding off to time quiet versions
@@ -162,3 +166,20 @@ def test_after_long_sending_a_few_versions_are_timed_without_replica_traffic() -
     assert not s.may_start()
     seal_for(s, clock, v, 1, 0.1, busy=False)
     assert s.may_start()
+
+
+def test_while_no_persistent_checkpoint_exists_replication_never_stops() -> None:
+    """The replicas are then the only copy: stopping would lose everything to a node loss (a CI run of
+    link-throttle-replication, persisting every 50, restarted from scratch that way)."""
+    clock, events = Clock(), []
+    s = Stride(lambda event, **fields: events.append((event, fields)), 0.25, clock)
+    for v in range(5):
+        clock.now += 0.1
+        s.sealed(v, 50, persisted=-1)
+    v = seal_for(s, clock, 5, 6, 0.3, busy=True)  # three times slower while replicating
+    for _ in range(DEGRADE_ROUNDS + 1):
+        s.round_done(30.0)  # and replicas 450 versions old
+    assert not s.degraded and "replication_degraded" not in [e for e, _ in events]
+    s.sealed(v, 50, persisted=10)  # now the persistent tier holds a copy
+    s.round_done(30.0)
+    assert s.degraded

@@ -138,7 +138,7 @@ def test_a_round_that_sent_nothing_tells_nothing_about_the_link(tmp_path: Path) 
         buf.open_existing()
         buf.slots[slot_of(2)].begin(5)  # the slot is reused before the store reads it
         buf.close()
-        StoreClient(addresses[0]).sealed(0, 2, path, persist_every=10)
+        StoreClient(addresses[0]).sealed(0, 2, path, persist_every=10, persisted=0)
         journal = tmp_path / "j0.jsonl"
         wait_for(lambda: journal.is_file() and "rewritten" in journal.read_text())
         time.sleep(0.3)  # the round has ended by now (nothing else to wait for)
@@ -238,7 +238,8 @@ def test_a_link_too_slow_to_beat_the_persistent_tier_stops_replication_until_a_p
             v = 0
             while not stop.is_set():
                 v += 1
-                client.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v % 7), persist_every=20)
+                client.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v % 7), persist_every=20,
+                              persisted=0)
                 time.sleep(0.01)
 
         trainer = threading.Thread(target=train, daemon=True)
