@@ -222,3 +222,35 @@ def recovery_figure(verdict: Verdict, path: Path) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+PARAMETER_LABELS = {"nodes": "nodes", "storage_gbps": "persistent store bandwidth (Gbit/s)",
+                    "mtbf_hours": "MTBF of a node (hours)"}
+
+
+def projection_plots(result: dict[str, Any], out: Path) -> list[Path]:
+    """One PNG per sweep of ``baft project``: each strategy's wasted share against the swept parameter."""
+    paths = []
+    for sw in result["sweeps"]:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for strategy, waste in sw["waste"].items():
+            if strategy == "none":
+                continue  # restarting from scratch wastes (nearly) everything at any scale worth projecting
+            alike = strategy == "async-dcp"  # modelled as CheckFreq is: drawn dashed over it
+            ax.plot(sw["values"], [100 * w for w in waste], marker="o", label=strategy + (" (= checkfreq)" if alike else ""),
+                    linestyle="--" if alike else "-")
+        here = result["target"][sw["parameter"]]
+        ax.axvline(here, color="#999999", linestyle=":", label="the target")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(PARAMETER_LABELS.get(sw["parameter"], sw["parameter"]))
+        ax.set_ylabel("training time wasted (%)")
+        ax.set_title(f"wasted share against {PARAMETER_LABELS.get(sw['parameter'], sw['parameter'])}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"projection-{sw['parameter']}.png"
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+        paths.append(path)
+    return paths

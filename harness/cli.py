@@ -113,7 +113,35 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     bench.add_argument("--probe", action="store_true",
                        help="instead: the probe's cost per step on the shipped unmodified-script examples, and its "
                             "fingerprint rate on a 1 GB state")
+    proj = sub.add_parser("project", help="each strategy's wasted share of training time on a target cluster: "
+                                          "a model and a seeded simulation of it, a table, projection.json, plots")
+    proj.add_argument("--out", type=Path, default=Path("runs/project"), help="output directory (default runs/project)")
+    proj.add_argument("--run-hours", dest="run_hours", type=float, default=720.0,
+                      help="hours of useful training the projection is for (default 720)")
+    proj.add_argument("--seed", type=int, default=0, help="seed of the simulated failures (default 0)")
+    if command == "project":
+        from analysis.projection import Target
+
+        add_config_arguments(proj, Target)
     return p
+
+
+def _project(args: argparse.Namespace) -> int:
+    from analysis.errors import ConfigFieldError
+    from analysis.projection import Target
+    from harness.bench.project import run_projection, table
+    from harness.cliconfig import flag
+
+    try:
+        target = config_from_args(Target, args)
+    except ConfigFieldError as e:
+        raise UsageError(f"{flag(e.field)}: expected {e.expected}, found {e.found!r}") from None
+    if not args.run_hours > 0:
+        raise UsageError(f"--run-hours: expected a number > 0, found {args.run_hours!r}")
+    result = run_projection(target, args.out, args.run_hours, args.seed)
+    print(table(result))
+    print(f"projection.json: {args.out / 'projection.json'}; plots: " + ", ".join(result["plots"]))
+    return 0
 
 
 def _digest_bench(gigabytes: float, out: Path) -> int:
@@ -420,6 +448,8 @@ def _command(args: argparse.Namespace) -> int:
         return _fuzz(args)
     if args.command == "cleanup":
         return _cleanup(args)
+    if args.command == "project":
+        return _project(args)
     from harness.scenario import load
 
     if args.command == "validate":

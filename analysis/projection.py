@@ -1,0 +1,284 @@
+"""At scale, on paper: the share of training time each checkpointing strategy loses on a cluster we cannot build.
+
+A target is a cluster and a model (nodes, GPUs per node, stages, state per
+stage, failure rate per node, the persistent store's aggregate bandwidth,
+fixed or growing with the nodes, each node's network, the iteration time and
+the pipeline's bubble share). Each strategy is reduced to a few quantities:
+
+* ``stall``: seconds the training thread waits per checkpoint (sync writes the
+  whole state to the store; CheckFreq and async DCP copy it to host memory;
+  in-memory copies to host and sends it to peers in the background; baft
+  copies inside the bubbles and stalls only for what does not fit);
+* ``interval``: seconds of work between checkpoints, Daly's optimum for the
+  stall, but never shorter than what the background work of one checkpoint
+  takes (a persist, a replication) nor than an iteration;
+* ``lag``: how long after it is taken a checkpoint becomes durable;
+* where a failure recovers from: peer memory with the probability that the
+  lost nodes leave a copy (``memory_probability``, from the placement), else
+  the persistent tier, with the retrieval time of that tier.
+
+The expected wasted share is the stall share plus the failure rate times what
+each failure costs (detection, restart, retrieval, the work redone: half an
+interval plus the lag). :func:`simulate` plays the same rules out with seeded
+random failures over a long run, so the two can be checked against each other.
+Assumptions, stated with every projection (:data:`ASSUMPTIONS`).
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from .advisor import daly
+from .errors import ConfigFieldError
+
+STRATEGIES = ("none", "sync", "checkfreq", "async-dcp", "in-memory", "baft")
+
+ASSUMPTIONS = (
+    "failures of nodes are independent and exponential (a job-level rate of nodes / MTBF); each failure takes "
+    "`simultaneous` nodes at once",
+    "every rank writes or reads its share at once: the persistent store's aggregate bandwidth is the bottleneck of a "
+    "persist and of a restore from it; a node's network carries its replicas and a peer restore",
+    "background work (a persist, a replication) does not slow training; only the stall does (on this 2-core machine "
+    "it did: see README's measured overheads)",
+    "CheckFreq and async DCP are modelled alike: a copy to host memory on the training thread, a background persist",
+    "a strategy with peer memory also persists, from its host copy (no second stall) as often as a persist allows, "
+    "for losses that take every copy",
+    "`simultaneous` nodes fail together: the node failure rate stays nodes / MTBF, in events of that many nodes",
+    "the interval is Daly's optimum for the stall, at least one iteration and at least the background work of one "
+    "checkpoint",
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class Target:
+    """The cluster and model a projection is for."""
+
+    nodes: int = 128
+    """Nodes of the cluster."""
+    gpus_per_node: int = 8
+    """GPUs (ranks) per node."""
+    stages: int = 8
+    """Pipeline stages."""
+    state_gb_per_stage: float = 175.0
+    """Model and optimizer state of one pipeline stage, in GB (all its data-parallel and TP ranks together;
+    a 100B-parameter model with Adam in mixed precision holds about 1.4 TB: 175 GB a stage of 8)."""
+    mtbf_hours: float = 5000.0
+    """Mean time between failures of one node, in hours."""
+    storage_gbps: float = 20.0
+    """The persistent store's bandwidth in Gbit/s: for the whole cluster, or per node with ``storage_scales``."""
+    storage_scales: bool = False
+    """The store's bandwidth grows with the cluster (``storage_gbps`` per node) instead of being fixed."""
+    network_gbps: float = 100.0
+    """Each node's network bandwidth for replicas, in Gbit/s."""
+    copy_gbps: float = 25.0
+    """Device-to-host copy bandwidth per GPU, in GB/s (PCIe 4.0 x16 is about 25)."""
+    iteration_seconds: float = 10.0
+    """Seconds per training iteration."""
+    microbatches: int = 32
+    """Microbatches per iteration (the bubble share of 1F1B is (stages - 1) / (microbatches + stages - 1))."""
+    detect_seconds: float = 30.0
+    """Seconds until a failure is detected."""
+    restart_seconds: float = 120.0
+    """Seconds to replace the lost nodes and restart the job (before retrieval)."""
+    replicas: int = 1
+    """Peer nodes holding a copy of each node's in-memory checkpoint."""
+    placement: str = "ring"
+    """Where the replicas go: ``ring`` or ``group`` (as baft's stores place them)."""
+    simultaneous: int = 1
+    """Nodes lost in one failure (at the same moment)."""
+    memory_probability: float = field(default=1.0, init=False)
+    """The probability that a failure of ``simultaneous`` nodes leaves a copy of every state in peer memory
+    (set by the caller from the placement: analysis does not know the placement rules)."""
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "stages", "microbatches", "replicas", "simultaneous"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigFieldError(name, "an integer >= 1", v)
+        for name in ("state_gb_per_stage", "mtbf_hours", "storage_gbps", "network_gbps", "copy_gbps",
+                     "iteration_seconds"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigFieldError(name, "a number > 0", v)
+        for name in ("detect_seconds", "restart_seconds"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ConfigFieldError(name, "a number >= 0", v)
+        if self.placement not in ("ring", "group"):
+            raise ConfigFieldError("placement", "ring or group", self.placement)
+        if self.simultaneous > self.nodes:
+            raise ConfigFieldError("simultaneous", f"at most nodes ({self.nodes})", self.simultaneous)
+        if self.replicas >= self.nodes:
+            raise ConfigFieldError("replicas", f"fewer than nodes ({self.nodes})", self.replicas)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The share of an iteration a stage is idle (1F1B)."""
+        return (self.stages - 1) / (self.microbatches + self.stages - 1)
+
+    @property
+    def state_bytes(self) -> float:
+        return self.state_gb_per_stage * self.stages * 1e9
+
+    @property
+    def failure_rate(self) -> float:
+        """Failures per second of the whole job."""
+        return self.nodes / (self.mtbf_hours * 3600) / self.simultaneous
+
+    @property
+    def persist_seconds(self) -> float:
+        """Writing (or reading) the whole state through the persistent store."""
+        bandwidth = self.storage_gbps * (self.nodes if self.storage_scales else 1) * 1e9 / 8
+        return self.state_bytes / bandwidth
+
+    @property
+    def copy_seconds(self) -> float:
+        """One GPU's share copied to host memory."""
+        return self.state_bytes / (self.nodes * self.gpus_per_node) / (self.copy_gbps * 1e9)
+
+    @property
+    def replicate_seconds(self) -> float:
+        """One node's share sent to its ``replicas`` peers (or pulled back from one, times ``replicas``)."""
+        return self.state_bytes / self.nodes * self.replicas * 8 / (self.network_gbps * 1e9)
+
+
+@dataclass(kw_only=True, slots=True)
+class Tier:
+    """One tier of a strategy's checkpoints."""
+
+    stall: float
+    """Seconds the training thread waits per checkpoint."""
+    interval: float
+    """Seconds of work between checkpoints."""
+    lag: float
+    """Seconds after it was taken that a checkpoint is durable."""
+    retrieval: float
+    """Seconds to bring it back after a failure."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Plan:
+    """A strategy on a target: its tiers (memory first) and the share of failures memory serves."""
+
+    strategy: str
+    memory: Tier | None = None
+    persistent: Tier | None = None
+    memory_probability: float = 0.0
+
+    @property
+    def stall_share(self) -> float:
+        return sum(t.stall / t.interval for t in (self.memory, self.persistent) if t is not None)
+
+
+def _interval(stall: float, target: Target, at_least: float) -> float:
+    """Daly's interval for ``stall`` in whole iterations, at least ``at_least`` seconds and one iteration."""
+    it = target.iteration_seconds
+    tau = daly(stall, 1 / target.failure_rate) if stall > 0 else it
+    return max(it, math.ceil(max(tau, at_least) / it - 1e-9) * it)
+
+
+def plan(strategy: str, target: Target) -> Plan:
+    """What ``strategy`` does on ``target``."""
+    t = target
+    persist, copy, replicate = t.persist_seconds, t.copy_seconds, t.replicate_seconds
+    if strategy == "none":
+        return Plan(strategy=strategy)
+    if strategy == "sync":
+        tier = Tier(stall=persist, interval=_interval(persist, t, 0.0), lag=0.0, retrieval=persist)
+        return Plan(strategy=strategy, persistent=tier)
+    background = Tier(stall=copy, interval=_interval(copy, t, persist), lag=persist, retrieval=persist)
+    if strategy in ("checkfreq", "async-dcp"):
+        return Plan(strategy=strategy, persistent=background)
+    # With a copy in host memory already, the persistent tier writes from it: no second stall.
+    from_host = Tier(stall=0.0, interval=_interval(0.0, t, persist), lag=persist, retrieval=persist)
+    if strategy == "in-memory":
+        memory = Tier(stall=copy, interval=_interval(copy, t, replicate), lag=replicate, retrieval=replicate)
+    elif strategy == "baft":
+        stall = max(0.0, copy - t.bubble_fraction * t.iteration_seconds)  # what the bubbles cannot hold
+        memory = Tier(stall=stall, interval=_interval(stall, t, replicate), lag=replicate, retrieval=replicate)
+    else:
+        raise ValueError(f"strategy: one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    return Plan(strategy=strategy, memory=memory, persistent=from_host, memory_probability=t.memory_probability)
+
+
+def expected_waste(p: Plan, target: Target, run_hours: float) -> float:
+    """The expected share of wall time not spent on useful work (first order; ``none`` exactly)."""
+    lam, down = target.failure_rate, target.detect_seconds + target.restart_seconds
+    if p.memory is None and p.persistent is None:  # every failure restarts from scratch
+        work = run_hours * 3600
+        wall = (math.exp(min(lam * work, 700)) - 1) * (1 / lam + down)
+        return 1 - work / wall if wall > 0 else 0.0
+    rate = 1 + p.stall_share  # wall seconds per second of work without failures
+    redo, stopped = 0.0, down  # per failure: wall seconds of work redone, and of downtime and retrieval
+    for tier, share in ((p.memory, p.memory_probability), (p.persistent, 1 - p.memory_probability)):
+        if tier is not None and share > 0:
+            redo += share * (rate * tier.interval / 2 + tier.lag)
+            stopped += share * tier.retrieval
+    # Failures strike while training runs (running = work * rate + failures * redo, failures = lam * running),
+    # and each then stops the job for `stopped` seconds.
+    if lam * redo >= 1:
+        return 1.0
+    return 1 - (1 - lam * redo) / (rate * (1 + lam * stopped))
+
+
+@dataclass(kw_only=True, slots=True)
+class Simulated:
+    waste: float
+    failures: int
+    from_memory: int
+    hours: float
+
+
+def simulate(p: Plan, target: Target, run_hours: float, seed: int = 0, max_failures: int = 200_000) -> Simulated:
+    """Play ``p`` out: ``run_hours`` of useful work, failures at exponential gaps, each rolling back to the
+    newest checkpoint that is durable by then on the tier that survived it, then detection, restart and
+    retrieval. A tier checkpoints at every multiple of its interval of work, each durable ``lag`` seconds
+    after it was taken; the wall clock runs ``1 + stall share`` seconds per second of work."""
+    rng = random.Random(seed)
+    lam, down = target.failure_rate, target.detect_seconds + target.restart_seconds
+    total, rate = run_hours * 3600, 1 + p.stall_share
+    tiers = [t for t in (p.memory, p.persistent) if t is not None]
+    newest = [0.0 for _ in tiers]  # work of each tier's newest durable checkpoint (the start counts as one)
+    wall = work = 0.0
+    failures = from_memory = 0
+    while failures < max_failures:
+        gap = rng.expovariate(lam)
+        if (total - work) * rate <= gap:
+            wall += (total - work) * rate
+            return Simulated(waste=1 - total / wall, failures=failures, from_memory=from_memory, hours=wall / 3600)
+        failures += 1
+        for i, tier in enumerate(tiers):  # what each tier holds durably at the failure
+            reached = work + (gap - tier.lag) / rate
+            if reached > work:
+                newest[i] = max(newest[i], math.floor(reached / tier.interval + 1e-9) * tier.interval)
+        memory = p.memory is not None and rng.random() < p.memory_probability
+        from_memory += memory
+        if not tiers:  # no checkpoint: from scratch
+            work, retrieval = 0.0, 0.0
+        else:
+            i = 0 if memory else len(tiers) - 1
+            work, retrieval = newest[i], tiers[i].retrieval
+            newest = [min(n, work) for n in newest]  # a tier's copies newer than the restored work are abandoned
+        wall += gap + down + retrieval
+    raise RuntimeError(f"simulate: {max_failures} failures before the run finished (the strategy cannot progress)")
+
+
+@dataclass(kw_only=True, slots=True)
+class Projection:
+    strategy: str
+    plan: Plan
+    waste: float
+    simulated: Simulated | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def project(target: Target, run_hours: float = 720.0, strategies: tuple[str, ...] = STRATEGIES,
+            simulate_seed: int | None = 0) -> list[Projection]:
+    """Each strategy's expected waste on ``target`` (and a seeded simulation of it unless the seed is None)."""
+    out = []
+    for s in strategies:
+        p = plan(s, target)
+        sim = simulate(p, target, run_hours, simulate_seed) if simulate_seed is not None and p.persistent else None
+        out.append(Projection(strategy=s, plan=p, waste=expected_waste(p, target, run_hours), simulated=sim))
+    return out

@@ -1,0 +1,96 @@
+"""``baft project``: each strategy's wasted share of training time on a target cluster, on paper.
+
+The model and its simulation are :mod:`analysis.projection`; this adds the one
+number analysis cannot know (the probability that a loss of ``simultaneous``
+nodes leaves every state in peer memory, from baft's placement), sweeps the
+target along cluster size, storage bandwidth and MTBF for the plots, and writes
+``projection.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from analysis.projection import ASSUMPTIONS, STRATEGIES, Projection, Target, project
+from baft.placement import recovery_probability
+
+#: How far the plots sweep each parameter around the target's value.
+SCALES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+#: The largest relative gap between the analytical and the simulated waste the tests accept (plus 0.002),
+#: where failures are rare within an interval (the model is first order in failure rate x interval).
+TOLERANCE = 0.12
+
+
+def with_placement(target: Target) -> Target:
+    """``target`` with the probability that its losses leave a copy of every state in peer memory."""
+    t = dataclasses.replace(target)
+    t.memory_probability = recovery_probability(t.nodes, t.replicas, t.simultaneous, t.placement)
+    return t
+
+
+def _row(p: Projection) -> dict[str, Any]:
+    tiers = {name: dataclasses.asdict(t) for name, t in (("memory", p.plan.memory), ("persistent", p.plan.persistent))
+             if t is not None}
+    return {"strategy": p.strategy, "waste": p.waste, "stall_share": p.plan.stall_share,
+            "memory_probability": p.plan.memory_probability, "tiers": tiers,
+            "simulated": dataclasses.asdict(p.simulated) if p.simulated else None}
+
+
+def sweep(target: Target, name: str, run_hours: float) -> dict[str, Any]:
+    """Analytical waste of every strategy as ``name`` takes ``SCALES`` times the target's value."""
+    base = getattr(target, name)
+    values = sorted({max(1, round(base * s)) if isinstance(base, int) else base * s for s in SCALES})
+    if name == "nodes":
+        values = [v for v in values if v > max(target.replicas, target.simultaneous)]
+    rows = {s: [] for s in STRATEGIES}
+    for v in values:
+        for p in project(with_placement(dataclasses.replace(target, **{name: v})), run_hours, simulate_seed=None):
+            rows[p.strategy].append(p.waste)
+    return {"parameter": name, "values": values, "waste": rows}
+
+
+def run_projection(target: Target, out: Path, run_hours: float = 720.0, seed: int = 0) -> dict[str, Any]:
+    """Project ``target``, write ``out/projection.json`` and the plots; returns what the JSON holds."""
+    from analysis.plots import projection_plots
+
+    t = with_placement(target)
+    result = {
+        "target": {**dataclasses.asdict(t), "bubble_fraction": t.bubble_fraction},
+        "derived": {"failures_per_hour": t.failure_rate * 3600, "persist_seconds": t.persist_seconds,
+                    "copy_seconds": t.copy_seconds, "replicate_seconds": t.replicate_seconds},
+        "run_hours": run_hours, "seed": seed,
+        "strategies": [_row(p) for p in project(t, run_hours, simulate_seed=seed)],
+        "sweeps": [sweep(target, name, run_hours) for name in ("nodes", "storage_gbps", "mtbf_hours")],
+        "assumptions": list(ASSUMPTIONS),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "projection.json").write_text(json.dumps(result, indent=2) + "\n")
+    result["plots"] = [str(p) for p in projection_plots(result, out)]
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    t, d = result["target"], result["derived"]
+    store = f"{t['storage_gbps']:g} Gbit/s per node" if t["storage_scales"] else f"{t['storage_gbps']:g} Gbit/s in all"
+    lines = [
+        f"target: {t['nodes']} nodes x {t['gpus_per_node']} GPUs, {t['stages']} stages, "
+        f"{t['state_gb_per_stage'] * t['stages']:g} GB of state, node MTBF {t['mtbf_hours']:g} h "
+        f"({d['failures_per_hour']:.3f} failures/h), store {store}, network {t['network_gbps']:g} Gbit/s per node, "
+        f"{t['iteration_seconds']:g} s iterations, bubbles {t['bubble_fraction']:.1%}",
+        f"one checkpoint: persist {d['persist_seconds']:.1f} s, copy to host {d['copy_seconds']:.2f} s, "
+        f"replicate {d['replicate_seconds']:.2f} s; {t['simultaneous']} node(s) per failure leave a copy in peer "
+        f"memory with probability {t['memory_probability']:.4f} ({t['replicas']} replica(s), {t['placement']})",
+        f"  {'strategy':<10} {'wasted':>8} {'simulated':>10} {'stall':>8} {'memory every':>13} {'persist every':>14}",
+    ]
+    for r in result["strategies"]:
+        sim, mem, per = r["simulated"], r["tiers"].get("memory"), r["tiers"].get("persistent")
+        simulated = f"{sim['waste']:.2%}" if sim else "-"
+        every_mem = f"{mem['interval']:.0f} s" if mem else "-"
+        every_per = f"{per['interval']:.0f} s" if per else "-"
+        lines.append(f"  {r['strategy']:<10} {r['waste']:>8.2%} {simulated:>10} {r['stall_share']:>8.2%} "
+                     f"{every_mem:>13} {every_per:>14}")
+    lines.append(f"  (wasted: expected share of {result['run_hours']:g} h of training not spent on useful work; "
+                 f"simulated: seed {result['seed']})")
+    return "\n".join(lines)
