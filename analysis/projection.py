@@ -270,7 +270,6 @@ class Projection:
     plan: Plan
     waste: float
     simulated: Simulated | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def project(target: Target, run_hours: float = 720.0, strategies: tuple[str, ...] = STRATEGIES,
