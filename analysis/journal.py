@@ -65,8 +65,8 @@ Each node's store writes ``journal/store-node<N>.jsonl``: store_start, replicate
 after this one by the time it landed), replication_skipped
 (rank, version, reason), replication_failed, pulled (rank, version, source, bytes),
 replication_paced (the link found to be the bottleneck or no longer), replication_stride (stride, reason),
-replication_degraded (replica_age_versions, persistent_age_versions, persist_every, reason: replication
-stopped, the newest peer copy would be older than the persistent tier's), replication_resumed (a probe found
+replication_degraded (persistent_age_versions, persist_every, reason, and replica_age_versions when the newest
+peer copy would be older than the persistent tier's, slowdown when replication slowed training past its budget), replication_resumed (a probe found
 the link fast again).
 ``finish``              step
 ``agent_start`` / ``agent_exit`` (launcher) node, returncode
@@ -203,6 +203,12 @@ def _with_incarnations(events: Iterator[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+def store_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Every node store's events of a run (``journal/store-node<N>.jsonl``), ordered by time."""
+    files = sorted((Path(run_dir) / "journal").glob("store-node*.jsonl"))
+    return sorted((e for f in files for e in read_events(f)), key=lambda e: e["t"])
+
+
 @dataclass(slots=True)
 class Journal:
     """All events of one run, by rank."""
@@ -231,8 +237,7 @@ class Journal:
             j.launcher = list(read_events(launcher_journal(run_dir)))
         if not j.ranks:
             raise AnalysisError(f"{root}: no rank journals")
-        j.stores = sorted((e for f in sorted(root.glob("store-node*.jsonl")) for e in read_events(f)),
-                          key=lambda e: e["t"])
+        j.stores = store_events(run_dir)
         return j
 
     @property

@@ -417,9 +417,9 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
 
 def replication_stats(out: Path, block: int | None = None) -> dict[str, Any]:
     """What the node stores did: versions replicated and skipped (the link could not keep up)."""
-    from analysis.journal import read_events
+    from analysis.journal import store_events
 
-    evs = [e for f in sorted((out / "journal").glob("store-node*.jsonl")) for e in read_events(f)]
+    evs = store_events(out)
     sent = [e for e in evs if e["event"] == "replicated"]
     stops = [e for e in evs if e["event"] == "store_stop"]
     if not evs:
