@@ -77,6 +77,9 @@ class Target:
     """Seconds per training iteration."""
     microbatches: int = 32
     """Microbatches per iteration (the bubble share of 1F1B is (stages - 1) / (microbatches + stages - 1))."""
+    bubble_share: float | None = None
+    """The share of an iteration a stage is idle, as measured (``--from`` a run sets it); unset: 1F1B's share
+    from the stages and microbatches."""
     detect_seconds: float = 30.0
     """Seconds until a failure is detected."""
     restart_seconds: float = 120.0
@@ -105,6 +108,10 @@ class Target:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ConfigFieldError(name, "a number >= 0", v)
+        if self.bubble_share is not None and (isinstance(self.bubble_share, bool) or
+                                              not isinstance(self.bubble_share, (int, float)) or
+                                              not 0 <= self.bubble_share < 1):
+            raise ConfigFieldError("bubble_share", "a number in [0, 1)", self.bubble_share)
         if self.placement not in ("ring", "group"):
             raise ConfigFieldError("placement", "ring or group", self.placement)
         if self.simultaneous > self.nodes:
@@ -114,7 +121,9 @@ class Target:
 
     @property
     def bubble_fraction(self) -> float:
-        """The share of an iteration a stage is idle (1F1B)."""
+        """The share of an iteration a stage is idle: as measured, else 1F1B's."""
+        if self.bubble_share is not None:
+            return self.bubble_share
         return (self.stages - 1) / (self.microbatches + self.stages - 1)
 
     @property

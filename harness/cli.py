@@ -119,6 +119,13 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     proj.add_argument("--run-hours", dest="run_hours", type=float, default=720.0,
                       help="hours of useful training the projection is for (default 720)")
     proj.add_argument("--seed", type=int, default=0, help="seed of the simulated failures (default 0)")
+    proj.add_argument("--from", dest="from_run", type=Path, metavar="RUN_DIR|bench.json",
+                      help="take what the target leaves unset from a measured run (a `baft run` directory) or a "
+                           "`baft bench` result: bubble share, copy rate, detection, restart, and the iteration "
+                           "time scaled by the state per GPU")
+    proj.add_argument("--check", nargs="+", type=Path, metavar="RUN_DIR",
+                      help="instead: predict these runs (or the runs of a suite's directory) from their own "
+                           "profiles with the projection's rules, against what they measured; writes check.json")
     if command == "project":
         from analysis.projection import Target
 
@@ -127,18 +134,46 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _project(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from analysis.errors import ConfigFieldError
     from analysis.projection import Target
     from harness.bench.project import run_projection, table
     from harness.cliconfig import flag
 
+    if args.check:
+        from harness.bench.projectcheck import check_table, run_check
+
+        given = [flag(f.name) for f in dataclasses.fields(Target) if hasattr(args, f.name)]
+        if given or args.from_run:
+            raise UsageError(f"--check predicts the runs from their own profiles: it takes no target "
+                             f"({', '.join(given + (['--from'] if args.from_run else []))} given)")
+        result = run_check(args.check, args.out)
+        print(check_table(result))
+        print(f"check.json: {args.out / 'check.json'}")
+        return 0
+    provenance: list[str] = []
     try:
-        target = config_from_args(Target, args)
+        if args.from_run:
+            from analysis.errors import AnalysisError
+            from analysis.profile import read_profile
+            from harness.bench.project import target_from_profile
+
+            try:
+                profile = read_profile(args.from_run)
+            except AnalysisError as e:
+                raise UsageError(f"--from: {e}") from None
+            given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Target) if hasattr(args, f.name)}
+            target, provenance = target_from_profile(profile, given)
+        else:
+            target = config_from_args(Target, args)
     except ConfigFieldError as e:
         raise UsageError(f"{flag(e.field)}: expected {e.expected}, found {e.found!r}") from None
     if not args.run_hours > 0:
         raise UsageError(f"--run-hours: expected a number > 0, found {args.run_hours!r}")
-    result = run_projection(target, args.out, args.run_hours, args.seed)
+    result = run_projection(target, args.out, args.run_hours, args.seed, provenance)
+    for line in provenance:
+        print(line)
     print(table(result))
     print(f"projection.json: {args.out / 'projection.json'}; plots: " + ", ".join(result["plots"]))
     return 0

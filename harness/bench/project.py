@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from analysis.profile import Profile
 from analysis.projection import ASSUMPTIONS, STRATEGIES, Projection, Target, project
 from baft.placement import recovery_probability
 
@@ -28,6 +29,41 @@ def with_placement(target: Target) -> Target:
     t = dataclasses.replace(target)
     t.memory_probability = recovery_probability(t.nodes, t.replicas, t.simultaneous, t.placement)
     return t
+
+
+def target_from_profile(profile: Profile, given: dict[str, Any]) -> tuple[Target, list[str]]:
+    """The target with what ``profile`` measured where ``given`` (the fields set on the command line) says
+    nothing: the bubble share, the copy rate into host memory, the detection and restart of its recoveries,
+    and the iteration time scaled by the state each GPU holds (the target's GPUs assumed to process a byte of
+    state as fast as the run's ranks did). Returns it with a line per value taken, saying where from."""
+    base = Target(**given)
+    taken: dict[str, Any] = {}
+    said: list[str] = []
+    if profile.bubble_share is not None:
+        taken["bubble_share"] = profile.bubble_share
+        said.append(f"bubble share {profile.bubble_share:.1%} (baft's profiler, median over {profile.ranks} ranks)")
+    if profile.copy_gbytes_per_s:
+        taken["copy_gbps"] = profile.copy_gbytes_per_s
+        said.append(f"copy to host memory {profile.copy_gbytes_per_s:.3g} GB/s per rank (baft's snapshots)")
+    if profile.detect_seconds is not None:
+        taken["detect_seconds"] = profile.detect_seconds
+        said.append(f"detection {profile.detect_seconds:.2f} s (the watchdog, median of the stalls)")
+    if profile.restart_seconds is not None:
+        taken["restart_seconds"] = profile.restart_seconds
+        said.append(f"restart {profile.restart_seconds:.2f} s (restart, startup and rendezvous of the recoveries)")
+    if profile.state_bytes_per_rank:
+        per_gpu = base.state_bytes / (base.nodes * base.gpus_per_node)
+        scale = per_gpu / profile.state_bytes_per_rank
+        taken["iteration_seconds"] = profile.iteration_seconds * scale
+        said.append(f"iteration {profile.iteration_seconds * scale:.3g} s = the run's {profile.iteration_seconds:.3g} s "
+                    f"x {scale:.3g} ({per_gpu / 1e9:.3g} GB of state per GPU against the run's "
+                    f"{profile.state_bytes_per_rank / 1e6:.3g} MB per rank)")
+    else:
+        taken["iteration_seconds"] = profile.iteration_seconds
+        said.append(f"iteration {profile.iteration_seconds:.3g} s (the run's, unscaled: it holds no state size)")
+    kept = {k: v for k, v in taken.items() if k not in given}
+    said = [line for line, k in zip(said, taken) if k not in given]
+    return Target(**{**given, **kept}), [f"from {profile.source}: {line}" for line in said]
 
 
 def _row(p: Projection) -> dict[str, Any]:
@@ -51,8 +87,10 @@ def sweep(target: Target, name: str, run_hours: float) -> dict[str, Any]:
     return {"parameter": name, "values": values, "waste": rows}
 
 
-def run_projection(target: Target, out: Path, run_hours: float = 720.0, seed: int = 0) -> dict[str, Any]:
-    """Project ``target``, write ``out/projection.json`` and the plots; returns what the JSON holds."""
+def run_projection(target: Target, out: Path, run_hours: float = 720.0, seed: int = 0,
+                   measured: list[str] | None = None) -> dict[str, Any]:
+    """Project ``target``, write ``out/projection.json`` and the plots; returns what the JSON holds.
+    ``measured``: which of the target's values came from a measured run, and from where."""
     from analysis.plots import projection_plots
 
     t = with_placement(target)
@@ -64,6 +102,7 @@ def run_projection(target: Target, out: Path, run_hours: float = 720.0, seed: in
         "strategies": [_row(p) for p in project(t, run_hours, simulate_seed=seed)],
         "sweeps": [sweep(target, name, run_hours) for name in ("nodes", "storage_gbps", "mtbf_hours")],
         "assumptions": list(ASSUMPTIONS),
+        "measured": list(measured or []),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "projection.json").write_text(json.dumps(result, indent=2) + "\n")
