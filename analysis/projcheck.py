@@ -251,6 +251,8 @@ class CheckSummary:
     overhead_mean_abs_error: float | None
     """Percentage points of an iteration."""
     overhead_runs: int
+    overhead_by_strategy: dict[str, float] = field(default_factory=dict)
+    """Strategy -> its runs' mean signed error (predicted - measured), percentage points."""
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
@@ -259,9 +261,12 @@ class CheckSummary:
 def summarize(checks: list[RunCheck]) -> CheckSummary:
     faults = [f for c in checks for f in c.faults]
     timed = [f for f in faults if f.measured_recovery]
-    overheads = [(c.predicted_overhead, c.measured_overhead) for c in checks
-                 if c.predicted_overhead is not None and c.measured_overhead is not None
-                 and not any(n.startswith("overhead") for n in c.not_modelled)]
+    modelled = [c for c in checks if c.predicted_overhead is not None and c.measured_overhead is not None
+                and not any(n.startswith("overhead") for n in c.not_modelled)]
+    overheads = [(c.predicted_overhead, c.measured_overhead) for c in modelled]
+    by: dict[str, list[float]] = {}
+    for c in modelled:
+        by.setdefault(c.strategy, []).append(100 * (c.predicted_overhead - c.measured_overhead))  # type: ignore[operator]
     return CheckSummary(
         runs=len(checks), recoveries=len(faults),
         lost_exact=sum(f.predicted_lost == f.measured_lost for f in faults),
@@ -272,4 +277,5 @@ def summarize(checks: list[RunCheck]) -> CheckSummary:
                                                     for f in timed) if timed else None,
         overhead_mean_abs_error=100 * statistics.mean(abs(a - b) for a, b in overheads) if overheads else None,
         overhead_runs=len(overheads),
+        overhead_by_strategy={k: statistics.mean(v) for k, v in sorted(by.items())},
     )

@@ -99,7 +99,8 @@ def check_table(result: dict[str, Any]) -> str:
             if s["recoveries"] else "no recovery")
     rec = (f"median |error| {s['recovery_median_abs_error']:.2f} s ({100 * s['recovery_median_rel_error']:.0f}% of "
            f"the measured)" if s["recovery_median_abs_error"] is not None else "-")
-    ovh = (f"mean |error| {s['overhead_mean_abs_error']:.1f} points over {s['overhead_runs']} runs"
+    ovh = (f"mean |error| {s['overhead_mean_abs_error']:.1f} points over {s['overhead_runs']} runs (predicted - "
+           "measured: " + ", ".join(f"{k} {v:+.1f}" for k, v in s["overhead_by_strategy"].items()) + ")"
            if s["overhead_mean_abs_error"] is not None else "-")
     lines.append(f"{s['runs']} runs: lost steps {lost}; recovery time {rec}; overhead {ovh}")
     return "\n".join(lines)
