@@ -17,6 +17,11 @@ the pipeline's bubble share). Each strategy is reduced to a few quantities:
   lost nodes leave a copy (``memory_probability``, from the placement), else
   the persistent tier, with the retrieval time of that tier.
 
+Failures come in two kinds: losses of ``simultaneous`` nodes at random (the
+node MTBF), and, optionally, correlated losses of a whole failure domain (a
+rack: ``domain_nodes`` nodes with their own MTBF), whose chance of leaving a
+copy in memory depends on where the domains lie in the node numbering.
+
 The expected wasted share is the stall share plus the failure rate times what
 each failure costs (detection, restart, retrieval, the work redone: half an
 interval plus the lag). :func:`simulate` plays the same rules out with seeded
@@ -28,6 +33,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .advisor import daly
 from .errors import ConfigFieldError
@@ -45,6 +51,8 @@ ASSUMPTIONS = (
     "a strategy with peer memory also persists, from its host copy (no second stall) as often as a persist allows, "
     "for losses that take every copy",
     "`simultaneous` nodes fail together: the node failure rate stays nodes / MTBF, in events of that many nodes",
+    "with `domain_mtbf_hours`, each failure domain of `domain_nodes` nodes also fails whole, independently and "
+    "exponentially; detection and restart take as long as for one node",
     "the interval is Daly's optimum for the stall, at least one iteration and at least the background work of one "
     "checkpoint",
 )
@@ -90,12 +98,22 @@ class Target:
     """Where the replicas go: ``ring`` or ``group`` (as baft's stores place them)."""
     simultaneous: int = 1
     """Nodes lost in one failure (at the same moment)."""
+    domain_nodes: int = 8
+    """Nodes of one failure domain (a rack, a switch, a power feed) that fail together."""
+    domain_mtbf_hours: float | None = None
+    """Mean time between failures of one whole failure domain, in hours; unset: no correlated losses."""
+    domain_layout: Literal["aligned", "interleaved", "random"] = "aligned"
+    """Where the domains lie in the node numbering: aligned (consecutive node ranks share one, as a
+    topology-aware scheduler hands them out), interleaved (node i in domain i mod the number of domains)
+    or random."""
     memory_probability: float = field(default=1.0, init=False)
     """The probability that a failure of ``simultaneous`` nodes leaves a copy of every state in peer memory
     (set by the caller from the placement: analysis does not know the placement rules)."""
+    domain_memory_probability: float = field(default=0.0, init=False)
+    """The same for the loss of a whole failure domain (set by the caller)."""
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "gpus_per_node", "stages", "microbatches", "replicas", "simultaneous"):
+        for name in ("nodes", "gpus_per_node", "stages", "microbatches", "replicas", "simultaneous", "domain_nodes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigFieldError(name, "an integer >= 1", v)
@@ -112,6 +130,12 @@ class Target:
                                               not isinstance(self.bubble_share, (int, float)) or
                                               not 0 <= self.bubble_share < 1):
             raise ConfigFieldError("bubble_share", "a number in [0, 1)", self.bubble_share)
+        if self.domain_mtbf_hours is not None and (isinstance(self.domain_mtbf_hours, bool) or
+                                                   not isinstance(self.domain_mtbf_hours, (int, float)) or
+                                                   not self.domain_mtbf_hours > 0):
+            raise ConfigFieldError("domain_mtbf_hours", "a number > 0 (or unset)", self.domain_mtbf_hours)
+        if self.domain_layout not in ("aligned", "interleaved", "random"):
+            raise ConfigFieldError("domain_layout", "aligned, interleaved or random", self.domain_layout)
         if self.placement not in ("ring", "group"):
             raise ConfigFieldError("placement", "ring or group", self.placement)
         if self.simultaneous > self.nodes:
@@ -131,9 +155,29 @@ class Target:
         return self.state_gb_per_stage * self.stages * 1e9
 
     @property
-    def failure_rate(self) -> float:
-        """Failures per second of the whole job."""
+    def domains(self) -> int:
+        """Failure domains of the cluster (the last one smaller where ``domain_nodes`` does not divide it)."""
+        return -(-self.nodes // self.domain_nodes)
+
+    @property
+    def node_failure_rate(self) -> float:
+        """Failures of ``simultaneous`` nodes per second of the whole job."""
         return self.nodes / (self.mtbf_hours * 3600) / self.simultaneous
+
+    @property
+    def domain_failure_rate(self) -> float:
+        """Losses of a whole failure domain per second of the whole job."""
+        return 0.0 if self.domain_mtbf_hours is None else self.domains / (self.domain_mtbf_hours * 3600)
+
+    @property
+    def failure_rate(self) -> float:
+        """Failures per second of the whole job, of either kind."""
+        return self.node_failure_rate + self.domain_failure_rate
+
+    @property
+    def domain_share(self) -> float:
+        """The share of failures that take a whole domain."""
+        return self.domain_failure_rate / self.failure_rate
 
     @property
     def persist_seconds(self) -> float:
@@ -168,12 +212,22 @@ class Tier:
 
 @dataclass(kw_only=True, slots=True)
 class Plan:
-    """A strategy on a target: its tiers (memory first) and the share of failures memory serves."""
+    """A strategy on a target: its tiers (memory first) and how often memory serves a failure of each kind."""
 
     strategy: str
     memory: Tier | None = None
     persistent: Tier | None = None
     memory_probability: float = 0.0
+    """For a failure of ``simultaneous`` nodes: the chance that peer memory holds every state."""
+    domain_share: float = 0.0
+    """The share of failures that take a whole failure domain."""
+    domain_memory_probability: float = 0.0
+    """For the loss of a domain: the chance that peer memory holds every state."""
+
+    @property
+    def memory_share(self) -> float:
+        """The share of all failures peer memory serves."""
+        return (1 - self.domain_share) * self.memory_probability + self.domain_share * self.domain_memory_probability
 
     @property
     def stall_share(self) -> float:
@@ -191,14 +245,15 @@ def plan(strategy: str, target: Target) -> Plan:
     """What ``strategy`` does on ``target``."""
     t = target
     persist, copy, replicate = t.persist_seconds, t.copy_seconds, t.replicate_seconds
+    racks = t.domain_share  # every strategy sees the same failures; only memory tiers care about their kind
     if strategy == "none":
-        return Plan(strategy=strategy)
+        return Plan(strategy=strategy, domain_share=racks)
     if strategy == "sync":
         tier = Tier(stall=persist, interval=_interval(persist, t, 0.0), lag=0.0, retrieval=persist)
-        return Plan(strategy=strategy, persistent=tier)
+        return Plan(strategy=strategy, persistent=tier, domain_share=racks)
     background = Tier(stall=copy, interval=_interval(copy, t, persist), lag=persist, retrieval=persist)
     if strategy in ("checkfreq", "async-dcp"):
-        return Plan(strategy=strategy, persistent=background)
+        return Plan(strategy=strategy, persistent=background, domain_share=racks)
     # With a copy in host memory already, the persistent tier writes from it: no second stall.
     from_host = Tier(stall=0.0, interval=_interval(0.0, t, persist), lag=persist, retrieval=persist)
     if strategy == "in-memory":
@@ -208,7 +263,8 @@ def plan(strategy: str, target: Target) -> Plan:
         memory = Tier(stall=stall, interval=_interval(stall, t, replicate), lag=replicate, retrieval=replicate)
     else:
         raise ValueError(f"strategy: one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    return Plan(strategy=strategy, memory=memory, persistent=from_host, memory_probability=t.memory_probability)
+    return Plan(strategy=strategy, memory=memory, persistent=from_host, memory_probability=t.memory_probability,
+                domain_share=racks, domain_memory_probability=t.domain_memory_probability)
 
 
 def expected_waste(p: Plan, target: Target, run_hours: float) -> float:
@@ -220,7 +276,7 @@ def expected_waste(p: Plan, target: Target, run_hours: float) -> float:
         return 1 - work / wall if wall > 0 else 0.0
     rate = 1 + p.stall_share  # wall seconds per second of work without failures
     redo, stopped = 0.0, down  # per failure: wall seconds of work redone, and of downtime and retrieval
-    for tier, share in ((p.memory, p.memory_probability), (p.persistent, 1 - p.memory_probability)):
+    for tier, share in ((p.memory, p.memory_share), (p.persistent, 1 - p.memory_share)):
         if tier is not None and share > 0:
             redo += share * (rate * tier.interval / 2 + tier.lag)
             stopped += share * tier.retrieval
@@ -237,31 +293,39 @@ class Simulated:
     failures: int
     from_memory: int
     hours: float
+    domain_failures: int = 0
+    """Of the failures, those that took a whole failure domain."""
 
 
 def simulate(p: Plan, target: Target, run_hours: float, seed: int = 0, max_failures: int = 200_000) -> Simulated:
     """Play ``p`` out: ``run_hours`` of useful work, failures at exponential gaps, each rolling back to the
     newest checkpoint that is durable by then on the tier that survived it, then detection, restart and
     retrieval. A tier checkpoints at every multiple of its interval of work, each durable ``lag`` seconds
-    after it was taken; the wall clock runs ``1 + stall share`` seconds per second of work."""
+    after it was taken; the wall clock runs ``1 + stall share`` seconds per second of work. Each failure is
+    a domain's with the plan's ``domain_share`` (drawn only where there are such failures), and peer memory
+    holds every state with the probability for its kind."""
     rng = random.Random(seed)
     lam, down = target.failure_rate, target.detect_seconds + target.restart_seconds
     total, rate = run_hours * 3600, 1 + p.stall_share
     tiers = [t for t in (p.memory, p.persistent) if t is not None]
     newest = [0.0 for _ in tiers]  # work of each tier's newest durable checkpoint (the start counts as one)
     wall = work = 0.0
-    failures = from_memory = 0
+    failures = from_memory = domain_failures = 0
     while failures < max_failures:
         gap = rng.expovariate(lam)
         if (total - work) * rate <= gap:
             wall += (total - work) * rate
-            return Simulated(waste=1 - total / wall, failures=failures, from_memory=from_memory, hours=wall / 3600)
+            return Simulated(waste=1 - total / wall, failures=failures, from_memory=from_memory, hours=wall / 3600,
+                             domain_failures=domain_failures)
         failures += 1
         for i, tier in enumerate(tiers):  # what each tier holds durably at the failure
             reached = work + (gap - tier.lag) / rate
             if reached > work:
                 newest[i] = max(newest[i], math.floor(reached / tier.interval + 1e-9) * tier.interval)
-        memory = p.memory is not None and rng.random() < p.memory_probability
+        domain = p.domain_share > 0 and rng.random() < p.domain_share
+        domain_failures += domain
+        chance = p.domain_memory_probability if domain else p.memory_probability
+        memory = p.memory is not None and rng.random() < chance
         from_memory += memory
         if not tiers:  # no checkpoint: from scratch
             work, retrieval = 0.0, 0.0

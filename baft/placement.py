@@ -15,6 +15,13 @@ state lives on ``m = r + 1`` nodes):
 :func:`targets` is what a store replicates to; :func:`recovery_probability` the exact chance that a
 loss of k nodes chosen uniformly at random keeps every state in memory, and :func:`simulate` the same
 by drawing losses (the tests check one against the other). Torch-free: the node store imports it.
+
+Correlated losses: a **failure domain** (a rack, a switch, a power feed) takes all its nodes at once.
+Where the domains lie in the node numbering decides what survives, and :func:`domain_recovery_probability`
+gives the share of domains whose loss keeps every state in memory for three layouts: ``aligned``
+(consecutive node ranks share a domain: what a topology-aware scheduler hands out, and the worst case
+for ring and group placement, whose replicas go to the next ranks), ``interleaved`` (node i in domain
+i mod the number of domains: the next ranks are in other domains) and ``random``.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from functools import lru_cache
 from math import comb
 
 PLACEMENTS = ("ring", "group")
+DOMAIN_LAYOUTS = ("aligned", "interleaved", "random")
 
 
 def groups(nodes: int, replicas: int) -> list[list[int]]:
@@ -136,6 +144,34 @@ def simulate(nodes: int, replicas: int, lost: int, placement: str = "ring", tria
     rng = random.Random(seed)
     hs = holders(nodes, replicas, placement)
     return sum(survives(frozenset(rng.sample(range(nodes), lost)), hs) for _ in range(trials)) / trials
+
+
+def domains(nodes: int, domain_nodes: int, layout: str = "aligned") -> list[list[int]]:
+    """The nodes of each failure domain of (at most) ``domain_nodes`` nodes: consecutive ranks (``aligned``)
+    or every ``count``-th rank (``interleaved``); ``random`` has no fixed sets (its sizes are the aligned ones)."""
+    if layout not in DOMAIN_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(DOMAIN_LAYOUTS)}, got {layout!r}")
+    if nodes < 1 or domain_nodes < 1:
+        raise ValueError(f"nodes and domain_nodes must be >= 1, got {nodes} and {domain_nodes}")
+    count = -(-nodes // domain_nodes)
+    if layout == "interleaved":
+        return [list(range(d, nodes, count)) for d in range(count)]
+    return [list(range(d * domain_nodes, min(nodes, (d + 1) * domain_nodes))) for d in range(count)]
+
+
+def domain_recovery_probability(nodes: int, replicas: int, domain_nodes: int, placement: str = "ring",
+                                layout: str = "aligned") -> float:
+    """The share of failure domains (each as likely to fail) whose loss of all its nodes leaves every node's
+    state in a surviving node's memory. Only a lost node's state can be lost (every holder set holds its
+    node), so each domain checks the holders of its own nodes."""
+    sets = domains(nodes, domain_nodes, layout)
+    if layout == "random":
+        return sum(recovery_probability(nodes, replicas, len(d), placement) for d in sets) / len(sets)
+    kept = 0
+    for d in sets:
+        lost = frozenset(d)
+        kept += all(not frozenset([i, *targets(i, nodes, replicas, placement)]) <= lost for i in d)
+    return kept / len(sets)
 
 
 def table(nodes: list[int], replicas: list[int], lost: list[int], trials: int = 20000, seed: int = 1) -> str:

@@ -1,8 +1,9 @@
 """``baft project``: each strategy's wasted share of training time on a target cluster, on paper.
 
-The model and its simulation are :mod:`analysis.projection`; this adds the one
-number analysis cannot know (the probability that a loss of ``simultaneous``
-nodes leaves every state in peer memory, from baft's placement), sweeps the
+The model and its simulation are :mod:`analysis.projection`; this adds the
+numbers analysis cannot know (the probability that a loss of ``simultaneous``
+nodes, or of a whole failure domain, leaves every state in peer memory, from
+baft's placement), sweeps the
 target along cluster size, storage bandwidth and MTBF for the plots, and writes
 ``projection.json``.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from analysis.profile import Profile
 from analysis.projection import ASSUMPTIONS, STRATEGIES, Projection, Target, project
-from baft.placement import recovery_probability
+from baft.placement import domain_recovery_probability, recovery_probability
 
 #: How far the plots sweep each parameter around the target's value.
 SCALES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -25,9 +26,13 @@ TOLERANCE = 0.12
 
 
 def with_placement(target: Target) -> Target:
-    """``target`` with the probability that its losses leave a copy of every state in peer memory."""
+    """``target`` with the probabilities that its losses (of ``simultaneous`` nodes, of a domain) leave a copy
+    of every state in peer memory."""
     t = dataclasses.replace(target)
     t.memory_probability = recovery_probability(t.nodes, t.replicas, t.simultaneous, t.placement)
+    if t.domain_mtbf_hours is not None:
+        t.domain_memory_probability = domain_recovery_probability(t.nodes, t.replicas, t.domain_nodes, t.placement,
+                                                                  t.domain_layout)
     return t
 
 
@@ -70,7 +75,7 @@ def _row(p: Projection) -> dict[str, Any]:
     tiers = {name: dataclasses.asdict(t) for name, t in (("memory", p.plan.memory), ("persistent", p.plan.persistent))
              if t is not None}
     return {"strategy": p.strategy, "waste": p.waste, "stall_share": p.plan.stall_share,
-            "memory_probability": p.plan.memory_probability, "tiers": tiers,
+            "memory_probability": p.plan.memory_probability, "memory_share": p.plan.memory_share, "tiers": tiers,
             "simulated": dataclasses.asdict(p.simulated) if p.simulated else None}
 
 
@@ -96,7 +101,8 @@ def run_projection(target: Target, out: Path, run_hours: float = 720.0, seed: in
     t = with_placement(target)
     result = {
         "target": {**dataclasses.asdict(t), "bubble_fraction": t.bubble_fraction},
-        "derived": {"failures_per_hour": t.failure_rate * 3600, "persist_seconds": t.persist_seconds,
+        "derived": {"failures_per_hour": t.failure_rate * 3600, "domain_failures_per_hour": t.domain_failure_rate * 3600,
+                    "persist_seconds": t.persist_seconds,
                     "copy_seconds": t.copy_seconds, "replicate_seconds": t.replicate_seconds},
         "run_hours": run_hours, "seed": seed,
         "strategies": [_row(p) for p in project(t, run_hours, simulate_seed=seed)],
@@ -116,11 +122,18 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         f"target: {t['nodes']} nodes x {t['gpus_per_node']} GPUs, {t['stages']} stages, "
         f"{t['state_gb_per_stage'] * t['stages']:g} GB of state, node MTBF {t['mtbf_hours']:g} h "
-        f"({d['failures_per_hour']:.3f} failures/h), store {store}, network {t['network_gbps']:g} Gbit/s per node, "
+        f"({d['failures_per_hour']:.3f} failures/h in all), store {store}, network {t['network_gbps']:g} Gbit/s per node, "
         f"{t['iteration_seconds']:g} s iterations, bubbles {t['bubble_fraction']:.1%}",
         f"one checkpoint: persist {d['persist_seconds']:.1f} s, copy to host {d['copy_seconds']:.2f} s, "
         f"replicate {d['replicate_seconds']:.2f} s; {t['simultaneous']} node(s) per failure leave a copy in peer "
         f"memory with probability {t['memory_probability']:.4f} ({t['replicas']} replica(s), {t['placement']})",
+    ]
+    if t["domain_mtbf_hours"] is not None:
+        lines.append(
+            f"failure domains of {t['domain_nodes']} nodes ({t['domain_layout']}), MTBF {t['domain_mtbf_hours']:g} h: "
+            f"{d['domain_failures_per_hour']:.4f} losses/h ({d['domain_failures_per_hour'] / d['failures_per_hour']:.0%}"
+            f" of failures), each leaves a copy in peer memory with probability {t['domain_memory_probability']:.4f}")
+    lines += [
         f"  {'strategy':<10} {'wasted':>8} {'simulated':>10} {'stall':>8} {'memory every':>13} {'persist every':>14}",
     ]
     for r in result["strategies"]:

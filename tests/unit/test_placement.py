@@ -1,5 +1,6 @@
 """Replica placement: ring and group targets, and the chance that k nodes lost at once leave every
-state in memory — the exact count checked against listing every loss and against a simulation."""
+state in memory — the exact count checked against listing every loss and against a simulation; and the
+same for the loss of a whole failure domain, by where the domains lie in the node numbering."""
 from __future__ import annotations
 
 import math
@@ -8,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.placement import (PLACEMENTS, enumerate_probability, groups, holders, recovery_probability, simulate,
-                            targets)
+from baft.placement import (DOMAIN_LAYOUTS, PLACEMENTS, domain_recovery_probability, domains, enumerate_probability,
+                            groups, holders, recovery_probability, simulate, survives, targets)
 
 shapes = st.integers(2, 11).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, 3), st.integers(0, n)))
 
@@ -59,3 +60,31 @@ def test_a_whole_group_lost_loses_its_states_and_a_split_loss_does_not() -> None
     assert all(not h <= {0, 2} for h in hs)  # one of each group: every state survives
     ring = holders(4, 1, "ring")
     assert not all(not h <= {1, 2} for h in ring)  # a ring loses node 1's state with nodes 1 and 2
+
+
+@given(st.integers(2, 40), st.integers(0, 4), st.integers(1, 12), st.sampled_from(PLACEMENTS),
+       st.sampled_from(DOMAIN_LAYOUTS[:2]))
+@settings(max_examples=200, deadline=None)
+def test_a_domain_loss_is_survived_as_often_as_every_holder_set_says(n, r, d, placement, layout) -> None:
+    sets = domains(n, d, layout)
+    assert sorted(x for s in sets for x in s) == list(range(n)) and all(0 < len(s) <= d for s in sets)
+    hs = holders(n, r, placement)  # every node's holders, not only the lost domain's: the shortcut's check
+    kept = sum(survives(frozenset(s), hs) for s in sets) / len(sets)
+    assert math.isclose(domain_recovery_probability(n, r, d, placement, layout), kept, abs_tol=1e-12)
+
+
+def test_aligned_racks_take_every_replica_with_them_and_interleaved_ones_none() -> None:
+    # 128 nodes in racks of 8, one or two replicas on the next ranks: an aligned rack holds its first
+    # node's every copy; interleaved, the next ranks are in other racks.
+    for placement in PLACEMENTS:
+        for r in (1, 2):
+            assert domain_recovery_probability(128, r, 8, placement, "aligned") == 0.0
+            assert domain_recovery_probability(128, r, 8, placement, "interleaved") == 1.0
+            assert domain_recovery_probability(128, r, 8, placement, "random") == pytest.approx(
+                recovery_probability(128, r, 8, placement))
+    # Replicas reaching past the rack keep a copy even when aligned.
+    assert domain_recovery_probability(128, 8, 8, "ring", "aligned") == 1.0
+    assert domain_recovery_probability(10, 1, 4, "ring", "aligned") == 0.0  # racks {0..3} {4..7} {8, 9}
+    assert domains(10, 4, "interleaved") == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    with pytest.raises(ValueError, match="layout"):
+        domains(8, 2, "striped")
