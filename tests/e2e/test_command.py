@@ -159,7 +159,7 @@ if os.path.exists("ck.pt"):
     ck = torch.load("ck.pt")
     model.load_state_dict(ck["model"]); opt.load_state_dict(ck["opt"]); step = ck["step"]
 while step < int(sys.argv[1]):
-    loss = torch.nn.functional.mse_loss(model(x + 1e-5 * torch.randn(x.shape, generator=noise)), y)
+    loss = torch.nn.functional.mse_loss(model(x + 1e-4 * torch.randn(x.shape, generator=noise)), y)
     opt.zero_grad(); loss.backward(); opt.step()
     step += 1
     if step % 4 == 0:
@@ -177,7 +177,10 @@ def test_a_job_that_is_not_deterministic_is_judged_by_its_loss_curve(tmp_path: P
     rc, out, v = run_cli(data, tmp_path / "out", ref_cache)
     assert rc == 0 and v["passed"], out
     r = v["reproducibility"]
-    assert not r["equal"] and (r["first_divergence"]["step"], r["first_divergence"]["component"]) == (0, "loss"), r
+    # Where they first differ: the loss of iteration 0 unless its float32 value happens to round alike
+    # in both runs (the noise moves it by some 1e-5 of itself), then the model after step 1.
+    d = r["first_divergence"]
+    assert not r["equal"] and (d["step"], d["component"]) in ((0, "loss"), (1, "model"), (1, "loss")), r
     assert "a bitwise verdict is impossible; judged by the loss curve" in out
     assert v["loss_curve"] is not None and not v["loss_curve"]["failures"]
     (rec,) = v["recoveries"]
