@@ -148,9 +148,6 @@ class WorkloadConfig:
             shape = PRESETS[self.model]
             if shape.kind != "gpt":
                 raise ConfigValueError("tp", f"1 with model {self.model} (tensor parallelism splits gpt blocks' MLPs)", self.tp)
-            if self.dp_shard > 1:
-                raise ConfigValueError("tp", "1 with dp_shard > 1 (FSDP and tensor parallelism in one stage are not "
-                                       "supported by this workload)", self.tp)
             if (4 * shape.width) % self.tp:
                 raise ConfigValueError("tp", f"a divisor of the MLP width {4 * shape.width}", self.tp)
         if self.amp_init_scale <= 0:

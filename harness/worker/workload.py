@@ -135,17 +135,17 @@ class PipelineTrainer:
         V = cfg.virtual_stages
         # Rank s holds model chunks s, s+P, s+2P, ... (one chunk without interleaving).
         chunks = [build_stage(shape, cfg.seed, s + k * P, P * V) for k in range(V)]
+        if T > 1:  # before FSDP (as torchtitan does): FSDP then shards the TP shards, 2-D DTensors
+            from harness.worker.models import parallelize_mlps
+
+            for m in chunks:
+                parallelize_mlps(m, self.mesh["tp"])
         if F > 1:
             from torch.distributed.fsdp import fully_shard
 
             shard_mesh = self.mesh["dp_shard"] if D == 1 else self.mesh["dp_replicate", "dp_shard"]
             for m in chunks:
                 fully_shard(m, mesh=shard_mesh)
-        if T > 1:
-            from harness.worker.models import parallelize_mlps
-
-            for m in chunks:
-                parallelize_mlps(m, self.mesh["tp"])
         if cfg.amp != "none":
             for m in chunks:
                 m.autocast = torch.bfloat16 if cfg.amp == "bf16" else torch.float16

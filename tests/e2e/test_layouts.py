@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
@@ -43,15 +44,20 @@ def test_pp_fsdp_survives_a_fault_at_every_phase_bit_for_bit(tmp_path: Path, ref
     md = FileSystemReader(str(persist.step_dir(root, persist.committed_steps(root)[0]))).read_metadata()
     sizes = {k: tuple(m.size) for k, m in md.state_dict_metadata.items() if k.endswith("ln1.weight")}
     assert sizes == {f"model.blocks.{i}.ln1.weight": (64,) for i in range(4)}  # the whole model's names
+    stage0 = _stage0_bytes(md)
+    (copied,) = [e["bytes"] for e in j.events("snapshot", 0) if e["step"] == 5]
+    assert 0.4 * stage0 < copied < 0.6 * stage0, (copied, stage0)  # rank 0 snapshots its half
 
-    def of_stage0(key: str) -> bool:  # gpt-tiny on 2 stages: stage 0 holds the embedding and blocks 0 and 1
+
+def _stage0_bytes(md: Any) -> int:
+    """Bytes of stage 0's whole state in a checkpoint's metadata (gpt-tiny on 2 stages: stage 0 holds the
+    embedding and blocks 0 and 1; its per-rank plain tensors counted once)."""
+    def of_stage0(key: str) -> bool:
         name = key.removeprefix("model.").removeprefix("optimizer.state.")
         return name.startswith(("embed.", "blocks.0.", "blocks.1.")) or key.startswith(("stage0/", "stage0.shard0/"))
 
-    stage0 = sum(math.prod(m.size) * m.properties.dtype.itemsize for k, m in md.state_dict_metadata.items()
-                 if of_stage0(k))
-    (copied,) = [e["bytes"] for e in j.events("snapshot", 0) if e["step"] == 5]
-    assert 0.4 * stage0 < copied < 0.6 * stage0, (copied, stage0)  # rank 0 snapshots its half
+    return sum(math.prod(m.size) * m.properties.dtype.itemsize for k, m in md.state_dict_metadata.items()
+               if of_stage0(k))
 
 
 def test_pp_tp_survives_a_fault_at_every_phase_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
@@ -68,6 +74,30 @@ def test_pp_tp_survives_a_fault_at_every_phase_bit_for_bit(tmp_path: Path, ref_c
     sizes = {k: tuple(m.size) for k, m in md.state_dict_metadata.items() if k.endswith("mlp.0.weight")}
     # the column-wise weight is one whole tensor assembled from both ranks' halves (4*64 rows of 64)
     assert sizes == {f"model.blocks.{i}.mlp.0.weight": (256, 64) for i in range(4)}
+
+
+def test_tp_then_fsdp_in_each_stage_resumes_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
+    """torchtitan's 3-D layout (pp × dp_shard × tp, stage-major): the MLP weights are 2-D DTensors."""
+    rc, out, v = run_cli(ROOT / "scenarios/ci/pp-fsdp-tp-2d.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and v["passed"] and v["faults_fired"] == 3
+    snapshot, persisting, node = _recoveries(v)
+    assert snapshot == ("shm", 2) and persisting[0] == "shm" and persisting[1] >= 8 and node[0] == "peer+shm"
+    run = tmp_path / "out" / "faulted"
+    assert _peer_ranks(run) == {4, 5, 6, 7}  # node 1 held stage 1
+    root = run / "checkpoints"
+    md = FileSystemReader(str(persist.step_dir(root, persist.committed_steps(root)[0]))).read_metadata()
+    sizes = {k: tuple(m.size) for k, m in md.state_dict_metadata.items() if k.endswith(("mlp.0.weight", "ln1.weight"))}
+    # whole tensors: the MLP's assembled from four ranks' quarters, the norms' from two shards' halves
+    assert sizes == {**{f"model.blocks.{i}.mlp.0.weight": (256, 64) for i in range(4)},
+                     **{f"model.blocks.{i}.ln1.weight": (64,) for i in range(4)}}
+    j = Journal.load(run)
+    copied = {r: [e["bytes"] for e in j.events("snapshot", r) if e["step"] == 4] for r in range(4)}
+    stage0 = _stage0_bytes(md)
+    # each rank copies its own quarter of the MLPs and half of the rest; the second tensor-parallel rank of
+    # a shard leaves the step counts, which both hold alike, to the first
+    assert all(0.25 * stage0 < c[0] < 0.5 * stage0 for c in copied.values()), (copied, stage0)
+    assert copied[1][0] < copied[0][0] and copied[3][0] < copied[2][0], copied
 
 
 def test_stage_major_survives_a_fault_at_every_phase_and_pulls_the_lost_stage_from_the_peer(

@@ -1,5 +1,6 @@
 """Reshardable persistence: baft's persistent tier writes DTensors as DTensors, so DCP stores whole tensors
-from the shards. Two real gloo ranks train a model sharded with FSDP2 (mesh ``dp_shard: 2``) under the baft
+from the shards. Real gloo ranks train a model sharded with FSDP2 (mesh ``dp_shard: 2``; or torchtitan's 2-D
+layout, tensor parallelism over ``tp: 2`` and then FSDP2 over ``dp_shard: 2``, four ranks) under the baft
 strategy; then, in one process without torch.distributed, stock ``dcp.load`` reads the checkpoint into an
 unsharded model's state dict, and baft's own restore brings the whole training state back into an
 unsharded model and optimizer: both give the tensors the job held (gathered with ``full_tensor``)."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -25,17 +27,21 @@ from tests.rank_step import train_step
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-out = sys.argv[1]
-mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",))
+out, tp = sys.argv[1], int(sys.argv[2])
+mesh = init_device_mesh("cpu", (2, tp), mesh_dim_names=("dp_shard", "tp"))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
-fully_shard(model, mesh=mesh)
+if tp > 1:  # first TP (the hidden layer split over tp), then FSDP2 shards those shards: 2-D DTensors
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+fully_shard(model, mesh=mesh["dp_shard"])
+shard = mesh["dp_shard"].get_local_rank()  # tensor-parallel peers see the same data
 state = TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
 config = CheckpointConfig(strategy="baft", every=2, dir=os.path.join(out, "ckpt"), shm_dir=os.path.join(out, "shm"))
 strategy = BaftStrategy(config, state)
 strategy.attach(model, mesh=mesh)
 for step in range(4):
-    train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(100 + 10 * step + rank)))
+    train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(100 + 10 * step + shard)))
 strategy.close()  # persists step 4
 full = {"model": {k: v.full_tensor() for k, v in model.state_dict().items()},
         "moments": {i: {k: v.full_tensor() for k, v in s.items() if k != "step"}
@@ -51,8 +57,9 @@ def plain_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
 
 
-def test_an_fsdp_checkpoint_loads_into_an_unsharded_model_in_one_process(tmp_path: Path) -> None:
-    results = run_ranks(RANK, str(tmp_path))
+@pytest.mark.parametrize("tp", [1, 2], ids=["fsdp", "tp-then-fsdp"])
+def test_an_fsdp_checkpoint_loads_into_an_unsharded_model_in_one_process(tmp_path: Path, tp: int) -> None:
+    results = run_ranks(RANK, str(tmp_path), str(tp), world=2 * tp)
     assert all(code == 0 for code, _ in results), [out for _, out in results]
     full = torch.load(tmp_path / "full.pt", weights_only=True)
     root = tmp_path / "ckpt"

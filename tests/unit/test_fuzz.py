@@ -42,10 +42,12 @@ def test_each_layout_draws_faults_on_all_its_ranks_and_valid_policies(data: st.D
     schedule = data.draw(schedules({**base, "checkpoint": policy}, max_faults=2))
     s = parse(with_schedule(base, schedule, "t", policy), "t.yaml")
     w = s.workload
-    assert w.world_size == 4 and w.nodes == 2 and (w.dp_shard, w.tp, w.layout) == (
+    world = LAYOUTS[layout]["stages"] * LAYOUTS[layout]["dp_shard"] * LAYOUTS[layout]["tp"]
+    world *= LAYOUTS[layout]["data_parallel"]
+    assert w.world_size == world and w.nodes == 2 and (w.dp_shard, w.tp, w.layout) == (
         LAYOUTS[layout]["dp_shard"], LAYOUTS[layout]["tp"], LAYOUTS[layout]["layout"])
     assert 1 <= s.checkpoint.every <= 8 and 1 <= s.checkpoint.replicate_every <= 6
-    assert all(0 <= f.config.rank < 4 for f in s.faults if f.kind != "node_loss")
+    assert all(0 <= f.config.rank < world for f in s.faults if f.kind != "node_loss")
 
 
 def test_sharded_ranks_are_drawn_too() -> None:
