@@ -340,7 +340,7 @@ class BubbleSnapshotter:
         self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.config.planner.chunk_bytes)
         self.mine = owned(self.chunks, self.replica, self.replicas)
         if self.tp is not None and self.tp[0] != 0:  # TP rank 0 copies what the TP ranks hold alike
-            shared = shared_tensors(specs, self.state, self.placements)
+            shared = shared_tensors(specs, self.state, self.placements, self._tp_peers())
             self.mine = [c for c in self.mine if c.tensor not in shared]
         self._owner = owner_tag(self.replica, self.replicas, [c.tensor for c in self.mine], specs)
         with self._slots_lock:  # a persister reading a sealed version finishes first
@@ -536,10 +536,14 @@ class BubbleSnapshotter:
                     path=str(self.buffer.root), resized_from=saved, replicas=self.replicas)
         return version
 
+    def _tp_peers(self) -> set[int]:
+        """The global ranks of this rank's TP peers (itself left out)."""
+        return set(dist.get_process_group_ranks(self.tp[1])) - {dist.get_rank()}
+
     def _fill_shared(self) -> None:
         """The state the TP ranks hold alike, which only TP rank 0's slots hold: sent to its peers."""
         if self.tp is not None:
-            broadcast_shared(self.state, self.tp[1])
+            broadcast_shared(self.state, self.tp[1], self._tp_peers())
 
     def discard_newer(self, version: int) -> None:
         """After the job restored ``version`` (-1: nothing) from any tier: forget this rank's copies of the

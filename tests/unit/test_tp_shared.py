@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.gloo_ranks import run_ranks
 
 RANK = """
@@ -22,12 +24,16 @@ from tests.rank_step import train_step
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-out, phase, start, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+out, phase, start, stop, shards = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+full = init_device_mesh("cpu", (shards, 2), mesh_dim_names=("dp_shard", "tp"))
+mesh = full if shards > 1 else full["tp"]
 torch.manual_seed(0 if phase == "a" else 99)  # the same init on both TP ranks; phase b starts elsewhere
 model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6), torch.nn.LayerNorm(6),
                             torch.nn.Linear(6, 3))
-parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+parallelize_module(model, full["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+if shards > 1:  # then FSDP2 over dp_shard: the plain ones become 1-D shards that both TP peers hold alike
+    from torch.distributed.fsdp import fully_shard
+    fully_shard(model, mesh=full["dp_shard"])
 state = TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
 if phase == "c":  # the node's memory is gone: the persistent tier it is
     import shutil
@@ -58,22 +64,29 @@ dist.destroy_process_group()
 """
 
 
-def _phase(tmp_path: Path, phase: str, start: int, stop: int) -> dict[int, dict]:
-    results = run_ranks(RANK, str(tmp_path), phase, str(start), str(stop))
+def _phase(tmp_path: Path, phase: str, start: int, stop: int, shards: int) -> dict[int, dict]:
+    results = run_ranks(RANK, str(tmp_path), phase, str(start), str(stop), str(shards), world=2 * shards)
     assert all(code == 0 for code, _ in results), [out for _, out in results]
-    return {r: json.loads((tmp_path / f"{phase}-{r}.json").read_text()) for r in range(2)}
+    return {r: json.loads((tmp_path / f"{phase}-{r}.json").read_text()) for r in range(2 * shards)}
 
 
-def test_tp_ranks_copy_the_plain_state_once_and_restore_it_on_both(tmp_path: Path) -> None:
-    a = _phase(tmp_path, "a", 0, 4)
-    # rank 1 copies only its shards: the LayerNorm and the last Linear (and their moments) are rank 0's
-    assert a[1]["plain_zero"] and not a[0]["plain_zero"], (a[0]["plain_zero"], a[1]["plain_zero"])
-    assert all(b1 < b0 for b0, b1 in zip(a[0]["bytes"], a[1]["bytes"])), (a[0]["bytes"], a[1]["bytes"])
-    b = _phase(tmp_path, "b", 3, 4)  # fresh processes, another init: restore version 3 (after 3 steps)
-    for r in range(2):
-        assert b[r]["states"]["3"] == a[r]["states"]["3"], r  # every tensor, the plain ones too on rank 1
+@pytest.mark.parametrize("shards", [1, 2], ids=["tp", "tp-then-fsdp"])
+def test_tp_ranks_copy_the_plain_state_once_and_restore_it_on_both(tmp_path: Path, shards: int) -> None:
+    """With FSDP2 over the TP shards (``tp-then-fsdp``, four ranks: rank = shard * 2 + tp rank) the
+    LayerNorm and the last Linear are DTensors of the ``dp_shard`` mesh alone, alike on both TP peers of a
+    shard: the second peer leaves them to the first just the same."""
+    ranks = range(2 * shards)
+    a = _phase(tmp_path, "a", 0, 4, shards)
+    # TP rank 1 copies only its shards: the LayerNorm and the last Linear (and their moments) are TP rank 0's
+    for r0 in range(0, 2 * shards, 2):
+        r1 = r0 + 1
+        assert a[r1]["plain_zero"] and not a[r0]["plain_zero"], (r0, a[r0]["plain_zero"], a[r1]["plain_zero"])
+        assert all(b1 < b0 for b0, b1 in zip(a[r0]["bytes"], a[r1]["bytes"])), (a[r0]["bytes"], a[r1]["bytes"])
+    b = _phase(tmp_path, "b", 3, 4, shards)  # fresh processes, another init: restore version 3 (after 3 steps)
+    for r in ranks:
+        assert b[r]["states"]["3"] == a[r]["states"]["3"], r  # every tensor, the plain ones too on TP rank 1
         assert b[r]["states"]["4"] == a[r]["states"]["4"], r  # and training goes on as before
-    # from DCP: rank 1 wrote no key of the plain tensors (owned), each rank loads them by name
-    c = _phase(tmp_path, "c", 2, 3)
-    for r in range(2):
+    # from DCP: TP rank 1 wrote no key of the plain tensors (owned), each rank loads them by name
+    c = _phase(tmp_path, "c", 2, 3, shards)
+    for r in ranks:
         assert c[r]["states"]["2"] == a[r]["states"]["2"] and c[r]["states"]["3"] == a[r]["states"]["3"], r
