@@ -100,7 +100,11 @@ def loss_figure(reference: Journal, run: Journal, verdict: Verdict, path: Path) 
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper right")
+    # the fault labels hang from the top: the legend goes in the bottom corner the loss curve leaves free
+    # (bottom left when it falls)
+    ends = [p[1] for pts in ref.values() for p in (pts[0], pts[-1]) if pts]
+    falling = len(ends) < 2 or ends[0] >= ends[-1]
+    ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="lower left" if falling else "lower right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
