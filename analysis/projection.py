@@ -106,6 +106,9 @@ class Target:
     """Where the domains lie in the node numbering: aligned (consecutive node ranks share one, as a
     topology-aware scheduler hands them out), interleaved (node i in domain i mod the number of domains)
     or random."""
+    domain_aware: bool = False
+    """The stores are told the domains as aligned ones (baft's ``checkpoint.domain_nodes``) and send each
+    replica to another domain; false: they place by node index alone."""
     memory_probability: float = field(default=1.0, init=False)
     """The probability that a failure of ``simultaneous`` nodes leaves a copy of every state in peer memory
     (set by the caller from the placement: analysis does not know the placement rules)."""
@@ -136,6 +139,8 @@ class Target:
             raise ConfigFieldError("domain_mtbf_hours", "a number > 0 (or unset)", self.domain_mtbf_hours)
         if self.domain_layout not in ("aligned", "interleaved", "random"):
             raise ConfigFieldError("domain_layout", "aligned, interleaved or random", self.domain_layout)
+        if not isinstance(self.domain_aware, bool):
+            raise ConfigFieldError("domain_aware", "true or false", self.domain_aware)
         if self.placement not in ("ring", "group"):
             raise ConfigFieldError("placement", "ring or group", self.placement)
         if self.simultaneous > self.nodes:

@@ -15,7 +15,8 @@ StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
 STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
 #: The section's replication keys -> the fields of the stores' :class:`~baft.store.ReplicationConfig`.
 REPLICATION_KEYS = {"replicas": "replicas", "replication_rate": "rate", "replication_yield": "yield_to_training",
-                    "placement": "placement", "replication_max_slowdown": "max_slowdown"}
+                    "placement": "placement", "domain_nodes": "domain_nodes",
+                    "replication_max_slowdown": "max_slowdown"}
 _REPLICATION = ReplicationConfig()  # whose defaults the section's replication keys take
 
 
@@ -75,6 +76,9 @@ class CheckpointConfig:
     """``baft``: which peers: ``ring`` (the next ``replicas`` nodes) or ``group`` (groups of
     ``replicas + 1`` nodes replicating inside the group, Gemini's placement: fewer losses of k
     nodes at once lose a state; :mod:`baft.placement`)."""
+    domain_nodes: int = _REPLICATION.domain_nodes
+    """``baft``: nodes per failure domain (rack), consecutive node indices sharing one; replicas then go
+    to other domains first, so a rack's loss leaves its nodes' copies in peer memory (0: no domains)."""
     replicate_every: int = 1
     """``baft``: hand every this many versions to the store for replication (1: every one)."""
     replication_rate: float = _REPLICATION.rate
@@ -138,6 +142,6 @@ class CheckpointConfig:
 
     @property
     def replication(self) -> ReplicationConfig:
-        """``baft``: how the node stores replicate (``replicas``, ``placement``, ``replication_rate``,
+        """``baft``: how the node stores replicate (``replicas``, ``placement``, ``domain_nodes``, ``replication_rate``,
         ``replication_yield``, ``replication_max_slowdown``)."""
         return ReplicationConfig(**{field: getattr(self, key) for key, field in REPLICATION_KEYS.items()})

@@ -12,6 +12,12 @@ state lives on ``m = r + 1`` nodes):
   members) is lost; there are fewer such sets than in a ring, so k simultaneous losses are survived
   more often.
 
+Either placement can be told the failure domains (``domain_nodes``: consecutive node ranks per domain, the
+``aligned`` layout below): it then runs over the nodes interleaved by domain (:func:`spread_order`: the
+first node of every domain, then the second of every domain, ...), so the next nodes in its order, and
+so a node's replicas, lie in other domains while there are domains left, and each node still receives
+as many replicas as it sends.
+
 :func:`targets` is what a store replicates to; :func:`recovery_probability` the exact chance that a
 loss of k nodes chosen uniformly at random keeps every state in memory, and :func:`simulate` the same
 by drawing losses (the tests check one against the other). Torch-free: the node store imports it.
@@ -46,13 +52,25 @@ def groups(nodes: int, replicas: int) -> list[list[int]]:
     return out
 
 
-def targets(node: int, nodes: int, replicas: int, placement: str = "ring") -> list[int]:
-    """The nodes ``node`` replicates its ranks' snapshots to (at most the other nodes there are)."""
+def spread_order(nodes: int, domain_nodes: int) -> list[int]:
+    """The nodes interleaved by failure domain (domains of ``domain_nodes`` consecutive ranks, the last
+    one possibly smaller): neighbours in this order are in different domains where there are two."""
+    if domain_nodes < 1:
+        raise ValueError(f"domain_nodes must be >= 1, got {domain_nodes}")
+    return sorted(range(nodes), key=lambda i: (i % domain_nodes, i // domain_nodes))
+
+
+def targets(node: int, nodes: int, replicas: int, placement: str = "ring", domain_nodes: int = 0) -> list[int]:
+    """The nodes ``node`` replicates its ranks' snapshots to (at most the other nodes there are); with
+    ``domain_nodes``, the placement over :func:`spread_order`."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     r = min(replicas, nodes - 1)
     if r <= 0:
         return []
+    if domain_nodes:
+        order = spread_order(nodes, domain_nodes)
+        return [order[t] for t in targets(order.index(node), nodes, replicas, placement)]
     if placement == "ring":
         return [(node + i) % nodes for i in range(1, r + 1)]
     group = next(g for g in groups(nodes, r) if node in g)
@@ -60,9 +78,9 @@ def targets(node: int, nodes: int, replicas: int, placement: str = "ring") -> li
     return [group[(at + i) % len(group)] for i in range(1, r + 1)]  # the whole group when it has m members
 
 
-def holders(nodes: int, replicas: int, placement: str) -> list[frozenset[int]]:
+def holders(nodes: int, replicas: int, placement: str, domain_nodes: int = 0) -> list[frozenset[int]]:
     """For every node, the nodes holding its state: itself and its targets."""
-    return [frozenset([i, *targets(i, nodes, replicas, placement)]) for i in range(nodes)]
+    return [frozenset([i, *targets(i, nodes, replicas, placement, domain_nodes)]) for i in range(nodes)]
 
 
 def survives(lost: set[int] | frozenset[int], holder_sets: list[frozenset[int]]) -> bool:
@@ -160,17 +178,20 @@ def domains(nodes: int, domain_nodes: int, layout: str = "aligned") -> list[list
 
 
 def domain_recovery_probability(nodes: int, replicas: int, domain_nodes: int, placement: str = "ring",
-                                layout: str = "aligned") -> float:
+                                layout: str = "aligned", aware: bool = False) -> float:
     """The share of failure domains (each as likely to fail) whose loss of all its nodes leaves every node's
     state in a surviving node's memory. Only a lost node's state can be lost (every holder set holds its
-    node), so each domain checks the holders of its own nodes."""
+    node), so each domain checks the holders of its own nodes. ``aware``: the stores are told the domains
+    as ``aligned`` ones (``domain_nodes`` consecutive ranks) and spread the replicas over them; under the
+    ``random`` layout that tells them nothing (a relabelling: the chance is the one without)."""
     sets = domains(nodes, domain_nodes, layout)
     if layout == "random":
         return sum(recovery_probability(nodes, replicas, len(d), placement) for d in sets) / len(sets)
+    hs = holders(nodes, replicas, placement, domain_nodes if aware else 0)
     kept = 0
     for d in sets:
         lost = frozenset(d)
-        kept += all(not frozenset([i, *targets(i, nodes, replicas, placement)]) <= lost for i in d)
+        kept += all(not hs[i] <= lost for i in d)
     return kept / len(sets)
 
 

@@ -136,7 +136,8 @@ class Store:
     @property
     def targets(self) -> list[str]:
         r = self.config.replication
-        return [self.addresses[i] for i in targets(self.node, len(self.addresses), r.replicas, r.placement)]
+        n = len(self.addresses)
+        return [self.addresses[i] for i in targets(self.node, n, r.replicas, r.placement, r.domain_nodes)]
 
     def own_slot_path(self, rank: Any, version: Any, path: Any) -> Path:
         """The slot file a worker names in a request, if it is ``rank``'s own slot for ``version`` in

@@ -25,6 +25,11 @@ class ReplicationConfig:
     """Which peers (:mod:`baft.placement`): ``ring``, the next ``replicas`` nodes by index; ``group``,
     the other members of the node's group of ``replicas + 1`` (the last group takes the remainder
     and places inside it as a ring)."""
+    domain_nodes: int = 0
+    """Nodes per failure domain (a rack, a switch): consecutive node indices share one. The placement then
+    runs over the nodes interleaved by domain, so a node's replicas go to other domains while there are
+    domains left and a domain's loss leaves its nodes' copies elsewhere (:mod:`baft.placement`). 0: no
+    domains (the placement by index)."""
     rate: float = 0.0
     """Rate limit of the replica data each store sends, in bytes/s (0: none). When the link
     cannot carry a replica per iteration, older versions are skipped and the skips journaled."""
@@ -46,6 +51,9 @@ class ReplicationConfig:
         self.rate = float(self.rate)
         if self.placement not in PLACEMENTS:
             raise BaftConfigError("placement", "one of " + ", ".join(PLACEMENTS), self.placement)
+        if isinstance(self.domain_nodes, bool) or not isinstance(self.domain_nodes, int) or self.domain_nodes < 0:
+            raise BaftConfigError("domain_nodes", "an integer >= 0 (nodes per failure domain; 0: none)",
+                                  self.domain_nodes)
         if isinstance(self.max_slowdown, bool) or not isinstance(self.max_slowdown, (int, float)) or self.max_slowdown < 0:
             raise BaftConfigError("max_slowdown", "a number >= 0 (a share: 0.25 is 25%; 0 means no limit)",
                                   self.max_slowdown)

@@ -32,7 +32,7 @@ def with_placement(target: Target) -> Target:
     t.memory_probability = recovery_probability(t.nodes, t.replicas, t.simultaneous, t.placement)
     if t.domain_mtbf_hours is not None:
         t.domain_memory_probability = domain_recovery_probability(t.nodes, t.replicas, t.domain_nodes, t.placement,
-                                                                  t.domain_layout)
+                                                                  t.domain_layout, t.domain_aware)
     return t
 
 
@@ -130,7 +130,8 @@ def table(result: dict[str, Any]) -> str:
     ]
     if t["domain_mtbf_hours"] is not None:
         lines.append(
-            f"failure domains of {t['domain_nodes']} nodes ({t['domain_layout']}), MTBF {t['domain_mtbf_hours']:g} h: "
+            f"failure domains of {t['domain_nodes']} nodes ({t['domain_layout']}"
+            f"{'; the stores place replicas in other domains' if t['domain_aware'] else ''}), MTBF {t['domain_mtbf_hours']:g} h: "
             f"{d['domain_failures_per_hour']:.4f} losses/h ({d['domain_failures_per_hour'] / d['failures_per_hour']:.0%}"
             f" of failures), each leaves a copy in peer memory with probability {t['domain_memory_probability']:.4f}")
     lines += [

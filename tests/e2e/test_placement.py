@@ -1,15 +1,17 @@
 """Two nodes lost at once, four nodes, one replica each: where the placement kept a copy of every
 lost node's state on a survivor, the job restores from peer memory; where a whole group is gone, it
-falls back to the persistent tier — and either way continues bit for bit."""
+falls back to the persistent tier — and either way continues bit for bit. A rack of two nodes lost at
+once, with the stores told the racks, restores from peer memory."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
+from analysis.journal import Journal
 from baft.placement import holders, survives
 
-from .conftest import run_cli
+from .conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -36,3 +38,15 @@ def test_simultaneous_node_losses_restore_from_where_the_placement_kept_a_copy(t
     assert rc == 0 and v["bitwise_equal"], out
     tiers = {r["restored_tier"] for r in v["recoveries"]}
     assert any(tier in t for t in tiers), (tiers, out)
+
+
+def test_a_rack_lost_at_once_restores_from_the_other_rack_when_the_stores_know_the_racks(
+        tmp_path: Path, ref_cache: Path) -> None:
+    # racks {0, 1} and {2, 3}: by index node 0's only replica is on node 1; told the racks, on node 2
+    assert not survives(frozenset({0, 1}), holders(4, 1, "ring"))
+    assert survives(frozenset({0, 1}), holders(4, 1, "ring", domain_nodes=2))
+    rc, out, v = run_cli(ROOT / "scenarios/ci/rack-loss-domains.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0 and v["bitwise_equal"] and v["faults_fired"] == 2, out
+    assert all(r["restored_tier"] == "peer+shm" for r in v["recoveries"]), v["recoveries"]
+    last = {e["rank"]: e["tier"] for e in Journal.load(tmp_path / "out" / "faulted").events("checkpoint_restored")}
+    assert last == {0: "peer", 1: "peer", 2: "shm", 3: "shm"}, last

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baft.placement import (DOMAIN_LAYOUTS, PLACEMENTS, domain_recovery_probability, domains, enumerate_probability,
-                            groups, holders, recovery_probability, simulate, survives, targets)
+                            groups, holders, recovery_probability, simulate, spread_order, survives, targets)
 
 shapes = st.integers(2, 11).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, 3), st.integers(0, n)))
 
@@ -63,14 +63,37 @@ def test_a_whole_group_lost_loses_its_states_and_a_split_loss_does_not() -> None
 
 
 @given(st.integers(2, 40), st.integers(0, 4), st.integers(1, 12), st.sampled_from(PLACEMENTS),
-       st.sampled_from(DOMAIN_LAYOUTS[:2]))
+       st.sampled_from(DOMAIN_LAYOUTS[:2]), st.booleans())
 @settings(max_examples=200, deadline=None)
-def test_a_domain_loss_is_survived_as_often_as_every_holder_set_says(n, r, d, placement, layout) -> None:
+def test_a_domain_loss_is_survived_as_often_as_every_holder_set_says(n, r, d, placement, layout, aware) -> None:
     sets = domains(n, d, layout)
     assert sorted(x for s in sets for x in s) == list(range(n)) and all(0 < len(s) <= d for s in sets)
-    hs = holders(n, r, placement)  # every node's holders, not only the lost domain's: the shortcut's check
+    hs = holders(n, r, placement, d if aware else 0)  # every node's holders, not only the lost domain's
     kept = sum(survives(frozenset(s), hs) for s in sets) / len(sets)
-    assert math.isclose(domain_recovery_probability(n, r, d, placement, layout), kept, abs_tol=1e-12)
+    assert math.isclose(domain_recovery_probability(n, r, d, placement, layout, aware), kept, abs_tol=1e-12)
+
+
+@given(st.integers(1, 8), st.integers(1, 8), st.integers(0, 4), st.sampled_from(PLACEMENTS))
+@settings(max_examples=200, deadline=None)
+def test_told_the_domains_a_placement_sends_each_replica_to_another_domain_while_there_are_any(
+        count: int, d: int, r: int, placement: str) -> None:
+    """``count`` domains of ``d`` nodes: every node's targets are valid, each node receives as many
+    replicas as it sends, and a node and its targets span as many domains as they can (all different
+    while there are enough domains; the group placement's remainder group excepted)."""
+    n = count * d
+    if n < 2:
+        return
+    assert sorted(spread_order(n, d)) == list(range(n))
+    received = [0] * n
+    for i in range(n):
+        t = targets(i, n, r, placement, d)
+        assert len(t) == len(set(t)) == min(r, n - 1) and i not in t and all(0 <= x < n for x in t)
+        for x in t:
+            received[x] += 1
+        spanned = {x // d for x in [i, *t]}
+        if placement == "ring" or n % (min(r, n - 1) + 1) == 0:
+            assert len(spanned) == min(len(t) + 1, count), (i, t)
+    assert set(received) == {min(r, n - 1)}
 
 
 def test_aligned_racks_take_every_replica_with_them_and_interleaved_ones_none() -> None:
@@ -82,6 +105,12 @@ def test_aligned_racks_take_every_replica_with_them_and_interleaved_ones_none() 
             assert domain_recovery_probability(128, r, 8, placement, "interleaved") == 1.0
             assert domain_recovery_probability(128, r, 8, placement, "random") == pytest.approx(
                 recovery_probability(128, r, 8, placement))
+    # Told the racks, the stores send the replicas to other racks: every aligned rack loss is survived
+    # (also when the last rack is smaller: 10 nodes in racks of 4, the last of 2).
+    for placement in PLACEMENTS:
+        for r in (1, 2):
+            assert domain_recovery_probability(128, r, 8, placement, "aligned", aware=True) == 1.0
+    assert domain_recovery_probability(10, 1, 4, "ring", "aligned", aware=True) == 1.0
     # Replicas reaching past the rack keep a copy even when aligned.
     assert domain_recovery_probability(128, 8, 8, "ring", "aligned") == 1.0
     assert domain_recovery_probability(10, 1, 4, "ring", "aligned") == 0.0  # racks {0..3} {4..7} {8, 9}
