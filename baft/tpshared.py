@@ -36,6 +36,8 @@ def alike_on_peers(placement: Placement, peers: set[int]) -> bool:
     if "tp" not in names or not isinstance(placement.placements[names.index("tp")], Replicate):
         return False
     t, coord = names.index("tp"), mesh.get_coordinate()
+    if coord is None:  # a mesh this rank is not on: nothing of it is this rank's to share
+        return False
     along = mesh.mesh[tuple(slice(None) if d == t else coord[d] for d in range(mesh.ndim))]
     return peers <= set(along.flatten().tolist())  # the peers differ from this rank only along tp
 
