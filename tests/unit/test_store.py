@@ -308,7 +308,8 @@ def test_the_store_command_line_parses_into_its_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("extra", "says"), [
     (["--replication", '{"replicas": -1}'], "replicas: expected an integer >= 0"),
     (["--replication", '{"replicas": true}'], "replicas: expected an integer >= 0"),
-    (["--replication", '{"colour": 1}'], "keys among replicas, placement, rate, yield_to_training"),
+    (["--replication", '{"domain_nodes": -1}'], "domain_nodes: expected an integer >= 0"),
+    (["--replication", '{"colour": 1}'], "keys among replicas, placement, domain_nodes, rate, yield_to_training"),
     (["--replication", "fast"], "a JSON object"),
     (["--node", "2"], "a node index in 0..1"),
     (["--listen", "0.0.0.0"], "listen: expected this node's own address"),
