@@ -60,6 +60,20 @@ def spread_order(nodes: int, domain_nodes: int) -> list[int]:
     return sorted(range(nodes), key=lambda i: (i % domain_nodes, i // domain_nodes))
 
 
+@lru_cache(maxsize=64)
+def _spread(nodes: int, domain_nodes: int) -> tuple[tuple[int, ...], dict[int, int]]:
+    """:func:`spread_order` and each node's position in it, once per shape (:func:`holders` asks for every
+    node's targets)."""
+    order = tuple(spread_order(nodes, domain_nodes))
+    return order, {n: p for p, n in enumerate(order)}
+
+
+@lru_cache(maxsize=64)
+def _group_of(nodes: int, replicas: int) -> dict[int, tuple[int, ...]]:
+    """Each node's group of :func:`groups`, once per shape."""
+    return {i: tuple(g) for g in groups(nodes, replicas) for i in g}
+
+
 def targets(node: int, nodes: int, replicas: int, placement: str = "ring", domain_nodes: int = 0) -> list[int]:
     """The nodes ``node`` replicates its ranks' snapshots to (at most the other nodes there are); with
     ``domain_nodes``, the placement over :func:`spread_order`."""
@@ -69,11 +83,11 @@ def targets(node: int, nodes: int, replicas: int, placement: str = "ring", domai
     if r <= 0:
         return []
     if domain_nodes:
-        order = spread_order(nodes, domain_nodes)
-        return [order[t] for t in targets(order.index(node), nodes, replicas, placement)]
+        order, position = _spread(nodes, domain_nodes)
+        return [order[t] for t in targets(position[node], nodes, replicas, placement)]
     if placement == "ring":
         return [(node + i) % nodes for i in range(1, r + 1)]
-    group = next(g for g in groups(nodes, r) if node in g)
+    group = _group_of(nodes, r)[node]
     at = group.index(node)
     return [group[(at + i) % len(group)] for i in range(1, r + 1)]  # the whole group when it has m members
 
