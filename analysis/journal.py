@@ -70,6 +70,10 @@ peer copy would be older than the persistent tier's, slowdown when replication s
 the link fast again).
 ``finish``              step
 ``agent_start`` / ``agent_exit`` (launcher) node, returncode
+``worker_failed``       (the node's torchrun agent, ``journal/agent-node<N>.jsonl``) node, attempt (the workers'
+                        restart count), rank, local_rank, pid, exitcode, signal (its name when a signal ended the
+                        worker, else null), message (first line of the worker's error file, or torchrun's
+                        "Signal N (NAME) received by PID"), where (the innermost frame of an uncaught exception)
 ``aborted``             (launcher) signal (SIGINT/SIGTERM), seconds into the launch or during=reference:
                         the run was cancelled; everything it started was stopped and undone
 """
@@ -121,6 +125,7 @@ EVENTS = (
     "store_exit",
     "agent_start",
     "agent_exit",
+    "worker_failed",
     "aborted",
 )
 
@@ -131,6 +136,11 @@ def rank_journal(run_dir: Path, rank: int) -> Path:
 
 def launcher_journal(run_dir: Path) -> Path:
     return run_dir / "journal" / "launcher.jsonl"
+
+
+def agent_journal(run_dir: Path, node: int) -> Path:
+    """Where node ``node``'s torchrun agent journals its workers' failures."""
+    return run_dir / "journal" / f"agent-node{node}.jsonl"
 
 
 def float_bits(x: float) -> str:
@@ -216,6 +226,7 @@ class Journal:
     run_dir: Path
     ranks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     launcher: list[dict[str, Any]] = field(default_factory=list)
+    """The harness's own processes' events: the launcher's and the torchrun agents' (``worker_failed``)."""
     stores: list[dict[str, Any]] = field(default_factory=list)
     """The node stores' events (``journal/store-node<N>.jsonl``), ordered by time."""
 
@@ -235,6 +246,9 @@ class Journal:
                 j.ranks[rank] = _with_incarnations(read_events(d / "events.jsonl"))
         if launcher_journal(run_dir).is_file():
             j.launcher = list(read_events(launcher_journal(run_dir)))
+        agents = [e for f in sorted(root.glob("agent-node*.jsonl")) for e in read_events(f)]
+        if agents:
+            j.launcher = sorted(j.launcher + agents, key=lambda e: e["t"])
         if not j.ranks:
             raise AnalysisError(f"{root}: no rank journals")
         j.stores = store_events(run_dir)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .compare import Divergence, compare
 from .errors import AnalysisError, ConfigFieldError
+from .exits import WorkerFailure, unexplained, worker_failures
 from .journal import Journal
 from .losscurve import LossExpect, LossVerdict, compare_curves, loss_curve
 from .metrics import Efficiency, Recovery, Window, efficiency, final_step, recoveries, windows
@@ -225,10 +226,10 @@ def reproducibility(reference: Journal, again: Journal) -> Reproducibility:
                                      f"judged by the loss curve (rtol {rtol:.3g}, twice what the two runs showed)")
 
 
-#: Fields written only when set (a local run has no cluster, a cluster run no agents), after the
-#: judgement; the value here (their default) means "not there".
-_WHEN_SET: dict[str, Any] = {"target": "local", "wall_seconds": None, "agents_returncodes": None, "cluster": None,
-                             "reproducibility": None}
+#: Fields written only when set (a run without a failed worker, a local run has no cluster, a cluster run
+#: no agents); the value here (their default) means "not there".
+_WHEN_SET: dict[str, Any] = {"worker_failures": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
+                             "cluster": None, "reproducibility": None}
 #: Fields a verdict without a comparison (``note``) has besides those.
 _UNCOMPARED = ("scenario", "passed", "failures")
 
@@ -292,6 +293,8 @@ class Verdict(Record):
     replication_changes: list[ReplicationChange] = field(default_factory=list)
     """When and why a node's store stopped replicating (its link too slow for a replica to be fresher than
     the persistent tier) or resumed."""
+    worker_failures: list[WorkerFailure] = field(default_factory=list)
+    """Every worker that ended badly (a fault's victims too), as the torchrun agents saw it."""
     metrics: Efficiency | None = None
     """Goodput, iteration overhead, checkpoint cost and bubble use (None in files from before them)."""
     target: str = "local"
@@ -342,6 +345,7 @@ class Verdict(Record):
             "checkpoints_failed": [CheckpointIssue.from_json(c) for c in data.get("checkpoints_failed", [])],
             "interval_changes": [IntervalChange.from_json(c) for c in data.get("interval_changes", [])],
             "replication_changes": [ReplicationChange.from_json(c) for c in data.get("replication_changes", [])],
+            "worker_failures": [WorkerFailure.from_json(c) for c in data.get("worker_failures", [])],
             "metrics": optional(Efficiency, data.get("metrics")),
             "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
             "cluster": optional(ClusterFacts, data.get("cluster")),
@@ -434,9 +438,10 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
                         f"counted {e['counted']} optimizer steps (several optimizer steps per training step?)")
     restarts = max((e["incarnation"] for e in run.events("start")), default=0)
     fatal = sum(1 for e in fault_events if e.get("fatal", True))
+    exits = worker_failures(run)
     if restarts > fatal:
         failures.append(f"{restarts - fatal} restart(s) that no fault explains ({restarts} restarts, {fatal} fatal "
-                        "fault firings): the job itself crashed, hung or timed out; see the logs/ of the run")
+                        f"fault firings): {unexplained(exits)}; see the logs/ of the run")
     lost = max((r.lost_steps for r in recs), default=0)
     if expect.max_lost_steps is not None and lost > expect.max_lost_steps:
         failures.append(f"lost {lost} steps, at most {expect.max_lost_steps} allowed")
@@ -482,6 +487,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         checkpoints_failed=_by_step(run.events("checkpoint_failed")),
         interval_changes=interval_changes(run.events("interval_changed")),
         replication_changes=replication_changes(run),
+        worker_failures=exits,
         metrics=efficiency(reference, run, steps),
         reproducibility=repro,
     )

@@ -151,7 +151,8 @@ class Stride:
                           f"{statistics.median(self._quiet):.3f} s otherwise), more than the budget of "
                           f"{self.max_slowdown:.0%} (replication.max_slowdown)", slowdown=round(slow, 3))
             return
-        elif persistent is not None and len(self._ages) == DEGRADE_ROUNDS and statistics.median(self._ages) > persistent:
+        elif (persistent is not None and len(self._ages) == DEGRADE_ROUNDS
+              and statistics.median(self._ages) > persistent * (1 + 1e-9)):  # older, not equal up to rounding
             age = statistics.median(self._ages)
             self._degrade(seconds, f"the link makes the newest peer copy {age:.1f} versions old at a failure (median "
                           f"of the last {DEGRADE_ROUNDS} rounds), older than the persistent tier's {persistent:g} (it "

@@ -20,7 +20,8 @@ forking it is safe (no OpenMP pool, no CUDA context, no lock held by another thr
 
 Either way the agent leaves out the interpreter's teardown once torchrun is done, and renders a
 logged exception before torch's formatter would import ``torch._dynamo`` for it (see
-:class:`ExceptionText`).
+:class:`ExceptionText`). With :data:`JOURNAL_VARIABLE` set it journals every failure of its workers
+that torchrun sees (:func:`journal_failures`), so a verdict can say why a job restarted.
 """
 from __future__ import annotations
 
@@ -33,8 +34,16 @@ import socket
 import sys
 import traceback
 from multiprocessing import connection, forkserver, resource_tracker, util
+from pathlib import Path
+from typing import Any
 
 from injectors.process import FORK_SERVER_NAME
+
+#: The file (``journal/agent-node<N>.jsonl``) where the agent journals its workers' failures; set by the launcher.
+JOURNAL_VARIABLE = "BAFT_AGENT_JOURNAL"
+
+#: The harness's own code: never the frame a worker's failure is blamed on (its hooks wrap the job's calls).
+HARNESS = str(Path(__file__).resolve().parents[1]) + os.sep
 
 #: Imported by the fork server besides the modules named with ``--preload``: what a worker imports lazily.
 PRELOAD = ("torch", "torch.distributed.pipelining", "torch.distributed.checkpoint", "numpy")
@@ -124,6 +133,49 @@ class ExceptionText(logging.Filter):
         return True
 
 
+def failure_fields(failure: Any) -> dict[str, Any]:
+    """What a ``worker_failed`` event says of one of torchrun's ``ProcessFailure``: the exit code, the
+    signal that ended the worker (None for an exit), and the first line of the message with the innermost
+    frame of the job's own code when the worker wrote an error file (torch's ``record`` does, for an
+    uncaught exception)."""
+    message = failure.message
+    where = None
+    if isinstance(message, dict):  # an error file: {"message": "Type: text", "extraInfo": {"py_callstack": ...}}
+        stack = str(message.get("extraInfo", {}).get("py_callstack", ""))
+        frames = [line.strip() for line in stack.splitlines() if line.strip().startswith("File ")]
+        # the innermost frame of the job's own code (the line that called into a library), else the innermost
+        own = [f for f in frames if not any(m in f for m in ("site-packages", "dist-packages", "<frozen", HARNESS))]
+        where = (own or frames or [None])[-1]
+        message = message.get("message", "")
+    text = str(message).strip().splitlines()
+    return {"exitcode": failure.exitcode, "signal": failure.signal_name() if failure.exitcode < 0 else None,
+            "message": text[0][:500] if text else "", "where": where}
+
+
+def journal_failures(path: str, node: str) -> None:
+    """Journal each failure of this agent's workers as torchrun's monitor reports it (``worker_failed``:
+    node, attempt, rank, local_rank, pid and :func:`failure_fields`), before torchrun restarts the
+    group or gives up. ``attempt`` is the workers' ``TORCHELASTIC_RESTART_COUNT``."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from analysis.journal import JournalWriter
+
+    writer = JournalWriter(Path(path))
+    monitor = LocalElasticAgent._monitor_workers
+
+    def monitored(self: Any, worker_group: Any) -> Any:
+        result = monitor(self, worker_group)
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            attempt = worker_group.spec.max_restarts - self._remaining_restarts
+            for rank, failure in sorted(result.failures.items()):
+                writer.write("worker_failed", sync=True, node=node, attempt=attempt, rank=rank,
+                             local_rank=failure.local_rank, pid=failure.pid, **failure_fields(failure))
+        return result
+
+    LocalElasticAgent._monitor_workers = monitored
+
+
 def main(argv: list[str] | None = None) -> int:
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -136,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                              "a script runs under plain torchrun")
         serve_forks_from_here([*PRELOAD, *preload])
         args = forked(args)
+    if os.environ.get(JOURNAL_VARIABLE):
+        journal_failures(os.environ[JOURNAL_VARIABLE], os.environ.get("BAFT_NODE", "node0"))
     for name in ("torch", "torch.distributed"):  # where torch attaches its handlers
         for handler in logging.getLogger(name).handlers:
             handler.addFilter(ExceptionText())

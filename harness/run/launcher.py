@@ -21,10 +21,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.journal import JournalWriter, launcher_journal
+from analysis.journal import JournalWriter, agent_journal, launcher_journal
 
 from harness.errors import Cancelled, ConfigValueError, LaunchError
 from harness.worker.spec import SPEC_VARIABLE, Placement
+from harness.run.agent import JOURNAL_VARIABLE
 from harness.run.nodeenv import free_port, worker_env
 from harness.run.processes import new_token, stop_owned
 from harness.run.watchdog import Watchdog
@@ -180,7 +181,8 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                     cmd[at:at] = ["--local-addr", config.topology.address(node)]  # what the other nodes dial
                     cmd = config.topology.exec_prefix(node) + cmd
                 # what a Session reads
-                env = {**worker_env(node, config.topology, token), SPEC_VARIABLE: str(spec_path.resolve()), **secret}
+                env = {**worker_env(node, config.topology, token), SPEC_VARIABLE: str(spec_path.resolve()), **secret,
+                       JOURNAL_VARIABLE: str(agent_journal(run_dir.resolve(), node))}
                 with open(logs / f"node{node}.log", "ab") as log:
                     procs.append(_start_agent(cmd, env, log, warm=config.topology is None, cwd=config.cwd))
                 journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)

@@ -6,7 +6,9 @@ script as ``__main__`` (``runpy``), with ``sys.argv`` and ``sys.path[0]`` as ``p
 would give it. The script forms its own process group; it never imports the harness.
 
 When the script returns, the journal gets ``finish`` with the steps it took. An exception in the script
-propagates (the worker exits non-zero, torchrun sees a failure); ``SystemExit`` keeps its code.
+propagates (the worker exits non-zero, torchrun sees a failure); ``SystemExit`` keeps its code. The boot
+runs under torch's ``record`` (as torchrun's documentation asks of an entry point): an uncaught exception
+goes into the worker's error file, which the agent journals (``worker_failed``) and the verdict quotes.
 Python's, numpy's and torch's global generators are seeded first (:func:`seed_unseeded`).
 """
 from __future__ import annotations
@@ -134,5 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def leave(code: int) -> None:
+    """End the worker with ``code`` once the script returned: its ``atexit`` handlers (logging, wandb,
+    multiprocessing's children), a garbage collection (what the script dropped is finalised while the
+    interpreter is whole: files flushed, process groups that a cycle kept alive destroyed), the standard
+    streams flushed, then ``os._exit``: no interpreter teardown, in which torch's threads can abort it."""
+    import atexit
+    import gc
+
+    atexit._run_exitfuncs()
+    gc.collect()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    leave(record(main)())

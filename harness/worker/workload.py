@@ -282,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    code = record(main)()  # an uncaught exception goes into the error file the agent journals
     if multiprocessing.parent_process() is not None:
         # Forked by torchrun's fork server (harness.run.agent): torchrun waits for the worker's return
         # value, and multiprocessing ends the process without the interpreter's teardown itself.

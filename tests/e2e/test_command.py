@@ -2,6 +2,7 @@
 losses and state without the script's help, and the harness finds where a restarted script resumed."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -244,4 +245,9 @@ def test_a_kill_as_accelerate_saves(tmp_path: Path, ref_cache: Path, adapters: l
     else:
         assert rc == 1 and not v["completed"], out
         assert "FileNotFoundError" in out and "checkpoint_1/optimizer.bin" in out, out
+        # the agents saw why the restarts failed: the kill's victims are explained, the restarts' crash is named
+        (said,) = [f for f in v["failures"] if "no fault explains" in f]
+        assert re.search(r"incarnation 1: ranks? [0-9, ]+ ended with exit code 1 before a first step: FileNotFoundError",
+                         said) and 'examples/accelerate/train.py", line' in said, said
+        assert all(f["explained"] for f in v["worker_failures"] if f["incarnation"] == 0), v["worker_failures"]
         assert (work / "checkpoint_1" / "model.safetensors").is_file() and not (work / "checkpoint_1" / "optimizer.bin").exists()

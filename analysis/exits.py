@@ -1,0 +1,104 @@
+"""Why workers ended: the failures torchrun's agents saw (``worker_failed``), placed in the job's history.
+
+A restart that no fault explains is a failure of the job itself; the verdict names it with what the
+agents saw: the rank, the signal or exit code, the first line of its error (an uncaught exception, with
+its innermost frame), and where the rank was in its training (during a step, or after it had finished
+every step: a crash in the interpreter's teardown).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .journal import Journal
+from .record import Record
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerFailure(Record):
+    """One worker that ended badly, as its node's torchrun agent saw it."""
+
+    rank: int
+    """Its global rank."""
+    node: str
+    """The node whose agent saw it."""
+    incarnation: int
+    """The job's incarnation it belonged to (0: the first start)."""
+    exitcode: int
+    """Its exit status (negative: the signal's number)."""
+    signal: str | None
+    """The signal that ended it (SIGKILL, SIGABRT, ...), None when it exited."""
+    message: str
+    """The first line of its error file (``Type: text`` of an uncaught exception) or torchrun's words."""
+    where: str | None
+    """The innermost frame of the uncaught exception, when there was one."""
+    last_step: int | None
+    """The last iteration it journaled in that incarnation (None: none)."""
+    finished: bool
+    """It had journaled ``finish``: it died after its last step, on the way out."""
+    explained: bool
+    """A fatal fault fired in that incarnation (the kill itself, or a peer that lost its partner to it)."""
+
+    def describe(self, ranks: list[int] | None = None) -> str:
+        """One line for a person; ``ranks``: the ranks that ended alike (default: this one)."""
+        ranks = ranks or [self.rank]
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        how = self.signal or f"exit code {self.exitcode}"
+        said = f": {_cut(self.message)}" if self.message and not self.message.startswith("Signal ") else ""
+        at = f" ({self.where})" if self.where else ""
+        if self.finished:
+            when = "after finishing every step (in the process's teardown)"
+        elif self.last_step is not None:
+            when = f"after step {self.last_step}"
+        else:
+            when = "before a first step"
+        return f"incarnation {self.incarnation}: {who} ended with {how} {when}{said}{at}"
+
+
+def _cut(text: str, limit: int = 240) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def worker_failures(run: Journal) -> list[WorkerFailure]:
+    """Every failure the agents journaled, in order, each placed in the incarnation running at that moment."""
+    starts = sorted((e["t"], e["incarnation"]) for e in run.events("start"))
+    fatal = {_incarnation(starts, f) for f in run.events("fault") if f.get("fatal", True)}
+    fatal |= {_incarnation(starts, e) for e in run.launcher if e.get("event") == "hang_detected"}
+    out = []
+    for e in run.events("worker_failed"):
+        rank = int(e["rank"])
+        # The rank's own events of the same torchrun attempt place it (an agent whose workers restart because
+        # another node failed keeps its count, so the newest incarnation started by then); a worker that
+        # journaled nothing is placed by time among every rank's starts.
+        same = [x for x in run.ranks.get(rank, []) if x.get("attempt") == e.get("attempt") and x["t"] <= e["t"]]
+        inc = max((x["incarnation"] for x in same), default=None)
+        if inc is None:
+            inc = _incarnation(starts, e)
+        mine = [x for x in same if x["incarnation"] == inc]
+        steps = [x["step"] for x in mine if x["event"] == "step"]
+        out.append(WorkerFailure(
+            rank=rank, node=str(e.get("node", "")), incarnation=inc, exitcode=int(e.get("exitcode", 0)),
+            signal=e.get("signal"), message=str(e.get("message") or ""), where=e.get("where"),
+            last_step=max(steps) if steps else None, finished=any(x["event"] == "finish" for x in mine),
+            explained=inc in fatal))
+    return out
+
+
+def _incarnation(starts: list[tuple[float, int]], event: dict[str, Any]) -> int:
+    """The incarnation an event belongs to: its own (a rank's event), else (the launcher's, an agent's) the
+    newest started by then."""
+    if "incarnation" in event:
+        return int(event["incarnation"])
+    return max((inc for t, inc in starts if t <= event["t"]), default=0)
+
+
+def unexplained(failures: list[WorkerFailure]) -> str:
+    """The failures no fault explains, one clause per incarnation and way of ending (the ranks that ended
+    alike named together), or the old advice when the agents saw none."""
+    alike: dict[tuple, list[WorkerFailure]] = {}
+    for f in failures:
+        if not f.explained:
+            key = (f.incarnation, f.signal, f.exitcode, f.message, f.where, f.last_step, f.finished)
+            alike.setdefault(key, []).append(f)
+    return ("; ".join(fs[0].describe(sorted(f.rank for f in fs)) for fs in alike.values())
+            or "the job itself crashed, hung or timed out")
