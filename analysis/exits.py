@@ -94,11 +94,14 @@ def _incarnation(starts: list[tuple[float, int]], event: dict[str, Any]) -> int:
 
 def unexplained(failures: list[WorkerFailure]) -> str:
     """The failures no fault explains, one clause per incarnation and way of ending (the ranks that ended
-    alike named together), or the old advice when the agents saw none."""
+    alike named together), or the old advice when the agents saw none. Where a worker of an incarnation
+    ended otherwise, the SIGTERMs are left out: torchrun sends them to the rest of the group once one fails."""
     alike: dict[tuple, list[WorkerFailure]] = {}
     for f in failures:
         if not f.explained:
             key = (f.incarnation, f.signal, f.exitcode, f.message, f.where, f.last_step, f.finished)
             alike.setdefault(key, []).append(f)
-    return ("; ".join(fs[0].describe(sorted(f.rank for f in fs)) for fs in alike.values())
+    causes = {inc for (inc, sig, *_) in alike if sig != "SIGTERM"}
+    return ("; ".join(fs[0].describe(sorted(f.rank for f in fs)) for (inc, sig, *_), fs in alike.items()
+                      if sig != "SIGTERM" or inc not in causes)
             or "the job itself crashed, hung or timed out")

@@ -85,11 +85,12 @@ def test_a_finished_worker_is_said_to_have_died_in_its_teardown(tmp_path: Path) 
     assert f.describe() == "incarnation 0: rank 0 ended with SIGABRT after finishing every step (in the process's teardown)"
 
 
-def test_ranks_that_ended_alike_are_named_together_and_a_long_message_is_cut(tmp_path: Path) -> None:
+def test_ranks_that_ended_alike_are_named_together_the_groups_sigterm_left_out_and_a_long_message_cut(tmp_path: Path) -> None:
     ref = write_run(tmp_path / "ref", 3, 10)
     long = "FileNotFoundError: " + "x" * 400
     run = job(tmp_path / "run", 3, 10, restart_after=4, failed=[
-        {"rank": r, "exitcode": 1, "signal": None, "message": long, "where": 'File "t.py", line 3, in main'} for r in (0, 2)])
+        *({"rank": r, "exitcode": 1, "signal": None, "message": long, "where": 'File "t.py", line 3, in main'} for r in (0, 2)),
+        {"rank": 1, "exitcode": -15, "signal": "SIGTERM"}])  # torchrun stopping the rest of the group
     v = judge(ref, run, ExpectConfig(), steps=10, faults_declared=0)
     (clause,) = [f for f in v.failures if "no fault explains" in f]
     assert "incarnation 0: ranks 0, 2 ended with exit code 1 after step 3: FileNotFoundError: xxx" in clause
@@ -108,3 +109,10 @@ def test_the_agent_reads_torchs_error_file_and_the_signal(tmp_path: Path, monkey
     assert fields["where"] is not None and "test_exits.py" in fields["where"]  # this file's frame, not a library's
     killed = failure_fields(ProcessFailure(local_rank=0, pid=7, exitcode=-6, error_file=str(tmp_path / "none")))
     assert killed == {"exitcode": -6, "signal": "SIGABRT", "message": "Signal 6 (SIGABRT) received by PID 7", "where": None}
+
+
+def test_a_sigterm_alone_is_the_cause_it_names(tmp_path: Path) -> None:
+    ref = write_run(tmp_path / "ref", 2, 10)
+    run = job(tmp_path / "run", 2, 10, restart_after=4, failed=[{"rank": 0, "exitcode": -15, "signal": "SIGTERM"}])
+    v = judge(ref, run, ExpectConfig(), steps=10, faults_declared=0)
+    assert "incarnation 0: rank 0 ended with SIGTERM after step 3; see the logs/ of the run" in v.failures[0]
