@@ -43,6 +43,7 @@ from .profiler import BubbleProfiler
 from .slotfile import COMPLETE, WRITING, discard_newer, slot_of
 from .snapshot import Slot, SnapshotBuffer
 from .state import TrainState, local_view
+from .topology import holders
 from .slotmeta import components as _components, only_markers as _only_markers, pack as _pack, \
     static_meta as _static_meta
 from .storeclient import StoreClient
@@ -83,9 +84,8 @@ def _old_ranks(rank: int, replica: int, replicas: int, saved: int, world: list[t
     """The ranks that held this rank's stage among ``saved`` replicas before the world changed, by
     their replica index; [] when the old world's map shows another number of them."""
     if world is not None and old_world is not None:
-        place = world[rank][0]
-        olds = sorted((int(r), i) for i, (p, r) in enumerate(old_world) if p == place)
-        return [i for _, i in olds] if [r for r, _ in olds] == list(range(saved)) else []
+        olds = holders(old_world, world[rank][0])
+        return olds if [int(old_world[i][1]) for i in olds] == list(range(saved)) else []
     _, size = rank_world()  # no map (a version from before it was recorded): replica-major order
     stages = size // replicas
     return [d * stages + rank - replica * stages for d in range(saved)]

@@ -99,3 +99,13 @@ def shard_key(key: str, topology: Topology) -> str:
     """Key prefix of the plain tensors of a rank that holds one piece of a sharded stage (its DTensors
     go under ``key``, whole: DCP assembles them from the pieces)."""
     return f"{key}.shard{topology.shard}" if topology.shards > 1 else key
+
+
+def holders(world: list[Any], place: str, *, same_stage: bool = False) -> list[int]:
+    """The ranks of a recorded world (each rank's ``[place, replica index]``, as an elastic restore reads it)
+    that held ``place``, ordered by replica index; ``same_stage``: that held any shard of its stage (the
+    sharding changed between the worlds)."""
+    def held(p: str) -> bool:
+        return p.split(".shard", 1)[0] == place.split(".shard", 1)[0] if same_stage else p == place
+
+    return [i for _, i in sorted((int(r), i) for i, (p, r) in enumerate(world) if held(str(p)))]

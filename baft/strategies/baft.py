@@ -37,7 +37,7 @@ from ..writerproc import WriterProcess
 from ..state import local_view
 from ..collective import all_gather, all_gather_ints, all_min, rank_world
 from .base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
-from .dcp import checkpoint_group, restore_dcp
+from .dcp import checkpoint_group, place_map, restore_dcp
 
 
 def persistent_floor(root: Any) -> int:
@@ -61,6 +61,8 @@ class BaftStrategy(Strategy):
         persister thread may be inside a collective on :attr:`group` meanwhile)."""
         self._writer = OneInFlight("baft-persist", self.config.persist_nice)
         self._persisted = -1
+        self.places: list[tuple[str, int]] | None = None
+        """Every rank's pieces of state and replica index (:meth:`~baft.strategies.base.Strategy.gather_places`)."""
         self._files: WriterProcess | None = None
         """The rank's writer process (``persist_writer: process``), started by the training thread at the
         first persist (a process started from the persister's thread would die with that thread)."""
@@ -77,12 +79,7 @@ class BaftStrategy(Strategy):
     def attached(self, stage: Any) -> None:
         rank, _ = rank_world()
         t = self.topology
-        # Which pieces of state every rank holds and its replica index: what an elastic restore after a
-        # change of world reads to find the old ranks of this rank's stage, in any rank order. A module
-        # attached without a mesh or a stage index holds "its own" state (rank<R>): no map, replica-major.
-        place = None if self.stage_key.startswith("rank") else self.shard_key
-        places = all_gather([place, t.replica])
-        world = None if any(p is None for p, _ in places) else [(p, r) for p, r in places]
+        world = self.places = self.gather_places()  # recorded with every version, in memory and persistent
         self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=t.replica,
                                       replicas=t.replicas, replica_group=t.replica_group, world=world,
                                       tp=(t.tp_rank, t.tp_group) if t.tp_size > 1 else None)
@@ -192,7 +189,7 @@ class BaftStrategy(Strategy):
                 return
 
         def commit() -> None:
-            extra = {"format": "dcp", "strategy": "baft"}
+            extra = {"format": "dcp", "strategy": "baft", **place_map(self.places)}
             if not direct:
                 dcpformat.commit(self.root, version, world, extra)
             elif shared := dcpwrite.commit(self.root, version, reports, extra):

@@ -100,6 +100,15 @@ class Strategy:
     def attached(self, stage: Any) -> None:
         """What a strategy does once :attr:`topology` and :attr:`stage_key` are known."""
 
+    def gather_places(self) -> list[tuple[str, int]] | None:
+        """Every rank's pieces of state (:attr:`shard_key`) and replica index (collective: every rank calls
+        it, at attach): what a restore in a world of another size reads, recorded with each version, to
+        find the old ranks of its stage in any rank order. None when a rank attached its module without a
+        mesh or a stage index (it holds "its own" state, ``rank<R>``: replica-major order is assumed)."""
+        place = None if self.stage_key.startswith("rank") else self.shard_key
+        places = all_gather([place, self.topology.replica])
+        return None if any(p is None for p, _ in places) else [(p, r) for p, r in places]
+
     def restore(self) -> int | None:
         """Restore the newest usable checkpoint; the step restored, or None if there is none."""
         return None

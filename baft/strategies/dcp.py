@@ -21,6 +21,7 @@ from .. import dcpformat, events, persist
 from ..collective import initialized, rank_world
 from ..errors import CheckpointCorrupt
 from ..state import local_view
+from ..topology import holders
 from .base import WRITE_ERRORS, Strategy, persist_failed, restore_agreed
 
 COMMIT_TIMEOUT = 300.0
@@ -32,9 +33,31 @@ def checkpoint_group() -> Any:
     return dist.new_group(backend="gloo") if initialized() else None
 
 
+def place_map(places: list[tuple[str, int]] | None) -> dict[str, Any]:
+    """What a checkpoint's manifest records of the world that wrote it (``places``: every rank's pieces of
+    state and replica index), for :func:`meta_rank`; nothing when it is not known."""
+    return {"places": [[p, r] for p, r in places]} if places is not None else {}
+
+
+def meta_rank(strategy: Strategy, manifest: dict[str, Any], rank: int) -> int:
+    """Whose record of the small state (RNGs, data position, scheduler) and of the tensors' names this
+    rank loads: in the world that wrote the checkpoint (its manifest's ``places``), the old rank that held
+    the same pieces of state with this rank's replica index (modulo their number), else (the sharding
+    changed) one that held a piece of the same stage; ``rank`` itself when the manifest has no map or this
+    rank no place. A world of another size numbers its ranks otherwise (stage-major: new rank 2 may hold
+    stage 1 where old rank 2 held stage 0), so the number alone can name another stage's record."""
+    places = manifest.get("places")
+    if not places or strategy.stage_key.startswith("rank"):
+        return rank
+    place = strategy.shard_key
+    olds = holders(places, place) or holders(places, place, same_stage=True)
+    return olds[strategy.topology.replica % len(olds)] if olds else rank
+
+
 def restore_dcp(strategy: Strategy, group: Any) -> int | None:
     """Restore the newest DCP checkpoint under ``config.dir`` whose files all match the manifest, each
-    DTensor of the state as this rank's shard of it."""
+    DTensor of the state as this rank's shard of it; in a world of another size, from the record of the
+    old rank that held this rank's place (:func:`meta_rank`)."""
     root = strategy.root
     rank, _ = rank_world()
     t0 = time.perf_counter()
@@ -52,7 +75,8 @@ def restore_dcp(strategy: Strategy, group: Any) -> int | None:
 
     def load(step: int) -> None:
         events.emit("phase", phase="restore", step=step, tier="persistent")
-        strategy.state.restore(dcpformat.load(root, step, rank, group, placements=strategy.state.placements()))
+        source = meta_rank(strategy, persist.read_manifest(root, step), rank)
+        strategy.state.restore(dcpformat.load(root, step, source, group, placements=strategy.state.placements()))
         events.emit("checkpoint_restored", step=step, tier="persistent",
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))
 
@@ -70,11 +94,14 @@ class AsyncDCPStrategy(Strategy):
         self._inflight: tuple[int, Future, float, int] | None = None
         self._stager: Any = None
         self._mode: Any = None
+        self.places: list[tuple[str, int]] | None = None
+        """Every rank's pieces of state and replica index, recorded in each manifest."""
 
     def attached(self, stage: Any) -> None:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         self.group = checkpoint_group()
+        self.places = self.gather_places()
         process = self.config.dcp_async == "process"
         self._mode = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
         if self.config.dcp_stager:
@@ -133,7 +160,7 @@ class AsyncDCPStrategy(Strategy):
         if rank == 0:
             reason = None
             try:
-                dcpformat.commit(self.root, step, world, {"format": "dcp"})
+                dcpformat.commit(self.root, step, world, {"format": "dcp", **place_map(self.places)})
                 persist.prune(self.root, self.config.keep)
             except WRITE_ERRORS as e:
                 reason = f"rank 0 commit: {type(e).__name__}: {e}"
