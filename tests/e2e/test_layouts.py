@@ -143,6 +143,22 @@ def test_fp16_with_a_moving_loss_scale_resumes_bit_for_bit(tmp_path: Path, ref_c
     assert "scaler" in j.events("state", 0)[-1]["digests"]
 
 
+def test_a_stage_major_shrink_that_memory_cannot_serve_restores_each_stage_from_the_persistent_tier(
+        tmp_path: Path, ref_cache: Path) -> None:
+    """No peer replicas: node 2's copies are lost with it and every rank of the shrunk world restores step 10 from
+    DCP, each from the record of an old rank of its own stage (by rank number new rank 2 loaded stage 0's)."""
+    rc, out, v = run_cli(ROOT / "scenarios/ci/elastic-stage-major-persistent.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["world_size"] == {"reference": 6, "final": 4} and v["completed"] and v["bitwise_equal"]
+    (rec,) = v["recoveries"]
+    assert (rec["restored_tier"], rec["restored_step"]) == ("persistent", 10), rec
+    j = Journal.load(tmp_path / "out" / "faulted")
+    lost = min(e["t"] for e in j.events("fault"))
+    assert {e["rank"]: e["tier"] for e in j.events("checkpoint_restored") if e["t"] > lost} == \
+        {r: "persistent" for r in range(4)}
+    assert not [f for f in v["worker_failures"] if not f["explained"]], v["worker_failures"]
+
+
 def test_a_stage_major_job_shrinks_from_three_replicas_to_two(tmp_path: Path, ref_cache: Path) -> None:
     """The old ranks of a stage come from the old world's map, not from rank arithmetic: after the shrink
     new rank 2 holds stage 1, where old rank 2 held stage 0."""
