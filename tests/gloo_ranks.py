@@ -7,6 +7,7 @@ fork of it, a fresh process that runs the script as ``python -c SCRIPT ARGS`` wo
 ``sys.argv``, the rank's environment, its own exit code) without importing torch again."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import sys
@@ -79,3 +80,11 @@ def run_ranks(script: str, *args: str, world: int = 2, timeout: float = 120) -> 
                 if p.exitcode is None:
                     p.kill()
                     p.join()
+
+
+def run_phase(script: str, out: Path, phase: str, *args: str, world: int) -> dict[int, dict]:
+    """One phase of a multi-phase rank test: ``script OUT PHASE ARGS`` on ``world`` ranks, each of which must
+    exit 0 having written ``OUT/PHASE-RANK.json``; those files, by rank."""
+    results = run_ranks(script, str(out), phase, *args, world=world)
+    assert all(code == 0 for code, _ in results), [text for _, text in results]
+    return {r: json.loads((out / f"{phase}-{r}.json").read_text()) for r in range(world)}

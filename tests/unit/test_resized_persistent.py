@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.gloo_ranks import run_ranks
+from tests.gloo_ranks import run_phase
 
 RANK = """
 import json, os, sys
@@ -62,9 +62,7 @@ dist.destroy_process_group()
 
 
 def _phase(tmp_path: Path, phase: str, world: int, start: int, stop: int) -> dict[int, dict]:
-    results = run_ranks(RANK, str(tmp_path), phase, str(start), str(stop), world=world)
-    assert all(code == 0 for code, _ in results), [out for _, out in results]
-    return {r: json.loads((tmp_path / f"{phase}-{r}.json").read_text()) for r in range(world)}
+    return run_phase(RANK, tmp_path, phase, str(start), str(stop), world=world)
 
 
 def test_a_stage_major_shrink_restores_each_stage_from_its_own_old_ranks_persistent_record(tmp_path: Path) -> None:

@@ -5,12 +5,11 @@ TP rank 1's snapshot leaves the plain ones (and their Adam moments) to rank 0; a
 processes gives both ranks the exact state of the version, rank 0's plain tensors sent to rank 1; and from the persistent tier (DCP), where rank 1 wrote none of them."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.gloo_ranks import run_ranks
+from tests.gloo_ranks import run_phase
 
 RANK = """
 import json, os, sys
@@ -65,9 +64,7 @@ dist.destroy_process_group()
 
 
 def _phase(tmp_path: Path, phase: str, start: int, stop: int, shards: int) -> dict[int, dict]:
-    results = run_ranks(RANK, str(tmp_path), phase, str(start), str(stop), str(shards), world=2 * shards)
-    assert all(code == 0 for code, _ in results), [out for _, out in results]
-    return {r: json.loads((tmp_path / f"{phase}-{r}.json").read_text()) for r in range(2 * shards)}
+    return run_phase(RANK, tmp_path, phase, str(start), str(stop), str(shards), world=2 * shards)
 
 
 @pytest.mark.parametrize("shards", [1, 2], ids=["tp", "tp-then-fsdp"])
