@@ -176,6 +176,22 @@ def journal_failures(path: str, node: str) -> None:
     LocalElasticAgent._monitor_workers = monitored
 
 
+def store_ports_outside_ephemeral() -> None:
+    """Make torchrun draw the port of each round's worker store (rank 0's ``TCPStore``, a new one at
+    every restart with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) with :func:`~harness.run.nodeenv.free_port`.
+
+    torchrun takes it with ``bind(0)`` and closes the socket; rank 0 binds it only once its worker has
+    started (seconds for a script: a fresh interpreter imports torch), and meanwhile the kernel may hand
+    that ephemeral port to any outgoing connection: a restart then failed with EADDRINUSE ("The server
+    socket has failed to listen on any local network address", seen once in 24 runs of the accelerate
+    test, four at a time), and the job restarted once more than its faults explain."""
+    from torch.distributed.elastic.rendezvous import api
+
+    from harness.run.nodeenv import free_port
+
+    api.get_free_port = free_port
+
+
 def main(argv: list[str] | None = None) -> int:
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -188,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                              "a script runs under plain torchrun")
         serve_forks_from_here([*PRELOAD, *preload])
         args = forked(args)
+    store_ports_outside_ephemeral()
     if os.environ.get(JOURNAL_VARIABLE):
         journal_failures(os.environ[JOURNAL_VARIABLE], os.environ.get("BAFT_NODE", "node0"))
     for name in ("torch", "torch.distributed"):  # where torch attaches its handlers

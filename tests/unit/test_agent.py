@@ -81,3 +81,23 @@ def test_a_free_port_is_outside_the_range_the_kernel_hands_out() -> None:
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free, as promised
+
+
+def test_the_worker_stores_port_of_every_round_is_drawn_outside_the_ephemeral_range(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's own choice for rank 0's store (bind(0), then closed until the worker binds it) comes from the
+    ephemeral range; a restart of the accelerate test once failed on it with EADDRINUSE."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import api
+
+    from harness.run.agent import store_ports_outside_ephemeral
+    from harness.run.nodeenv import _ephemeral
+
+    monkeypatch.setattr(api, "get_free_port", api.get_free_port)  # put back after the test
+    before = {api.RendezvousStoreInfo.build(0, dist.HashStore(), local_addr="127.0.0.1").master_port
+              for _ in range(5)}
+    assert before <= set(_ephemeral())  # what torchrun does by itself
+    store_ports_outside_ephemeral()
+    after = {api.RendezvousStoreInfo.build(0, dist.HashStore(), local_addr="127.0.0.1").master_port
+             for _ in range(5)}
+    assert not after & set(_ephemeral())
