@@ -100,13 +100,17 @@ class Strategy:
     def attached(self, stage: Any) -> None:
         """What a strategy does once :attr:`topology` and :attr:`stage_key` are known."""
 
+    @property
+    def place(self) -> str | None:
+        """The pieces of state this rank holds (:attr:`shard_key`); None for a module attached without a mesh
+        or a stage index (it holds "its own" state, ``rank<R>``: replica-major order is assumed)."""
+        return None if self.stage_key.startswith("rank") else self.shard_key
+
     def gather_places(self) -> list[tuple[str, int]] | None:
-        """Every rank's pieces of state (:attr:`shard_key`) and replica index (collective: every rank calls
-        it, at attach): what a restore in a world of another size reads, recorded with each version, to
-        find the old ranks of its stage in any rank order. None when a rank attached its module without a
-        mesh or a stage index (it holds "its own" state, ``rank<R>``: replica-major order is assumed)."""
-        place = None if self.stage_key.startswith("rank") else self.shard_key
-        places = all_gather([place, self.topology.replica])
+        """Every rank's :attr:`place` and replica index (collective: every rank calls it, at attach): what a
+        restore in a world of another size reads, recorded with each version, to find the old ranks of its
+        stage in any rank order. None when a rank has no place."""
+        places = all_gather([self.place, self.topology.replica])
         return None if any(p is None for p, _ in places) else [(p, r) for p, r in places]
 
     def restore(self) -> int | None:

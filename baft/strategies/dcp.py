@@ -46,10 +46,9 @@ def meta_rank(strategy: Strategy, manifest: dict[str, Any], rank: int) -> int:
     changed) one that held a piece of the same stage; ``rank`` itself when the manifest has no map or this
     rank no place. A world of another size numbers its ranks otherwise (stage-major: new rank 2 may hold
     stage 1 where old rank 2 held stage 0), so the number alone can name another stage's record."""
-    places = manifest.get("places")
-    if not places or strategy.stage_key.startswith("rank"):
+    places, place = manifest.get("places"), strategy.place
+    if not places or place is None:
         return rank
-    place = strategy.shard_key
     olds = holders(places, place) or holders(places, place, same_stage=True)
     return olds[strategy.topology.replica % len(olds)] if olds else rank
 

@@ -30,8 +30,7 @@ def test_a_resized_worlds_rank_loads_the_record_of_an_old_rank_of_its_own_place(
     old, new = world(stages, shards, old_replicas, old_stage_major), world(stages, shards, replicas, stage_major)
     manifest = {"places": old}
     for rank, (place, replica) in enumerate(new):
-        stage_key = place.split(".shard")[0]
-        strategy = SimpleNamespace(stage_key=stage_key, shard_key=place, topology=SimpleNamespace(replica=replica))
+        strategy = SimpleNamespace(place=place, topology=SimpleNamespace(replica=replica))
         source = meta_rank(strategy, manifest, rank)
         assert old[source] == [place, replica % old_replicas]  # its own place, its replica index modulo the old count
     assert all(holders(old, p) == sorted(holders(old, p), key=lambda i: old[i][1]) for p, _ in old)
@@ -39,9 +38,9 @@ def test_a_resized_worlds_rank_loads_the_record_of_an_old_rank_of_its_own_place(
 
 def test_a_changed_sharding_takes_a_piece_of_the_same_stage_and_a_world_without_a_map_the_rank_itself() -> None:
     old = world(2, 2, 1, True)  # stage0.shard0, stage0.shard1, stage1.shard0, stage1.shard1
-    one = SimpleNamespace(stage_key="stage1", shard_key="stage1", topology=SimpleNamespace(replica=0))
+    one = SimpleNamespace(place="stage1", topology=SimpleNamespace(replica=0))
     assert holders(old, "stage1") == [] and holders(old, "stage1", same_stage=True) == [2, 3]
     assert meta_rank(one, {"places": old}, 1) == 2
     assert meta_rank(one, {}, 1) == 1  # a checkpoint from before the map
-    own = SimpleNamespace(stage_key="rank1", shard_key="rank1", topology=SimpleNamespace(replica=0))
+    own = SimpleNamespace(place=None, topology=SimpleNamespace(replica=0))
     assert meta_rank(own, {"places": old}, 1) == 1  # a module attached without a mesh: its own record
