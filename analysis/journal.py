@@ -60,9 +60,16 @@ Event fields:
                         and the scaler halved its scale)
 ``store_start`` / ``store_exit`` (launcher) node, pid / returncode
 
-Each node's store writes ``journal/store-node<N>.jsonl``: store_start, replicated
+``background_priority`` process (``writer``), pid, cpu_class, io_class, priority_note (what a baft writer process
+                        runs at: the idle classes unless ``checkpoint.writer_priority: normal``; the note says what
+                        the kernel refused)
+
+Each node's store writes ``journal/store-node<N>.jsonl``: store_start (pid, address, cpu_seconds spent
+starting, cpu_class, io_class, priority_note), replicated
 (rank, version, peer, bytes, seconds, deferred_seconds, behind: the versions the rank sealed
-after this one by the time it landed), replication_skipped
+after this one by the time it landed, paced: sent in paced pieces, cpu_seconds: the store's CPU time so far),
+peer_connected (peer, paced, reason: a kept connection made, once per peer unless one failed or the link's
+mode changed), peer_connection_failed (peer, reason), replication_skipped
 (rank, version, reason), replication_failed, pulled (rank, version, source, bytes),
 replication_paced (the link found to be the bottleneck or no longer), replication_stride (stride, reason),
 replication_degraded (persistent_age_versions, persist_every, reason, and replica_age_versions when the newest
@@ -121,6 +128,7 @@ EVENTS = (
     "checkpoint_keys",
     "amp_step_skipped",
     "interval_changed",
+    "background_priority",
     "store_start",
     "store_exit",
     "agent_start",

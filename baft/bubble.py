@@ -550,7 +550,7 @@ class BubbleSnapshotter:
         timeline it left, newer than that, in its own slots and (through the node's store) on every node.
         A version is a step number only: without this, the old timeline's v+1 left in one rank's slot could
         be restored later beside the new timeline's v+1 of another rank."""
-        dropped = discard_newer(self.buffer.root, self.rank, version, own=True)
+        dropped = discard_newer(self.buffer.root, self.rank, version)
         if self.store is not None:
             self.store.discard(self.rank, version)
         if dropped:

@@ -7,6 +7,7 @@ from typing import Literal
 
 from .errors import BaftConfigError
 from .planner import PlannerConfig
+from .priority import PRIORITIES
 from .profiler import ProfilerConfig
 from .storage import check_url, is_url
 from .storeconfig import ReplicationConfig
@@ -16,7 +17,7 @@ STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
 #: The section's replication keys -> the fields of the stores' :class:`~baft.store.ReplicationConfig`.
 REPLICATION_KEYS = {"replicas": "replicas", "replication_rate": "rate", "replication_yield": "yield_to_training",
                     "placement": "placement", "domain_nodes": "domain_nodes",
-                    "replication_max_slowdown": "max_slowdown"}
+                    "replication_max_slowdown": "max_slowdown", "store_priority": "priority"}
 _REPLICATION = ReplicationConfig()  # whose defaults the section's replication keys take
 
 
@@ -94,6 +95,14 @@ class CheckpointConfig:
     measured by each node's store (versions timed while it sends and while it does not); beyond it,
     once a persistent checkpoint exists, the store stops replicating, journals why
     (``replication_degraded``) and probes again later."""
+    store_priority: str = _REPLICATION.priority
+    """``baft``: the node stores' CPU and I/O class: ``idle`` (they run on what the ranks leave idle) or
+    ``normal``; journaled by each store (``store_start``)."""
+    writer_priority: str = "idle"
+    """``baft`` with ``persist_writer: process``: the writer processes' CPU and I/O class: ``idle``
+    (``SCHED_IDLE`` and the idle I/O class: they write while the ranks wait in their bubbles; nice 19 where
+    the idle CPU class is refused) or ``normal`` (then ``persist_nice`` applies). Journaled
+    (``background_priority``)."""
     store: str = ""
     """``baft``: host:port of this node's store (set by the harness; empty: no store, no peers)."""
     node: int = 0
@@ -123,6 +132,8 @@ class CheckpointConfig:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
         if not isinstance(self.persist_nice, int) or not 0 <= self.persist_nice <= 19:
             raise BaftConfigError("persist_nice", "an integer from 0 to 19", self.persist_nice)
+        if self.writer_priority not in PRIORITIES:
+            raise BaftConfigError("writer_priority", " or ".join(PRIORITIES), self.writer_priority)
         if self.persist_writer not in ("process", "thread", "dcp"):
             raise BaftConfigError("persist_writer", "process, thread or dcp", self.persist_writer)
         if self.dcp_async not in ("thread", "process"):
@@ -143,5 +154,5 @@ class CheckpointConfig:
     @property
     def replication(self) -> ReplicationConfig:
         """``baft``: how the node stores replicate (``replicas``, ``placement``, ``domain_nodes``, ``replication_rate``,
-        ``replication_yield``, ``replication_max_slowdown``)."""
+        ``replication_yield``, ``replication_max_slowdown``, ``store_priority``)."""
         return ReplicationConfig(**{field: getattr(self, key) for key, field in REPLICATION_KEYS.items()})

@@ -1,10 +1,14 @@
 """How fast a node's store may send replica data: the link's capacity, learnt from the sends themselves.
 
-A send that blocks measured the link (the kernel's socket buffer is kept small,
-so a piece that cannot leave waits for the wire); one that returns at once
-measured nothing. When most recent pieces blocked, the link is the bottleneck
-and, with ``yield``, the store paces itself to a share of what the link was
-measured to carry, leaving the rest to training. Torch-free (the store imports it).
+Paced, replicas go in small pieces through a small socket buffer: a piece's send
+that blocks measured the link (a piece that cannot leave waits for the wire);
+one that returns at once measured nothing. When most recent pieces blocked, the
+link is the bottleneck and, with ``yield``, the store paces itself to a share of
+what the link was measured to carry, leaving the rest to training. Unpaced, a
+replica goes whole (:mod:`baft.peerlink`) and only its delivery, from the first
+byte to the peer's answer, is timed: when the median of the last few falls below
+:data:`FAST_RATE` the link is taken for the bottleneck as well. Torch-free (the
+store imports it).
 """
 from __future__ import annotations
 
@@ -26,6 +30,12 @@ PACE_HOLD = 10.0
 BLOCKED_SEND = 0.002
 #: Pieces remembered (capacity is the median rate of the blocked ones among them).
 WINDOW = 32
+#: Bytes/s below which whole replicas, delivered unpaced, say the link is the bottleneck (160 Mbit/s: loopback and
+#: a data-centre link deliver a 1.26 MB replica at 100+ MB/s even to a receiver in the idle class on busy cores,
+#: measured here; a 50 Mbit/s link at 6).
+FAST_RATE = 20e6
+#: Whole replicas whose median delivery rate decides.
+WHOLE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +63,18 @@ class LinkMeter:
         """Whether the link looked like the bottleneck lately (the pace then holds for ``PACE_HOLD``)."""
         self._rates: collections.deque[float] = collections.deque(maxlen=WINDOW)
         self._blocked: collections.deque[bool] = collections.deque(maxlen=WINDOW)
+        self._whole: collections.deque[float] = collections.deque(maxlen=WHOLE)
         self._limited_until = 0.0
+
+    @property
+    def probed(self) -> bool:
+        """Whether enough pieces were measured to tell a slow link from a fast one."""
+        return len(self._blocked) >= WINDOW // 2
+
+    def paced(self) -> bool:
+        """Whether replicas go paced, in pieces: with a configured rate, before the link was probed, and
+        while it looks like the bottleneck; else whole."""
+        return self.rate > 0 or not self.probed or self.limited or self.clock() < self._limited_until
 
     def pace(self) -> float:
         """Bytes/s to send at: the configured rate, and with ``yield``, once the link is found to be
@@ -81,8 +102,25 @@ class LinkMeter:
             # Paced sends stop blocking, so once the link is found slow the pacing holds for a
             # while before the store tries full speed again (and re-detects a link still slow).
             self._limited_until = now + PACE_HOLD
+        return self._change(now)
+
+    def measure_whole(self, nbytes: int, seconds: float) -> PaceChange | None:
+        """Learn from one replica sent whole: the time from its first byte to the peer's answer. Returns the
+        change when the link starts looking like the bottleneck."""
+        self._whole.append(nbytes / max(seconds, 1e-9))
+        now = self.clock()
+        if len(self._whole) == WHOLE and statistics.median(self._whole) < FAST_RATE:
+            self.capacity = statistics.median(self._whole)
+            self._limited_until = now + PACE_HOLD
+            self._whole.clear()
+            self._blocked.clear()  # paced pieces measure it afresh
+        return self._change(now)
+
+    def _change(self, now: float) -> PaceChange | None:
         limited = now < self._limited_until
         if limited == self.limited:
             return None
         self.limited = limited
+        if not limited:
+            self._whole.clear()
         return PaceChange(limited, self.capacity or 0.0, self.pace())

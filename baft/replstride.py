@@ -80,7 +80,8 @@ class Stride:
         self._quiet: deque[float] = deque(maxlen=SAMPLES)
         self._quiet_at = clock()  # when a version was last timed without replica traffic
         self._quiet_left = 0
-        self._probe_at = 0.0
+        self.probe_at = 0.0
+        """When (``clock``) a degraded store probes the link with a round."""
 
     def sealed(self, version: int, persist_every: int | None = None, busy: bool = False,
                persisted: int | None = None) -> None:
@@ -117,7 +118,7 @@ class Stride:
         degraded between probes."""
         if self._quiet_left:
             return False
-        return not self.degraded or self.clock() >= self._probe_at
+        return not self.degraded or self.clock() >= self.probe_at
 
     def ages(self, seconds: float) -> tuple[float, float | None]:
         """Versions' age at a failure of the newest peer copy (rounds of ``seconds``, back to back at best:
@@ -168,7 +169,7 @@ class Stride:
     def _degrade(self, seconds: float, why: str, **fields: Any) -> None:
         self.degraded = True
         self.hold = DEGRADE_HOLD
-        self._probe_at = self.clock() + self.hold
+        self.probe_at = self.clock() + self.hold
         self._busy.clear()  # a probe times its own versions
         self.log("replication_degraded", round_seconds=round(seconds, 4), version_seconds=round(self.period or 0, 4),
                  persistent_age_versions=self.ages(0)[1], persist_every=self.persist_every, stride=self.value,
@@ -180,7 +181,7 @@ class Stride:
         too_slow = self.max_slowdown > 0 and slow is not None and slow > RESUME_SHARE * self.max_slowdown
         if too_old or too_slow:
             self.hold = min(2 * self.hold, MAX_HOLD)
-            self._probe_at = self.clock() + self.hold
+            self.probe_at = self.clock() + self.hold
             self._busy.clear()
             return
         self.degraded = False

@@ -93,40 +93,6 @@ def slot_size(head: bytes) -> int | None:
     return HEADER + data_len + capacity if magic == MAGIC else None
 
 
-def copy_complete(src: Path, dest: Path, version: int) -> int | None:
-    """Copy the used bytes of slot file ``src`` to ``dest`` (atomically, padded to the slot's size) if it
-    holds complete ``version`` before and after the copy; the bytes copied, or None (torn, rewritten
-    meanwhile, or not a slot). The kernel copies file to file (``copy_file_range``, else ``sendfile``):
-    nothing of the state passes through this process's memory."""
-    before = slot_header(src)
-    if before is None or before[0] != COMPLETE or before[1] != version:
-        return None
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    try:
-        with open(src, "rb") as f, open(tmp, "wb") as out:
-            _, _, _, data_len, meta_len, capacity = HEAD.unpack(f.read(HEAD.size))
-            used = HEADER + data_len + meta_len
-            done = 0
-            while done < used:
-                try:
-                    n = os.copy_file_range(f.fileno(), out.fileno(), used - done, done, done)
-                except OSError:  # a filesystem pair without it
-                    out.seek(done)
-                    n = os.sendfile(out.fileno(), f.fileno(), done, used - done)
-                if n <= 0:
-                    break
-                done += n
-            out.truncate(HEADER + data_len + capacity)
-        if done < used or slot_header(src) != before:
-            return None  # shorter than it said, or rewritten while copied: torn
-        os.replace(tmp, dest)
-        return used
-    except OSError:
-        return None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_slot(path: Path, data: bytes) -> None:
     """Atomically place a slot's used bytes at ``path``, padded to the slot's full size; bytes that are
     not a slot's (too short, another magic) raise ``ValueError`` and write nothing."""
@@ -148,23 +114,6 @@ def replica_slot(root: Path, rank: int, k: int) -> Path:
     return root / f"replica-rank-{rank:05d}.slot{k}"
 
 
-def ring_slot(root: Path, rank: int, version: int) -> Path:
-    """The replica slot of ``rank`` that ``version`` goes into: the one that holds it already, else one
-    that holds no complete version, else the one holding the oldest. Not ``version % SLOTS``: replicas
-    arrive every ``replicate_every``-th version, and with a stride that is a multiple of :data:`SLOTS`
-    every one would land in the same slot, leaving one replica where the ring is meant to keep three."""
-    held: dict[int, int] = {}
-    for k in range(SLOTS):
-        h = slot_header(replica_slot(root, rank, k))
-        if h is None or h[0] != COMPLETE:
-            held.setdefault(-1, k)
-        elif h[1] == version:
-            return replica_slot(root, rank, k)
-        else:
-            held.setdefault(h[1], k)
-    return replica_slot(root, rank, held[min(held)])
-
-
 def abandon(path: Path) -> None:
     """Mark the slot file at ``path`` ABANDONED in place (its header's state field)."""
     fd = os.open(path, os.O_WRONLY)
@@ -174,21 +123,16 @@ def abandon(path: Path) -> None:
         os.close(fd)
 
 
-def discard_newer(root: Path, rank: int, version: int, *, own: bool) -> list[int]:
-    """Drop the copies of ``rank`` newer than ``version`` under ``root``: with ``own``, mark the rank's
-    own slots ABANDONED (the worker does this), else remove the store's replicas and kept copies of
-    it (the store does); the versions dropped."""
+def discard_newer(root: Path, rank: int, version: int) -> list[int]:
+    """Mark the rank's own slots under ``root`` that hold versions newer than ``version`` ABANDONED (the
+    worker does this after a restore; the store does the same to its replicas and kept copies,
+    :meth:`baft.slotring.SlotRing.abandon_newer`); the versions dropped."""
     dropped = []
     for k in range(SLOTS):
-        for p, mine in ((replica_slot(root, rank, k), False), (kept_slot(root, rank, k), False),
-                        (own_slot(root, rank, k), True)):
-            h = slot_header(p)
-            if h is None or h[0] != COMPLETE or h[1] <= version or mine != own:
-                continue
-            if mine:
-                abandon(p)
-            else:
-                p.unlink(missing_ok=True)
+        p = own_slot(root, rank, k)
+        h = slot_header(p)
+        if h is not None and h[0] == COMPLETE and h[1] > version:
+            abandon(p)
             dropped.append(h[1])
     return sorted(dropped)
 

@@ -11,12 +11,14 @@ snapshot slots are files in the node's shared-memory directory; the store
   is journaled (the replication frequency degrades instead of the training),
   and when a replica could no longer land before the persistent tier has a
   newer version, replication stops and says why (:mod:`baft.replstride`);
-* sends each replica straight from the file in 64 KiB pieces, each only while
-  no worker of the node has pipeline traffic in flight (``baft.traffic``; a
-  piece waits at most 20 ms, so replication always progresses), paced to a
-  share of the link once the link is the bottleneck (:mod:`baft.linkmeter`);
+* sends each replica over one kept connection per peer (:mod:`baft.peerlink`): whole, in one
+  ``sendfile``, where the link keeps up; in pieces paced to a share of the link, each only while no
+  worker of the node has pipeline traffic in flight (``baft.traffic``), where the link is the
+  bottleneck (:mod:`baft.linkmeter`);
 * keeps the replicas it receives as slot files of the same format
-  (``replica-rank-R.slotK``), double-buffered like the originals;
+  (``replica-rank-R.slotK``), a ring of three per rank written in place (:mod:`baft.slotring`);
+* runs in the idle CPU and I/O classes (``StoreConfig.priority``, :mod:`baft.priority`): on cores the
+  ranks keep busy it works while they wait in their bubbles;
 * answers restores: ``locate`` lists every complete copy of a rank's state on
   every node, ``pull`` brings a copy into the asking worker's own slot file;
 * forgets a timeline the job left: after a restore at version v, ``discard``
@@ -37,13 +39,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import mmap
 import os
 import resource
 import signal
 import socket
 import socketserver
-import struct
 import sys
 import textwrap
 import threading
@@ -54,32 +54,21 @@ from typing import Any
 from .errors import BaftConfigError
 from .fields import field_docs
 from .linkmeter import LinkMeter
+from .peerlink import PeerLink
 from .placement import targets
+from .priority import apply as apply_priority
 from .replstride import Stride
+from .slotfile import HEADER, SLOTS, copies, kept_slot, own_slot, read_complete, replica_slot, slot_of, write_slot
+from .slotring import SlotRing
 from .storeconfig import ReplicationConfig, StoreConfig
-from .slotfile import (HEADER, SLOTS, copies, copy_complete, discard_newer, kept_slot, own_slot, read_complete,
-                       ring_slot, slot_of, slot_size, write_slot)
 from .traffic import TRAFFIC_FILE, TrafficFlags
-from .wire import (FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Refused, connect, recv, recv_exact_into,
-                   recv_header, request, secret_from_env, send, server_handshake)
+from .wire import (FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Refused, recv_exact_into, recv_header, request, secret_from_env,
+                   send, server_handshake, set_kernel_timeouts)
 
-#: Replicas are sent in pieces of this size, each gated on training traffic. The socket's send
-#: buffer is kept as small, so a piece has left the host (not just entered a kernel buffer)
-#: when the next one starts: on a slow link a large buffer would queue megabytes ahead of
-#: training's packets.
-PIECE = 64 << 10
-SNDBUF = 64 << 10
-#: Replica sockets are marked as the lowest class of traffic: ``SO_PRIORITY`` filler (Linux's TC_PRIO_FILLER,
-#: the last band of a priority queue such as pfifo_fast) and DSCP Lower Effort (RFC 8622) for switches that
-#: honour it. Where the bottleneck queue serves by priority, a replica's packets leave only when no training
-#: packet waits, so one delays an activation by at most the packet on the wire.
-FILLER_PRIORITY = 1
-LOWER_EFFORT_TOS = 0x01 << 2
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0
-#: The longest a piece waits for the node's pipeline traffic to pause (progress is guaranteed).
-MAX_DEFER = 0.02
-DEFER_POLL = 0.001
+#: How often the server looks whether it was asked to stop (its only wake-up while nothing happens).
+SHUTDOWN_POLL = 0.5
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -98,8 +87,9 @@ class Store:
         self._cond = threading.Condition()
         self._sealed: dict[int, dict[int, str]] = {}  # rank -> recent sealed versions -> slot file
         self._done = -1  # the last round finished (every local rank's copy sent)
+        self._unreplicated: set[int] = set()  # versions sealed since the last round started, no round's yet
         self._current: int | None = None  # the round in progress
-        self._captured: dict[int, tuple[Path, int]] = {}  # rank -> its kept copy of the round's version, bytes
+        self._captured: dict[int, tuple[int, int]] = {}  # rank -> its kept copy of the round's version: file, bytes
         self._sent: set[int] = set()  # ranks whose copy of the current round is sent
         self._lost: set[int] = set()  # ranks whose copy of the current round could not be taken
         self._round_t0 = 0.0
@@ -111,6 +101,10 @@ class Store:
         is too slow for a replica to beat the persistent tier."""
         self.link = LinkMeter(config.replication.rate, self.flags is not None)
         """The link's measured capacity and the pace of the sends (:mod:`baft.linkmeter`)."""
+        self._peers: dict[str, PeerLink] = {}  # one kept connection per target (the replicate thread's alone)
+        self._rings: dict[tuple[str, int], SlotRing] = {}  # ("replica" | "kept", rank) -> its ring of slot files
+        self._rings_lock = threading.Lock()
+        self._own: dict[tuple[int, int, str], Path] = {}  # (rank, slot, path as named) -> the checked slot file
         self._closed = False
         threading.Thread(target=self._replicate_loop, name="store-replicate", daemon=True).start()
 
@@ -145,11 +139,16 @@ class Store:
         (another directory, ``..`` out, a symlink, another name) raises ``ValueError``: a request
         never makes the store read or write outside its own root."""
         self._check(rank, version)
+        key = (rank, slot_of(version), str(path))
+        known = self._own.get(key)
+        if known is not None and not known.is_symlink():  # its directory was checked before; a link is not
+            return known
         given = Path(str(path))
         root, parent = self.root.resolve(), given.parent.resolve()
         if (given.name != own_slot(root, rank, slot_of(version)).name or given.is_symlink()
                 or (parent != root and root not in parent.parents)):
             raise ValueError(f"{str(path)!r} is not rank {rank}'s slot for version {version} in {self.root}")
+        self._own[key] = parent / given.name
         return parent / given.name
 
     def _check(self, rank: Any, version: Any) -> None:
@@ -180,30 +179,28 @@ class Store:
         free = st.f_bavail * st.f_frsize
         return min(free, self.config.max_payload) if self.config.max_payload else free
 
+    def ring(self, kind: str, rank: int) -> SlotRing:
+        """``rank``'s ring of replicas received (``replica``) or of kept copies (``kept``) on this node."""
+        with self._rings_lock:
+            ring = self._rings.get((kind, rank))
+            if ring is None:
+                name = replica_slot if kind == "replica" else kept_slot
+                ring = self._rings[(kind, rank)] = SlotRing([name(self.root, rank, k) for k in range(SLOTS)])
+            return ring
+
     def receive_put(self, header: dict[str, Any], sock: socket.socket) -> tuple[dict[str, Any], bytes]:
-        """A peer's replica, read from the socket straight into the replica slot's file (no copy of it in
-        memory); refused unread when it is larger than :meth:`payload_limit`."""
+        """A peer's replica, read from the socket straight into a file of the rank's replica ring, in place
+        (no copy of it in memory); refused unread when it is larger than :meth:`payload_limit`."""
         rank, version, nbytes = header.get("rank"), header.get("version"), header.get("nbytes", 0)
         self._check(rank, version)
         limit = self.payload_limit()
         if nbytes > limit:
             raise Refused(f"a replica of {nbytes} bytes (at most {limit} here)")
-        dest = ring_slot(self.root, rank, version)
-        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}-{threading.get_ident()}")
-        try:
-            with open(tmp, "w+b") as f:
-                if nbytes:
-                    f.truncate(nbytes)
-                    with mmap.mmap(f.fileno(), nbytes) as m:
-                        recv_exact_into(sock, memoryview(m))
-                head = f.read(HEADER) if nbytes >= HEADER else b""
-                fixed = slot_size(head)
-                if fixed is None:
-                    raise ValueError(f"{nbytes} bytes that are not a snapshot slot's")
-                f.truncate(max(fixed, nbytes))
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+        head = bytearray(min(nbytes, HEADER))
+        recv_exact_into(sock, memoryview(head))
+        ring = self.ring("replica", rank)
+        with ring.lock:  # one writer per ring: two peers may send the same rank's replicas (placement)
+            ring.receive(version, bytes(head), nbytes, lambda view: recv_exact_into(sock, view))
         return {"ok": True}, b""
 
     def _handle(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -215,6 +212,8 @@ class Store:
             with self._cond:
                 versions = self._sealed.setdefault(header["rank"], {})
                 versions[header["version"]] = str(file)
+                if header["version"] > self._done:
+                    self._unreplicated.add(header["version"])
                 for old in sorted(versions)[:-(SLOTS - 1)]:
                     del versions[old]  # its slot is being reused for the next version by now
                 every = header.get("persist_every")
@@ -296,7 +295,12 @@ class Store:
             self._done = min(self._done, version)
             while self._inflight is not None and self._inflight[0] == rank and self._inflight[1] > version:
                 self._cond.wait(0.1)
-            dropped = discard_newer(self.root, rank, version, own=False)
+            dropped = []
+            for kind in ("replica", "kept"):
+                ring = self.ring(kind, rank)
+                with ring.lock:
+                    dropped += ring.abandon_newer(version)
+            dropped.sort()
         if dropped:
             self.log("discarded", rank=rank, after=version, versions=dropped)
         return dropped
@@ -316,9 +320,13 @@ class Store:
         if not fresh:
             return
         v = max(fresh)
-        if self._done >= 0 and v - self._done > 1:
-            self.log("replication_skipped", version=v, skipped=v - self._done - 1, stride=self.stride.value,
-                     reason=f"{v - self._done - 1} version(s) sealed since the last round were not replicated")
+        # Versions the ranks sealed since the last round that no round took (not every number between: a job
+        # may seal only some, as the benchmark's arms take turns).
+        skipped = sum(1 for u in self._unreplicated if u < v)
+        self._unreplicated = {u for u in self._unreplicated if u > v}
+        if self._done >= 0 and skipped:
+            self.log("replication_skipped", version=v, skipped=skipped, stride=self.stride.value,
+                     reason=f"{skipped} version(s) sealed since the last round were not replicated")
         self._current, self._captured, self._sent, self._lost = v, {}, set(), set()
         self._round_t0 = time.monotonic()
         for rank in self._sealed:
@@ -338,22 +346,25 @@ class Store:
         # Keep the node's own copy of every round's version (a ring like the slots'): after a
         # peer node is lost, its ranks restore from their replicas here, at a round's version,
         # and this node's ranks must still have that version too, sent or not. The kept copy is
-        # rewritten only SLOTS rounds later, long after this round's sends.
+        # rewritten only SLOTS rounds later, long after this round's sends (a round ends when
+        # its last send does).
         k = self._kept.get(rank, 0)
-        kept = kept_slot(self.root, rank, k % SLOTS)
-        used = copy_complete(Path(versions[v]), kept, v)
-        if used is None:
+        ring = self.ring("kept", rank)
+        with ring.lock:
+            got = ring.copy_from(Path(versions[v]), v, k % SLOTS)
+        if got is None:
             self._lose(rank, "slot rewritten before it was read")
             return
-        self._captured[rank] = (kept, used)
+        self._captured[rank] = got
         self._kept[rank] = k + 1
 
     def _lose(self, rank: int, reason: str) -> None:
         self._lost.add(rank)
         self.log("replication_skipped", rank=rank, version=self._current, reason=reason)
 
-    def _next_send(self) -> tuple[int, int, tuple[Path, int]] | None:
-        """(rank, version, (kept copy, bytes)) to send next; None while waiting. Called under the lock."""
+    def _next_send(self) -> tuple[int, int, tuple[int, int]] | None:
+        """(rank, version, (file of the kept ring, bytes)) to send next; None while waiting. Called under
+        the lock."""
         if self._current is None:
             self._start_round()
         if self._current is None:
@@ -375,11 +386,21 @@ class Store:
             return self._next_send()
         return None
 
+    def _wake_in(self) -> float | None:
+        """Seconds until the replicate thread must look again with nothing notified (None: only when
+        notified): the open round's deadline for a rank that never seals, or the stride's next probe."""
+        now = time.monotonic()
+        if self._current is not None:
+            return max(0.0, self._round_t0 + ROUND_TIMEOUT - now) + 0.01
+        if self.stride.degraded:
+            return max(0.0, self.stride.probe_at - self.stride.clock()) + 0.01
+        return None
+
     def _replicate_loop(self) -> None:
         while True:
             with self._cond:
                 while not self._closed and (job := self._next_send()) is None:
-                    self._cond.wait(0.2)
+                    self._cond.wait(self._wake_in())  # a seal, a discard or the close notifies
                 if self._closed:
                     return
                 rank, version, copy = job
@@ -393,62 +414,31 @@ class Store:
                     self._inflight = None
                     self._cond.notify_all()
 
-    def _send_all(self, rank: int, version: int, path: Path, nbytes: int) -> None:
-        """Send one replica (the used ``nbytes`` of the kept copy at ``path``) to every target node."""
+    def _send_all(self, rank: int, version: int, k: int, nbytes: int) -> None:
+        """Send one replica (the used ``nbytes`` of file ``k`` of the rank's kept ring) to every target node."""
+        fd = self.ring("kept", rank).fd(k)
         for target in self.targets:
-            t = time.perf_counter()
+            link = self._peers.get(target)
+            if link is None:
+                link = self._peers[target] = PeerLink(target, self.config.secret, self.link, self.flags, self.log)
             try:
-                deferred = self._send_put(target, rank, version, path, nbytes)
+                sent = link.send(rank, version, fd, nbytes)
             except OSError as e:
                 self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
                 continue
             with self._cond:  # staleness: how many newer versions the rank sealed while this one travelled
                 behind = max(self._sealed.get(rank) or {version: ""}) - version
-            self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes,
-                     seconds=time.perf_counter() - t, deferred_seconds=deferred, behind=behind,
-                     blocked_share=round(self.link.blocked_share(), 3))
-
-    def _send_put(self, target: str, rank: int, version: int, path: Path, nbytes: int) -> float:
-        """Send a replica in pieces straight from the file (``sendfile``: the kernel copies page cache to
-        socket): each piece waits (up to ``MAX_DEFER``) until no local rank has pipeline traffic in
-        flight, and the pieces keep the average under the link's pace. Returns the seconds spent
-        deferring to training traffic."""
-        deferred = 0.0
-        with connect(target, self.config.secret, timeout=30) as s, open(path, "rb") as f:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
-            s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, LOWER_EFFORT_TOS)  # sets a priority from the TOS: first
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, FILLER_PRIORITY)
-            raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes}).encode()
-            s.sendall(struct.pack(">I", len(raw)) + raw)
-            start, sent = time.perf_counter(), 0
-            for off in range(0, nbytes, PIECE):
-                if self.flags is not None:
-                    t = time.perf_counter()
-                    while not self.flags.idle() and time.perf_counter() - t < MAX_DEFER:
-                        time.sleep(DEFER_POLL)
-                    deferred += time.perf_counter() - t
-                piece = min(PIECE, nbytes - off)
-                t = time.perf_counter()
-                if s.sendfile(f, off, piece) != piece:
-                    raise ConnectionError(f"the replica's file ended before byte {off + piece} of {nbytes}")
-                change = self.link.measure(piece, time.perf_counter() - t)
-                if change is not None:
-                    self.log("replication_paced", link_mbytes_per_s=round(change.link_bytes_per_s / 1e6, 3),
-                             pace_mbytes_per_s=round(change.pace_bytes_per_s / 1e6, 3),
-                             limited_by_link=change.limited_by_link)
-                sent += piece
-                rate = self.link.pace()
-                if rate > 0:
-                    ahead = sent / rate - (time.perf_counter() - start)
-                    if ahead > 0:
-                        time.sleep(ahead)
-            recv(s)
-        return deferred
+            # cpu_seconds: the store's CPU so far (all threads), so a reader can price the replicas between two
+            self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes, seconds=round(sent.seconds, 6),
+                     deferred_seconds=round(sent.deferred, 6), behind=behind, paced=sent.paced,
+                     blocked_share=round(self.link.blocked_share(), 3), cpu_seconds=round(time.process_time(), 4))
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        for link in list(self._peers.values()):
+            link.close()
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -462,11 +452,15 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT)
             server_handshake(sock, store.config.secret)
+            # From here the socket blocks in the kernel with a timeout per call (a large replica lands in
+            # one receive, not one per segment); quiet between messages is allowed, mid-message it is not.
+            set_kernel_timeouts(sock, FRAME_TIMEOUT)
             while True:
-                sock.settimeout(None)
-                if not sock.recv(1, socket.MSG_PEEK):
-                    return  # the peer closed between messages
-                sock.settimeout(FRAME_TIMEOUT)
+                try:
+                    if not sock.recv(1, socket.MSG_PEEK):
+                        return  # the peer closed between messages
+                except BlockingIOError:
+                    continue  # quiet for FRAME_TIMEOUT between messages: a kept connection may be
                 header = recv_header(sock)
                 op = header.get("op")
                 if op == "put":
@@ -484,7 +478,7 @@ class _Handler(socketserver.BaseRequestHandler):
                     send(sock, reply, data)
         except Refused as e:
             store.refused(str(e), peer=peer)
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):
             store.refused("the peer went quiet in the middle of a message or the handshake", peer=peer)
         except (ConnectionError, OSError):
             return
@@ -532,6 +526,7 @@ def parse_args(argv: list[str] | None = None) -> StoreConfig:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
+    applied = apply_priority(config.replication.priority)  # before any thread starts: they inherit it
     store = Store(config)
     addresses = config.addresses
     host, port = addresses[config.node].rsplit(":", 1)
@@ -539,9 +534,11 @@ def main(argv: list[str] | None = None) -> int:
     server.store = store  # type: ignore[attr-defined]
     (config.root / "store.pid").write_text(str(os.getpid()))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    store.log("store_start", pid=os.getpid(), address=addresses[config.node])
+    # cpu_seconds: what starting cost (the interpreter, the imports), so a reader can tell it from serving
+    store.log("store_start", pid=os.getpid(), address=addresses[config.node], cpu_seconds=round(time.process_time(), 3),
+              **applied.fields())
     try:
-        server.serve_forever(poll_interval=0.2)
+        server.serve_forever(poll_interval=SHUTDOWN_POLL)
     finally:
         store.close()
         server.server_close()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .errors import BaftConfigError
 from .placement import PLACEMENTS
+from .priority import PRIORITIES
 from .wire import SECRET_VARIABLE
 
 
@@ -43,7 +44,14 @@ class ReplicationConfig:
     is journaled (``replication_degraded``) and probed again later. A budget trades the freshness
     of the peer copies for speed."""
 
+    priority: str = "idle"
+    """The store's CPU and I/O class: ``idle`` (``SCHED_IDLE`` and the idle I/O class, nice 19 where the idle
+    CPU class is refused; it then runs on what the ranks leave idle, such as their pipeline bubbles) or
+    ``normal`` (the class it was started in). What was applied is journaled (``store_start``)."""
+
     def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise BaftConfigError("priority", " or ".join(PRIORITIES), self.priority)
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:
             raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
         if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) or self.rate < 0:

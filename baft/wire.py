@@ -114,13 +114,24 @@ def send(sock: socket.socket, header: dict[str, Any], payload: bytes | memoryvie
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from the socket."""
+    """Fill ``view`` from the socket: on a blocking socket in one call that returns once all of it is there
+    (``MSG_WAITALL``), not in one call per segment that arrives."""
     got, n = 0, len(view)
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
         if k == 0:
             raise ConnectionError("store connection closed")
         got += k
+
+
+def set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
+    """Make ``sock`` blocking with kernel timeouts of ``seconds`` for each send and receive: a call then
+    blocks in the kernel until it is done (Python's own timeouts poll the socket before each call and
+    read a large message in pieces), and a stalled peer still ends it (``OSError``, EAGAIN)."""
+    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

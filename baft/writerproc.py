@@ -53,10 +53,16 @@ def _receive(stream: Any) -> Any:
 class WriterProcess:
     """The parent's handle of one writer process (started at once; one request at a time)."""
 
-    def __init__(self, nice: int = 0) -> None:
-        """``nice``: how much lower than the parent's the process's CPU priority is (0-19)."""
+    def __init__(self, nice: int = 0, priority: str = "normal") -> None:
+        """``nice``: how much lower than the parent's the process's CPU priority is (0-19); ``priority``:
+        ``idle`` puts it in the idle CPU and I/O classes (:mod:`baft.priority`; :attr:`applied` says what the
+        kernel accepted), ``normal`` leaves it in the parent's."""
+        from .priority import apply  # here, not at the top: the process side runs as a script, stdlib only
+
         self._proc = subprocess.Popen([sys.executable, "-S", __file__, str(nice)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, close_fds=True)
+        # Set from here before the first request: the process is one thread, and it waits on its input.
+        self.applied = apply(priority, self._proc.pid)
         self._ids: dict[tuple[bytes, bytes, int, int], int] = {}  # the templates the process holds, by value
         self._lock = threading.Lock()
 

@@ -148,7 +148,8 @@ class BaftStrategy(Strategy):
             return False
         v = max(common)
         if self.config.persist_writer == "process" and self._files is None:
-            self._files = WriterProcess(self.config.persist_nice)
+            self._files = WriterProcess(self.config.persist_nice, self.config.writer_priority)
+            events.emit("background_priority", process="writer", pid=self._files.pid, **self._files.applied.fields())
         snap.pinned.add(slot_of(v))
         self._persisted = v
         self._writer.submit(self._persist, v)

@@ -114,6 +114,13 @@ class BenchConfig:
     replication_max_slowdown: float = 0.0
     """With 2+ nodes: the stores stop replicating when it slows the ranks' versions by more than this share
     (0, the default: never; see ``ReplicationConfig.max_slowdown``)."""
+    store_priority: Literal["idle", "normal"] = "idle"
+    """With 2+ nodes: the node stores' CPU and I/O class (``idle``: they run on what the ranks leave idle)."""
+    writer_priority: Literal["idle", "normal"] = "idle"
+    """``baft`` with ``--persist-writer process``: the writer processes' CPU and I/O class."""
+    floor_count: int = 800
+    """With 2+ nodes: copies of a replica the floor (a plain sendfile loop on loopback, both sides' CPU) moves
+    in each of its three measurements, after the job (0: no floor)."""
     baft_copier: Literal["inline", "thread"] = "inline"
     """``baft`` only: who does the snapshot work inside the waits (see ``baft.engine``)."""
     restore_repeats: int = 3
@@ -136,6 +143,8 @@ class BenchConfig:
         if self.block % self.period:
             raise ConfigValueError("block", f"a multiple of {self.period} (every persist interval: whole persist cycles "
                                    "in a block)", self.block)
+        if self.floor_count < 0:
+            raise ConfigValueError("floor_count", "an integer >= 0 (0: no floor)", self.floor_count)
         if self.warmup < 0:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
         if self.stages > PRESETS[self.model].layers:
@@ -230,7 +239,7 @@ def worker(spec_path: Path) -> int:
                              shm_dir=str(Path(spec.shm_dir) / _dirname(arm.name)),
                              planner=PlannerConfig(copier=cfg.baft_copier), replicate_every=cfg.replicate_every,
                              dcp_async=cfg.dcp_async, dcp_stager=cfg.dcp_stager, persist_nice=cfg.persist_nice,
-                             persist_writer=cfg.persist_writer)
+                             persist_writer=cfg.persist_writer, writer_priority=cfg.writer_priority)
         if arm.strategy == "baft" and arm.tier == "persistent" and not placed:
             place_on_node(c, spec)  # with 2+ nodes this arm replicates through the node stores
             placed = True
@@ -377,6 +386,7 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
         if a.strategy in ("baft", "checkfreq") and a.tier == "persistent":
             s["persist_nice"] = cfg.persist_nice
         if a.strategy == "baft" and a.tier == "persistent":
+            s["writer_priority"] = cfg.writer_priority if cfg.persist_writer == "process" else None
             s["writer"] = {"process": "each rank's DCP file straight from its slot by a writer process",
                            "thread": "each rank's DCP file straight from its slot by the persister thread",
                            "dcp": "dcp.save of a copy"}[cfg.persist_writer]
@@ -413,56 +423,6 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
                 restores[tier]["slower_than_shm"] = restores[tier]["seconds_median"] / restores["shm"]["seconds_median"]
     return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "tiers": tiers,
             "baft": baft, "restore": restores}
-
-
-def replication_stats(out: Path, block: int | None = None) -> dict[str, Any]:
-    """What the node stores did: versions replicated and skipped (the link could not keep up)."""
-    from analysis.journal import store_events
-
-    evs = store_events(out)
-    sent = [e for e in evs if e["event"] == "replicated"]
-    stops = [e for e in evs if e["event"] == "store_stop"]
-    if not evs:
-        return {}
-    return {
-        "replicated": len(sent),
-        "skipped": sum(1 for e in evs if e["event"] == "replication_skipped"),
-        "failed": sum(1 for e in evs if e["event"] == "replication_failed"),
-        "mbytes_per_s": (sum(e["bytes"] for e in sent) / sum(e["seconds"] for e in sent) / 1e6) if sent else None,
-        "deferred_ms_median": statistics.median(e["deferred_seconds"] for e in sent) * 1e3 if sent else None,
-        # every store's own CPU time (user + system, all its threads) over the bytes the stores sent
-        "store_cpu_seconds": sum(e["cpu_seconds"] for e in stops) if stops else None,
-        "store_cpu_seconds_per_gb": (sum(e["cpu_seconds"] for e in stops) / (sum(e["bytes"] for e in sent) / 1e9))
-        if stops and sent else None,
-        "store_max_rss_mbytes": max(e["max_rss_mbytes"] for e in stops) if stops else None,
-        # the link could not deliver a replica before the persistent tier had a newer version
-        "degraded": sum(1 for e in evs if e["event"] == "replication_degraded"),
-        "resumed": sum(1 for e in evs if e["event"] == "replication_resumed"),
-        "degraded_reason": next((e["reason"] for e in evs if e["event"] == "replication_degraded"), None),
-        **staleness(sent, [e for e in evs if e["event"] == "replication_stride"], block),
-    }
-
-
-def staleness(sent: list[dict[str, Any]], strides: list[dict[str, Any]], block: int | None = None) -> dict[str, Any]:
-    """How far behind training the peers' copies are, in versions: ``behind`` (when a replica landed, how
-    many newer versions its rank had sealed), ``gap`` (versions between one rank's consecutive replicas)
-    and the worst staleness (``gap + behind``: how old the newest replica got just before the next
-    landed, what a node loss then would lose beyond the persistent tier's floor). With ``block``: gaps of a
-    block or more span the other arms' blocks (which do not replicate) and are left out."""
-    if not sent or "behind" not in sent[0]:
-        return {}
-    behind = [e["behind"] for e in sent]
-    gaps, worst, last = [], [], {}
-    for e in sorted(sent, key=lambda e: e["t"]):
-        key = (e["rank"], e["peer"])
-        if key in last and (block is None or e["version"] - last[key] < block):
-            gaps.append(e["version"] - last[key])
-            worst.append(gaps[-1] + e["behind"])
-        last[key] = e["version"]
-    return {"behind_versions_median": statistics.median(behind), "behind_versions_max": max(behind),
-            "gap_versions_median": statistics.median(gaps) if gaps else None,
-            "staleness_versions_max": max(worst) if worst else None,
-            "stride_max": max((e["stride"] for e in strides), default=1)}
 
 
 TIER_TITLES = {
@@ -507,8 +467,17 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"replication stopped {rep['degraded']} time(s), resumed {rep['resumed']}: "
                          f"{rep['degraded_reason']}")
         if rep.get("store_cpu_seconds_per_gb") is not None:
-            lines.append(f"stores: {rep['store_cpu_seconds']:.1f} CPU-s in all, {rep['store_cpu_seconds_per_gb']:.1f} "
-                         f"CPU-s per replicated GB, at most {rep['store_max_rss_mbytes']:.0f} MB resident each")
+            lines.append(f"stores ({', '.join(rep.get('store_priority') or [])}): {rep['store_cpu_seconds']:.1f} CPU-s in "
+                         f"all ({rep['store_cpu_seconds_per_gb']:.2f} per replicated GB, starting included), at most "
+                         f"{rep['store_max_rss_mbytes']:.0f} MB resident each; {rep['connections']} connection(s) to "
+                         f"peers, {rep['paced_share'] or 0:.0%} of replicas paced")
+        if rep.get("replicating_cpu_seconds_per_gb") is not None:
+            floor = rep.get("floor_cpu_seconds_per_gb")
+            lines.append(f"replication CPU: {rep['replicating_cpu_seconds_per_gb']:.3f} CPU-s per replicated GB while "
+                         f"replicating, {rep['serving_cpu_seconds_per_gb'] or 0:.3f} from start to stop"
+                         + (f"; the floor (a plain sendfile loop, both sides, same run) {floor:.3f}: "
+                            f"{rep['replicating_times_floor']:.2f}x / {rep['serving_times_floor']:.2f}x the floor"
+                            if floor else ""))
         if rep.get("behind_versions_median") is not None:
             lines.append(f"staleness: a replica lands {rep['behind_versions_median']:g} versions behind (median; at most "
                          f"{rep['behind_versions_max']}), one every {rep['gap_versions_median'] or 0:g} versions (stride up to "
@@ -529,6 +498,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
 
     from baft.storeconfig import ReplicationConfig
 
+    from harness.bench.replstats import floor_stats, replication_stats
     from harness.errors import LaunchError
     from harness.run.launcher import LaunchConfig, launch
     from harness.run.storefleet import StoreSpec
@@ -537,7 +507,8 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     shutil.rmtree(out / "journal", ignore_errors=True)
     shm = Path("/dev/shm") / f"baft-bench-{uuid.uuid4().hex[:10]}"
     stores = (StoreSpec(base=shm, replication=ReplicationConfig(replicas=1, yield_to_training=cfg.replication_yield,
-                                                                 max_slowdown=cfg.replication_max_slowdown))
+                                                                 max_slowdown=cfg.replication_max_slowdown,
+                                                                 priority=cfg.store_priority))
               if "baft" in cfg.strategies and cfg.nodes > 1 else None)
     link: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
@@ -563,6 +534,8 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
         raise LaunchError(f"the benchmark job failed (exit codes {result.returncodes}); logs in {out / 'logs'}")
     summary = summarize(cfg, json.loads(raw_path.read_text()))
     summary["replication"] = replication_stats(out, cfg.block)
+    if summary["replication"].get("replicated") and cfg.floor_count:
+        summary["replication"].update(floor_stats(summary["replication"], cfg.floor_count))
     if link:
         summary["link"] = link
     summary["wall_seconds"] = result.seconds

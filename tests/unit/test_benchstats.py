@@ -130,7 +130,7 @@ def test_only_restricts_the_arms_and_keeps_the_baseline() -> None:
 
 
 def test_replica_staleness_counts_the_versions_between_replicas_and_those_sealed_in_flight() -> None:
-    from harness.bench.bench import staleness
+    from harness.bench.replstats import staleness
 
     def rep(t: float, rank: int, version: int, behind: int) -> dict:
         return {"t": t, "rank": rank, "peer": "node1", "version": version, "behind": behind}
@@ -148,7 +148,8 @@ def test_replica_staleness_counts_the_versions_between_replicas_and_those_sealed
 def test_the_bench_reports_when_and_why_replication_stopped(tmp_path) -> None:
     import json
 
-    from harness.bench.bench import replication_stats, table
+    from harness.bench.bench import table
+    from harness.bench.replstats import replication_stats
 
     (tmp_path / "journal").mkdir()
     why = "a round of replicas takes 31.0 versions (median of the last 3), the persistent tier saves every 10"

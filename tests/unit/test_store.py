@@ -150,37 +150,17 @@ def test_replica_sockets_are_marked_as_the_lowest_class_of_traffic(two_stores, m
     go after every training packet: SO_PRIORITY filler (1) and DSCP Lower Effort."""
     import socket
 
-    from baft import store
+    from baft import peerlink
 
-    marks = []
-    real = store.connect
-
-    def connect(*a, **k):
-        sock = real(*a, **k)
-        original = sock.setsockopt
-
-        class Recorded:  # the socket, with its marks read back once they are set
-            def __getattr__(self, name):
-                return getattr(sock, name)
-
-            def setsockopt(self, *args):
-                original(*args)
-                marks.append((sock.getsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY),
-                              sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS)))
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                sock.close()
-
-        return Recorded()
-
-    monkeypatch.setattr(store, "connect", connect)
+    socks: list[socket.socket] = []
+    real = peerlink.connect
+    monkeypatch.setattr(peerlink, "connect", lambda *a, **k: socks.append(real(*a, **k)) or socks[-1])
     root, addresses = two_stores
     sealed_on_node0(root, addresses[0])
     wait_for(lambda: 7 in replicas_of(root / "node1", 3))
-    assert marks and marks[-1] == (store.FILLER_PRIORITY, store.LOWER_EFFORT_TOS)
+    (kept,) = socks  # the connection stays open for the next replica
+    assert (kept.getsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY), kept.getsockopt(socket.IPPROTO_IP, socket.IP_TOS)) \
+        == (peerlink.FILLER_PRIORITY, peerlink.LOWER_EFFORT_TOS)
 
 
 def test_unknown_ops_and_missing_versions_are_answered(two_stores) -> None:
@@ -194,11 +174,10 @@ def test_replicas_wait_for_training_traffic_to_pause(two_stores, monkeypatch: py
     """A piece waits while a local rank's pipeline transfer is in flight (up to MAX_DEFER), and not at all
     when none is. The flag is held until the replica has arrived, so the wait is certain, not a race
     between this thread's sleep and the store's."""
-    from baft import store
-    from baft.store import TRAFFIC_FILE
-    from baft.traffic import TrafficFlag
+    from baft import peerlink
+    from baft.traffic import TRAFFIC_FILE, TrafficFlag
 
-    monkeypatch.setattr(store, "MAX_DEFER", 0.5)
+    monkeypatch.setattr(peerlink, "MAX_DEFER", 0.5)
     root, addresses = two_stores
     client = StoreClient(addresses[0])
 
@@ -446,11 +425,18 @@ def test_a_discard_forgets_a_ranks_newer_copies_on_every_node(two_stores) -> Non
     client.close()
 
 
-def test_a_kept_copy_is_the_slots_bytes_copied_file_to_file(tmp_path: Path) -> None:
-    from baft.slotfile import copy_complete
+def test_a_kept_copy_is_the_slots_bytes_copied_file_to_file_in_place(tmp_path: Path) -> None:
+    from baft.slotfile import kept_slot
+    from baft.slotring import SlotRing
 
     src = seal(tmp_path / "a", rank=1, version=4, fill=9)
-    used = copy_complete(src, tmp_path / "kept", 4)
-    assert used is not None and (tmp_path / "kept").read_bytes()[:used] == src.read_bytes()[:used]
-    assert (tmp_path / "kept").stat().st_size == src.stat().st_size  # padded to the slot's size
-    assert copy_complete(src, tmp_path / "other", 5) is None and not (tmp_path / "other").exists()  # not that version
+    ring = SlotRing([kept_slot(tmp_path, 1, k) for k in range(3)])
+    k, used = ring.copy_from(src, 4)
+    dest = kept_slot(tmp_path, 1, k)
+    assert dest.read_bytes()[:used] == src.read_bytes()[:used]
+    assert dest.stat().st_size == src.stat().st_size  # the slot's size
+    inode = dest.stat().st_ino
+    assert ring.copy_from(src, 5) is None  # not that version: nothing copied
+    assert ring.copy_from(seal(tmp_path / "a", rank=1, version=7, fill=3), 7, k) == (k, used)
+    assert dest.stat().st_ino == inode and slot_header(dest)[:2] == (COMPLETE, 7)  # rewritten in place
+    ring.close()

@@ -1,0 +1,176 @@
+"""A store's kept connection to one peer store, over which its replicas go.
+
+Replicating a version once cost a TCP connection and a handshake, a socket buffer
+of 64 KiB and twenty 64 KiB pieces each gated on training traffic: measured in
+``baft bench --nodes 2``, the stores spent 12-14 times the CPU of the simplest
+program that moves the same bytes (:mod:`harness.bench.floor`). Now a store
+keeps one authenticated connection per peer for its life (the handshake once; a
+connection that fails is made again, and journaled) and sends a replica one of
+two ways, as the link allows (:class:`baft.linkmeter.LinkMeter` decides):
+
+* **whole**, where the link is not the bottleneck: one wait for the node's
+  pipeline traffic to pause, then one ``sendfile`` of the replica's used bytes
+  through a socket whose buffers the kernel sizes (it grows them to megabytes on
+  a fast path), and the peer's answer;
+* **paced**, on a slow link (and before the first replica has shown which it is):
+  :data:`PIECE`-sized pieces through a :data:`SNDBUF` socket buffer, each after
+  the node's pipeline traffic pauses, their average held under the link's pace,
+  so a replica never queues megabytes ahead of training's packets.
+
+Switching between the two makes a new connection (a socket buffer set by hand stays
+that size). Replica sockets carry the lowest class of traffic (``SO_PRIORITY``
+filler, DSCP Lower Effort). Torch-free (the store imports it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .linkmeter import LinkMeter, PaceChange
+from .traffic import TrafficFlags
+from .wire import connect, recv, set_kernel_timeouts
+
+#: Paced, replicas go in pieces of this size, each gated on training traffic, through a socket send buffer
+#: as small: a piece has left the host (not just entered a kernel buffer) when the next one starts.
+PIECE = 64 << 10
+SNDBUF = 64 << 10
+#: Replica sockets are marked as the lowest class of traffic: ``SO_PRIORITY`` filler (Linux's TC_PRIO_FILLER,
+#: the last band of a priority queue such as pfifo_fast) and DSCP Lower Effort (RFC 8622) for switches that
+#: honour it. Where the bottleneck queue serves by priority, a replica's packets leave only when no training
+#: packet waits, so one delays an activation by at most the packet on the wire.
+FILLER_PRIORITY = 1
+LOWER_EFFORT_TOS = 0x01 << 2
+#: The longest a replica (whole) or a piece (paced) waits for the node's pipeline traffic to pause.
+MAX_DEFER = 0.02
+#: Seconds a send or the peer's answer may stall before the connection is given up.
+IO_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How one replica went to the peer."""
+
+    seconds: float
+    """From the first byte to the peer's answer (deferral included)."""
+    deferred: float
+    """Seconds spent waiting for the node's pipeline traffic to pause."""
+    paced: bool
+    """Sent in paced pieces (else whole)."""
+
+
+class PeerLink:
+    """The connection to the store at ``address``. ``meter``: the store's view of the link (shared by its
+    peers); ``flags``: the node's training traffic (None: do not wait for it); ``log(event, **fields)``."""
+
+    def __init__(self, address: str, secret: str, meter: LinkMeter, flags: TrafficFlags | None,
+                 log: Callable[..., None]) -> None:
+        self.address = address
+        self.secret = secret
+        self.meter = meter
+        self.flags = flags
+        self.log = log
+        self._sock: socket.socket | None = None
+        self._paced = False  # how the open connection's send buffer is set
+        self.connections = 0
+        """Connections made so far (one for the store's life, unless one failed or the mode changed)."""
+
+    def _connect(self, paced: bool, why: str) -> socket.socket:
+        self.close()
+        s = connect(self.address, self.secret, timeout=IO_TIMEOUT)
+        try:
+            if paced:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+            s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, LOWER_EFFORT_TOS)  # sets a priority from the TOS: first
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, FILLER_PRIORITY)
+            set_kernel_timeouts(s, IO_TIMEOUT)
+        except BaseException:
+            s.close()
+            raise
+        self._sock, self._paced = s, paced
+        self.connections += 1
+        self.log("peer_connected", peer=self.address, paced=paced, reason=why)
+        return s
+
+    def send(self, rank: int, version: int, fd: int, nbytes: int) -> Delivery:
+        """Send the first ``nbytes`` of the file ``fd`` (a slot's used bytes) as ``rank``'s replica of
+        ``version`` and wait for the peer's answer; ``OSError`` if the peer cannot be reached or refused it
+        (after one new connection: a kept one may have died with its peer's last store)."""
+        paced = self.meter.paced()
+        for attempt in (0, 1):
+            s = self._sock
+            try:
+                if s is None or self._paced != paced:
+                    why = ("the first replica" if s is None and not self.connections else
+                           "a failed connection" if s is None else
+                           "the link is the bottleneck: paced pieces" if paced else "the link keeps up: whole replicas")
+                    s = self._connect(paced, why)
+                return self._send(s, paced, rank, version, fd, nbytes)
+            except OSError as e:
+                self.close()
+                if attempt:
+                    raise
+                self.log("peer_connection_failed", peer=self.address, reason=str(e) or type(e).__name__)
+        raise AssertionError("unreachable")
+
+    def _send(self, s: socket.socket, paced: bool, rank: int, version: int, fd: int, nbytes: int) -> Delivery:
+        raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes}).encode()
+        t0 = time.perf_counter()
+        deferred = 0.0
+        if paced:
+            s.sendall(struct.pack(">I", len(raw)) + raw)
+            deferred = self._pieces(s, fd, nbytes)
+        else:
+            if self.flags is not None:
+                deferred = self.flags.wait_idle(MAX_DEFER)
+            s.sendall(struct.pack(">I", len(raw)) + raw)
+            sent = 0
+            while sent < nbytes:
+                n = os.sendfile(s.fileno(), fd, sent, nbytes - sent)
+                if n <= 0:
+                    raise ConnectionError(f"the replica's file ended before byte {nbytes} (at {sent})")
+                sent += n
+        reply, _ = recv(s, max_payload=0)
+        seconds = time.perf_counter() - t0
+        if not reply.get("ok"):
+            raise ConnectionError(f"the peer refused the replica: {reply.get('error')}")
+        if not paced:
+            self._changed(self.meter.measure_whole(nbytes, seconds - deferred))
+        return Delivery(seconds, deferred, paced)
+
+    def _pieces(self, s: socket.socket, fd: int, nbytes: int) -> float:
+        """Send in pieces, each after the node's training traffic pauses (up to ``MAX_DEFER``), their average
+        under the link's pace; the seconds spent deferring."""
+        deferred, start, sent = 0.0, time.perf_counter(), 0
+        while sent < nbytes:
+            if self.flags is not None:
+                deferred += self.flags.wait_idle(MAX_DEFER)
+            piece = min(PIECE, nbytes - sent)
+            t = time.perf_counter()
+            n = os.sendfile(s.fileno(), fd, sent, piece)
+            if n <= 0:
+                raise ConnectionError(f"the replica's file ended before byte {nbytes} (at {sent})")
+            self._changed(self.meter.measure(n, time.perf_counter() - t))
+            sent += n
+            rate = self.meter.pace()
+            if rate > 0:
+                ahead = sent / rate - (time.perf_counter() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+        return deferred
+
+    def _changed(self, change: PaceChange | None) -> None:
+        if change is not None:
+            self.log("replication_paced", link_mbytes_per_s=round(change.link_bytes_per_s / 1e6, 3),
+                     pace_mbytes_per_s=round(change.pace_bytes_per_s / 1e6, 3), limited_by_link=change.limited_by_link)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
