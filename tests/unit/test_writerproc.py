@@ -121,3 +121,16 @@ def test_the_process_goes_with_the_rank_that_started_it() -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_the_writer_runs_in_the_idle_classes_when_asked_and_says_what_it_got() -> None:
+    """Its files are written while the ranks wait in their bubbles (SCHED_IDLE: a core no normal process
+    wants), and the strategy journals what the kernel accepted (``background_priority``)."""
+    idle, normal = WriterProcess(priority="idle"), WriterProcess()
+    try:
+        assert (idle.applied.cpu, idle.applied.io, idle.applied.note) == ("SCHED_IDLE", "idle", "")
+        assert os.sched_getscheduler(idle.pid) == os.SCHED_IDLE
+        assert normal.applied.cpu == "normal" and os.sched_getscheduler(normal.pid) == os.SCHED_OTHER
+    finally:
+        idle.close()
+        normal.close()
