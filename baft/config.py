@@ -89,7 +89,7 @@ class CheckpointConfig:
     stops (journaled ``replication_degraded``) and is probed again after 30 s, then less often."""
     replication_yield: bool = _REPLICATION.yield_to_training
     """``baft``: the store sends replica data only while no rank of its node has pipeline
-    traffic in flight (each 64 KiB piece waits at most 20 ms)."""
+    traffic in flight (a whole replica, or each 64 KiB piece on a slow link, waits at most 20 ms)."""
     replication_max_slowdown: float = _REPLICATION.max_slowdown
     """``baft``: the share by which replication may slow training (0.25: 25%; 0, the default: no limit),
     measured by each node's store (versions timed while it sends and while it does not); beyond it,

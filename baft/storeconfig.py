@@ -35,8 +35,8 @@ class ReplicationConfig:
     """Rate limit of the replica data each store sends, in bytes/s (0: none). When the link
     cannot carry a replica per iteration, older versions are skipped and the skips journaled."""
     yield_to_training: bool = True
-    """Send replica data only while no rank of the node has pipeline traffic in flight (each
-    piece waits at most 20 ms, so replication always progresses)."""
+    """Send replica data only while no rank of the node has pipeline traffic in flight (a whole replica,
+    or each paced piece on a slow link, waits at most 20 ms, so replication always progresses)."""
     max_slowdown: float = 0.0
     """The share by which replication may slow the ranks' versions (0.25: 25%; 0, the default: no
     limit): measured by the store (it times versions while it sends and, holding off a few versions
