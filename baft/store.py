@@ -17,7 +17,7 @@ snapshot slots are files in the node's shared-memory directory; the store
   bottleneck (:mod:`baft.linkmeter`);
 * keeps the replicas it receives as slot files of the same format
   (``replica-rank-R.slotK``), a ring of three per rank written in place (:mod:`baft.slotring`);
-* runs in the idle CPU and I/O classes (``StoreConfig.priority``, :mod:`baft.priority`): on cores the
+* runs in the idle CPU and I/O classes (``ReplicationConfig.priority``, :mod:`baft.priority`): on cores the
   ranks keep busy it works while they wait in their bubbles;
 * answers restores: ``locate`` lists every complete copy of a rank's state on
   every node, ``pull`` brings a copy into the asking worker's own slot file;
@@ -439,6 +439,11 @@ class Store:
             self._cond.notify_all()
         for link in list(self._peers.values()):
             link.close()
+        with self._rings_lock:
+            for ring in self._rings.values():
+                with ring.lock:  # a receive in progress finishes first
+                    ring.close()
+            self._rings.clear()
 
 
 class _Handler(socketserver.BaseRequestHandler):
