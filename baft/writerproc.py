@@ -100,22 +100,26 @@ class WriterProcess:
 
     def close(self) -> None:
         """Stop the process: the end of its input, then wait (kill it after 10 s)."""
-        if self._proc.stdin and not self._proc.stdin.closed:
-            try:
-                self._proc.stdin.close()
-            except OSError:
-                pass
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        if self._proc.stdout:
-            self._proc.stdout.close()
+        end_child(self._proc)
 
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+
+def end_child(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """End a child that serves its stdin until it ends: close its pipes, wait, kill it after ``timeout`` s."""
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None and not stream.closed:
+            try:
+                stream.close()
+            except OSError:
+                pass
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # -- the process -------------------------------------------------------------------------------------

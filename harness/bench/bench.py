@@ -46,6 +46,9 @@ ALL = list(STRATEGIES)
 SNAPSHOT_ARMS = {"baft": "baft:snapshot", "checkfreq": "checkfreq:snapshot", "async-dcp": "async-dcp:staging"}
 """The snapshot-tier arm of each strategy that has a snapshot step of its own."""
 NEVER = 10**12
+FLOOR_ARM = "floor:replicate"
+"""With 2+ nodes: training with no checkpoint beside a plain program that replicates the state's bytes every
+iteration (:mod:`harness.bench.floorlink`): the floor under ``baft@k``'s replication cost."""
 """``every`` of a checkpointer that never persists."""
 
 
@@ -118,6 +121,12 @@ class BenchConfig:
     """With 2+ nodes: the node stores' CPU and I/O class (``idle``: they run on what the ranks leave idle)."""
     writer_priority: Literal["idle", "normal"] = "idle"
     """``baft`` with ``--persist-writer process``: the writer processes' CPU and I/O class."""
+    floor_arm: bool = True
+    """With 2+ nodes and ``baft``: the arm ``floor:replicate``, training with no checkpoint while a plain program
+    (in the stores' CPU class) moves each rank's state bytes to the next node every iteration, as a store does
+    with nothing else: the training-side floor of replication on this machine, paired like every arm. Not with
+    ``link_rate``: a throttled link cannot carry a replica every iteration (the stores' stride and pacing decide
+    what they send there), and a replica still in flight at the end of its block would load the next arm's."""
     floor_count: int = 800
     """With 2+ nodes: copies of a replica the floor (a plain sendfile loop on loopback, both sides' CPU) moves
     in each of its three measurements, after the job (0: no floor)."""
@@ -180,6 +189,8 @@ class BenchConfig:
         out = [Arm("none", "baseline", "none", NEVER)]
         out += [Arm(SNAPSHOT_ARMS[s], "snapshot", s, NEVER) for s in self.strategies if s in SNAPSHOT_ARMS]
         out += [Arm(f"{s}@{k}", "persistent", s, k) for s in self.strategies if s != "none" for k in self.persist_every]
+        if self.floor_arm and self.nodes > 1 and "baft" in self.strategies and self.link_rate is None:
+            out.append(Arm(FLOOR_ARM, "persistent", "none", NEVER))
         return out
 
     def order(self) -> list[tuple[int, str]]:
@@ -246,6 +257,12 @@ def worker(spec_path: Path) -> int:
         ckpts[arm.name] = Checkpointer(c, trainer.state)
         trainer.attach(ckpts[arm.name])
     snapshot_steps = _snapshot_steps(cfg, trainer.state)
+    floor = None
+    if FLOOR_ARM in arms:
+        from harness.bench.floorlink import join
+
+        floor = join(cfg.nodes, cfg.store_priority, spec.stores, Path(spec.shm_dir) / "floor", trainer.state)
+        snapshot_steps[FLOOR_ARM] = floor[1]
 
     baft_events: list[dict[str, Any]] = []
     events.subscribe(lambda kind, f: baft_events.append({"event": kind, **f}) if kind in ("snapshot", "bubbles", "replan") else None)
@@ -296,6 +313,8 @@ def worker(spec_path: Path) -> int:
         (run_dir / "bench-raw.json").write_text(json.dumps(raw))
     for ck in ckpts.values():
         ck.close()
+    if floor is not None:
+        floor[0].close()
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -390,6 +409,9 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
             s["writer"] = {"process": "each rank's DCP file straight from its slot by a writer process",
                            "thread": "each rank's DCP file straight from its slot by the persister thread",
                            "dcp": "dcp.save of a copy"}[cfg.persist_writer]
+        if a.name == FLOOR_ARM:
+            s["replicates"] = ("the floor: no checkpoint; a plain program moves the state's bytes to the next node every "
+                               f"iteration (kept copy, sendfile, recv_into a mapping), {cfg.store_priority} class")
         if a.name == SNAPSHOT_ARMS["async-dcp"]:
             s["staging"] = "DefaultStager, synchronous, cached buffers"
         s.update(raw.get("settings", {}).get(a.name) or {})

@@ -82,3 +82,22 @@ def test_bench_rejects_bad_options(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("baft: error: --strategies: expected names among") and "magic" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_two_nodes_pair_baft_with_the_floor_of_its_replication(tmp_path: Path) -> None:
+    """With 2 nodes on loopback the plain replicator's arm (``floor:replicate``) is timed beside the stores'."""
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "bench", "--out", str(out), "--nodes", "2", "--strategies", "baft",
+         "--cycles", "2", "--warmup", "1", "--block", "3", "--persist-every", "3", "--microbatches", "4",
+         "--floor-count", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((out / "bench.json").read_text())
+    arms = result["tiers"]["persistent"]["arms"]
+    assert set(arms) == {"none", "baft@3", "floor:replicate"} and arms["floor:replicate"]["n"] == 2
+    assert "the floor" in arms["floor:replicate"]["settings"]["replicates"]
+    assert re.search(r"floor:replicate\s+\d\.\d{4}", proc.stdout)
+    assert result["replication"]["replicated"] > 0
+    assert not list((tmp_path).glob("**/floor/*/received"))  # the bench's memory directory was removed

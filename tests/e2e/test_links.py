@@ -97,4 +97,7 @@ def test_bench_on_a_throttled_link_reports_the_link_and_replication(tmp_path: Pa
     b = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert 0.5 * 40e6 < b["link"]["measured_bit"] <= 1.1 * 40e6
     assert b["replication"]["replicated"] > 0 and "baft@3" in b["tiers"]["persistent"]["arms"]
+    # no floor arm on a throttled link: a replica every iteration does not fit it, and one in flight would
+    # spill into the next arm's block
+    assert "floor:replicate" not in b["tiers"]["persistent"]["arms"]
     assert "link: throttled to 40 Mbit/s" in proc.stdout

@@ -1,0 +1,233 @@
+"""Training beside the floor of replication: a plain program moves each rank's replica every iteration.
+
+``baft bench`` with 2+ nodes adds the arm ``floor:replicate``: training with no checkpoint while, after
+every iteration, each rank asks its own replicator process (in the stores' CPU class) to move one copy of
+the rank's state size to the replicator of the same rank position on the next node, doing what a node
+store does with the bytes and nothing else: copy a source file into a kept file (``copy_file_range``),
+``sendfile`` the kept file to a kept TCP connection, and on the other end ``recv_into`` a mapped file. No
+framing beyond the size, no acknowledgement, no journal; its socket is marked as filler like a store's (on a
+link that serves packets by priority, training goes first), and a request that comes while a replica is still
+on its way is folded into the next one (on a slow link it replicates what the link carries, as a store's
+stride does, instead of queueing behind it). Its ratio against ``none`` is what moving those
+bytes costs training on this machine: the floor under ``baft@k``'s replication cost, measured in the
+same run.
+
+The connection is authenticated: the first 32 bytes are a token the ranks share (broadcast by rank 0);
+the replicator drops a connection that does not begin with it. It listens on its node store's host.
+
+The process side runs as ``python floorlink.py HOST DIR TOKEN_HEX PRIORITY TOS`` (standard library only) and reads
+commands on stdin, one per line: ``peer HOST:PORT`` once, then ``go NBYTES`` per replica; the end of
+stdin (its rank closed it, or died) ends it. It prints its port first.
+"""
+from __future__ import annotations
+
+import ctypes
+import hmac
+import mmap
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+_SIZE = struct.Struct("<Q")
+TOKEN_BYTES = 32
+#: Seconds a replicator waits for its peer's connection (and a connection for its token).
+CONNECT_TIMEOUT = 60.0
+
+
+class FloorLink:
+    """A rank's handle of its replicator (started at once, in the ``priority`` class: ``idle`` or ``normal``)."""
+
+    def __init__(self, host: str, directory: Path, token: bytes, priority: str) -> None:
+        from baft.peerlink import FILLER_PRIORITY, LOWER_EFFORT_TOS
+        from baft.priority import apply
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self._proc = subprocess.Popen([sys.executable, "-S", __file__, host, str(directory), token.hex(),
+                                       str(FILLER_PRIORITY), str(LOWER_EFFORT_TOS)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the floor replicator did not start (exit status {self._proc.wait()})")
+        self.address = f"{host}:{int(line)}"
+        """Where the previous node's replicator connects."""
+        # before ``peer``: the process has one thread until then, and later threads inherit the class
+        self.applied = apply(priority, self._proc.pid)
+
+    def connect(self, peer: str) -> None:
+        """Send replicas to the replicator at ``peer`` (host:port)."""
+        self._command(f"peer {peer}")
+
+    def replicate(self, nbytes: int) -> None:
+        """Move one replica of ``nbytes`` (returns at once; the process does the work)."""
+        self._command(f"go {nbytes}")
+
+    def _command(self, line: str) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+        except OSError as e:
+            raise RuntimeError(f"the floor replicator is gone ({e}); exit status {self._proc.poll()}") from e
+
+    def close(self) -> None:
+        """End the process: the end of its input, then wait (kill it after 10 s)."""
+        from baft.writerproc import end_child
+
+        end_child(self._proc)
+
+
+def join(nodes: int, priority: str, stores: list[str] | None, directory: Path, state: Any) -> tuple[FloorLink, Any]:
+    """This rank's replicator (in ``directory``/rank<N>, listening on its node store's host), connected to the one
+    of the same rank position on the next node (collective: every rank calls it), and the step that has it move
+    one replica of the bytes of ``state``'s tensors (what a snapshot slot holds, less its small metadata)."""
+    import secrets
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
+    host = stores[node].rsplit(":", 1)[0] if stores else "127.0.0.1"
+    token = [secrets.token_bytes(TOKEN_BYTES) if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    link = FloorLink(host, directory / f"rank{rank}", token[0], priority)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (node, rank, link.address))
+    mine = sorted(r for n, r, _ in everyone if n == node).index(rank)
+    link.connect(sorted((r, a) for n, r, a in everyone if n == (node + 1) % nodes)[mine][1])
+    nbytes = _tensor_bytes(state.capture())
+    return link, lambda: link.replicate(nbytes)
+
+
+def _tensor_bytes(tree: Any) -> int:
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(_tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in tree)
+    return 0
+
+
+# -- the process -------------------------------------------------------------------------------------
+def _file(path: Path, nbytes: int, fill: bool) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.ftruncate(fd, nbytes)
+    if fill:  # touched once, as the slots and rings are
+        os.pwrite(fd, os.urandom(nbytes), 0)
+    return fd
+
+
+def _receive(server: socket.socket, token: bytes, directory: Path) -> None:
+    server.settimeout(CONNECT_TIMEOUT)
+    while True:
+        conn, _ = server.accept()
+        conn.settimeout(CONNECT_TIMEOUT)
+        try:
+            got = conn.recv(TOKEN_BYTES, socket.MSG_WAITALL)
+        except OSError:
+            got = b""
+        if hmac.compare_digest(got, token):
+            break
+        conn.close()  # not our peer
+    server.close()
+    conn.settimeout(None)
+    view: Any = None
+    size = 0
+    with conn:
+        while True:
+            head = conn.recv(_SIZE.size, socket.MSG_WAITALL)
+            if len(head) < _SIZE.size:
+                return  # the peer ended
+            (n,) = _SIZE.unpack(head)
+            if n != size:  # the mapping is made once per size
+                if view is not None:
+                    view.release()
+                fd = _file(directory / "received", n, fill=False)
+                m = mmap.mmap(fd, n)
+                os.close(fd)
+                m[:] = bytes(n)
+                view, size = memoryview(m), n
+            got = 0
+            while got < n:
+                k = conn.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+                if k == 0:
+                    return
+                got += k
+
+
+def _commands(fd: int) -> Any:
+    """Lists of the command lines that have arrived on ``fd``: blocks for the first, then takes what else is
+    there; ends at the end of input."""
+    import select
+
+    pending = b""
+    while True:
+        data = os.read(fd, 65536)
+        while data and select.select([fd], [], [], 0)[0]:
+            more = os.read(fd, 65536)
+            if not more:
+                break
+            data += more
+        if not data:
+            return
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        yield [line.decode().split() for line in lines if line.strip()]
+
+
+def _serve(host: str, directory: Path, token: bytes, priority: int, tos: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL: gone with the rank that started it
+    except (OSError, AttributeError):
+        pass
+    server = socket.create_server((host, 0))
+    print(server.getsockname()[1], flush=True)
+    out: socket.socket | None = None
+    src = kept = -1
+    size = 0
+    for batch in _commands(sys.stdin.fileno()):
+        gos = [int(arg) for cmd, arg in batch if cmd == "go"]
+        for cmd, arg in batch:
+            if cmd == "peer":
+                out = _connect(arg, token, priority, tos)
+                threading.Thread(target=_receive, args=(server, token, directory), daemon=True).start()
+        if not gos or out is None:
+            continue
+        n = gos[-1]  # requests that came while the last replica travelled fold into one
+        if n != size:
+            for fd in (src, kept):
+                if fd >= 0:
+                    os.close(fd)
+            src, kept, size = _file(directory / "source", n, True), _file(directory / "kept", n, True), n
+        done = 0
+        while done < n:  # the kept copy, as a store takes one of each round's version
+            done += os.copy_file_range(src, kept, n - done, done, done)
+        out.sendall(_SIZE.pack(n))
+        sent = 0
+        while sent < n:
+            sent += os.sendfile(out.fileno(), kept, sent, n - sent)
+    if out is not None:
+        out.close()
+
+
+def _connect(address: str, token: bytes, priority: int, tos: int) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    out = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT)
+    out.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)  # filler, as a store's replicas are
+    out.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, priority)
+    out.settimeout(None)
+    out.sendall(token)
+    return out
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], Path(sys.argv[2]), bytes.fromhex(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

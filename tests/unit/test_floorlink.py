@@ -1,0 +1,67 @@
+"""The floor replicator of ``baft bench`` (``floor:replicate``): real processes on loopback move a replica
+whole into the peer's mapping, in the class asked for, and a connection without the token is dropped."""
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from pathlib import Path
+
+from harness.bench.floorlink import TOKEN_BYTES, FloorLink
+
+
+def _wait_for(path: Path, data: bytes, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _source(directory: Path, nbytes: int, timeout: float = 20.0) -> bytes:
+    """The replicator's source file once it has been made at ``nbytes``."""
+    path = directory / "source"
+    deadline = time.monotonic() + timeout
+    while not (path.is_file() and path.stat().st_size == nbytes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.read_bytes()
+
+
+def test_a_replica_lands_whole_in_the_peer_and_an_intruder_is_dropped(tmp_path: Path) -> None:
+    token = secrets.token_bytes(TOKEN_BYTES)
+    a = FloorLink("127.0.0.1", tmp_path / "a", token, "idle")
+    b = FloorLink("127.0.0.1", tmp_path / "b", token, "normal")
+    try:
+        assert a.applied.cpu in ("SCHED_IDLE", "nice 19") and b.applied.cpu == "normal"
+        # someone without the token connects first: b's replicator must not take its bytes for a's
+        host, port = b.address.rsplit(":", 1)
+        intruder = socket.create_connection((host, int(port)))
+        intruder.sendall(b"\0" * TOKEN_BYTES + (8).to_bytes(8, "little") + b"intruder")
+        a.connect(b.address)
+        b.connect(a.address)
+        nbytes = 300_001  # not a multiple of a page
+        a.replicate(nbytes)
+        assert _wait_for(tmp_path / "b" / "received", _source(tmp_path / "a", nbytes))
+        b.replicate(1000)  # the other way, another size: a new mapping
+        assert _wait_for(tmp_path / "a" / "received", _source(tmp_path / "b", 1000))
+        intruder.close()
+    finally:
+        a.close()
+        b.close()
+    assert a._proc.returncode == 0 and b._proc.returncode == 0  # they ended at the end of their input
+
+
+def test_the_floor_arm_runs_beside_a_replicating_baft_only() -> None:
+    from harness.bench.bench import FLOOR_ARM, BenchConfig
+
+    def names(**kw: object) -> list[str]:
+        return [a.name for a in BenchConfig(**kw).arms()]  # type: ignore[arg-type]
+
+    assert FLOOR_ARM in names(nodes=2, strategies=["baft"])
+    floor = next(a for a in BenchConfig(nodes=2, strategies=["baft"]).arms() if a.name == FLOOR_ARM)
+    assert floor.tier == "persistent" and floor.strategy == "none"  # paired like baft@k, block mean with its drain
+    assert FLOOR_ARM not in names(nodes=1, strategies=["baft"])  # nothing to replicate to
+    assert FLOOR_ARM not in names(nodes=2, strategies=["sync"])  # no store replicates: nothing to set it beside
+    assert FLOOR_ARM not in names(nodes=2, strategies=["baft"], floor_arm=False)
+    assert FLOOR_ARM not in names(nodes=2, strategies=["baft"], link_rate="50mbit")
