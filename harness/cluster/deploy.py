@@ -61,6 +61,9 @@ HARNESS_KINDS = ("PodChaos", "NetworkChaos", "StressChaos", "IOChaos", "TimeChao
 
 
 #: A Kubernetes resource quantity (``2``, ``500m``, ``4Gi``, ``1.5G``, ``1e3``).
+#: A container image reference: [registry[:port]/]name[:tag][@digest]; it begins with a letter or digit (a
+#: leading "-" would read as a flag where the reference is passed on a command line).
+IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
 QUANTITY = re.compile(r"[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
 
@@ -127,8 +130,9 @@ class DeployConfig:
                 raise ConfigValueError(field, "a Kubernetes quantity such as 2, 500m, 4Gi", getattr(self, field))
         if not self.workdir.startswith("/") or any(c.isspace() for c in self.workdir):
             raise ConfigValueError("workdir", "an absolute path in the image, without spaces", self.workdir)
-        if not self.image or any(c.isspace() for c in self.image):
-            raise ConfigValueError("image", "a container image reference", self.image)
+        if not isinstance(self.image, str) or not IMAGE.fullmatch(self.image):
+            raise ConfigValueError("image", "a container image reference ([registry/]name[:tag][@digest], "
+                                   "beginning with a letter or digit)", self.image)
         for field in ("rendezvous_port", "store_port"):
             port = getattr(self, field)
             if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:

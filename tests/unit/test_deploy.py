@@ -124,6 +124,8 @@ def test_the_harness_job_runs_a_command_baft_accepts_against_the_training_pods()
 @pytest.mark.parametrize("kw, field", [
     ({"namespace": "Bad_NS"}, "namespace"), ({"run": "faulted", "reference_run": "faulted"}, "reference_run"),
     ({"image": "has space"}, "image"), ({"store_port": 29400}, "store_port"), ({"run": "x" * 30}, "run"),
+    # hypothesis found "--": accepted, then read by the CLI as the end of the options (its flags did not round-trip)
+    ({"image": "--"}, "image"), ({"image": "-registry/x"}, "image"),
 ])
 def test_bad_deploy_config_names_the_field(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigValueError) as info:
