@@ -103,6 +103,11 @@ class CheckpointConfig:
     (``SCHED_IDLE`` and the idle I/O class: they write while the ranks wait in their bubbles; nice 19 where
     the idle CPU class is refused) or ``normal`` (then ``persist_nice`` applies). Journaled
     (``background_priority``)."""
+    persist_window_ms: float = 2.0
+    """``baft``: the persister thread runs each step of a persist (its Python shares the interpreter lock with
+    training) only while the training thread waits in a pipeline window the profiler expects to last at least
+    this many milliseconds, or 100 ms later at the latest (0: whenever it is ready). Without such windows (no
+    pipeline) it never waits. Journaled per persist (``checkpoint_saved`` ``gated_seconds``)."""
     store: str = ""
     """``baft``: host:port of this node's store (set by the harness; empty: no store, no peers)."""
     node: int = 0
@@ -132,6 +137,9 @@ class CheckpointConfig:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
         if not isinstance(self.persist_nice, int) or not 0 <= self.persist_nice <= 19:
             raise BaftConfigError("persist_nice", "an integer from 0 to 19", self.persist_nice)
+        if (isinstance(self.persist_window_ms, bool) or not isinstance(self.persist_window_ms, (int, float))
+                or not 0 <= self.persist_window_ms < math.inf):
+            raise BaftConfigError("persist_window_ms", "a number of milliseconds >= 0 (0: no gate)", self.persist_window_ms)
         if self.writer_priority not in PRIORITIES:
             raise BaftConfigError("writer_priority", " or ".join(PRIORITIES), self.writer_priority)
         if self.persist_writer not in ("process", "thread", "dcp"):

@@ -32,6 +32,7 @@ from typing import Any
 from .. import dcpformat, dcpwrite, events, persist
 from ..background import OneInFlight
 from ..bubble import BubbleSnapshotter
+from ..idlegate import IdleGate
 from ..slotfile import SLOTS, slot_of
 from ..writerproc import WriterProcess
 from ..state import local_view
@@ -63,6 +64,10 @@ class BaftStrategy(Strategy):
         self._persisted = -1
         self.places: list[tuple[str, int]] | None = None
         """Every rank's pieces of state and replica index (:meth:`~baft.strategies.base.Strategy.gather_places`)."""
+        self.gate: IdleGate | None = None
+        """What the persister thread passes before each step of a persist (``persist_window_ms``)."""
+        self._boundary: float | None = None  # perf_counter() at the last step boundary
+        self._iteration = 0.0  # seconds per iteration, smoothed
         self._files: WriterProcess | None = None
         """The rank's writer process (``persist_writer: process``), started by the training thread at the
         first persist (a process started from the persister's thread would die with that thread)."""
@@ -85,6 +90,9 @@ class BaftStrategy(Strategy):
                                       tp=(t.tp_rank, t.tp_group) if t.tp_size > 1 else None)
         self.snap.persistent = lambda: (self.interval.every, self._persisted)
         self.snap.attach(stage)
+        ms = self.config.persist_window_ms
+        self.gate = IdleGate(ms / 1e3 if ms > 0 else -1.0, lambda: self.snap.profiler.expected if self.snap else None)
+        self.snap.profiler.listeners.append(self.gate.listener)
         self.group = checkpoint_group()
         self.decisions = checkpoint_group()
         self.interval.group = self.decisions
@@ -125,6 +133,11 @@ class BaftStrategy(Strategy):
         than its peers (a mixed-step checkpoint) or alone (a hang)."""
         snap = self._snap()
         snap.end()
+        now = time.perf_counter()
+        if self._boundary is not None:
+            dt = now - self._boundary
+            self._iteration = dt if not self._iteration else 0.8 * self._iteration + 0.2 * dt
+        self._boundary = now
         version = self.state.step - 1  # what this iteration sealed, on a rank that snapshots every iteration
         if version <= self._persisted or not self.due(version):
             return False  # the same on every rank: steps and _persisted are agreed
@@ -137,9 +150,9 @@ class BaftStrategy(Strategy):
     def _start_persist(self, snap: BubbleSnapshotter, version: int) -> bool:
         if self._writer.busy:
             t = time.perf_counter()
-            self._writer.drain()
+            self.drain()
             events.emit("persist_backpressure", step=version, seconds=time.perf_counter() - t)
-        self._writer.drain()  # surfaces a failure of the previous persist; nothing is pinned now
+        self.drain()  # surfaces a failure of the previous persist; nothing is pinned now
         mine = sorted(s for s in snap.sealed_versions() if self._persisted < s <= version)
         common = set.intersection(*(set(vs) for vs in all_gather_ints(mine, SLOTS, self.decisions)))
         if not common:
@@ -152,13 +165,16 @@ class BaftStrategy(Strategy):
             events.emit("background_priority", process="writer", pid=self._files.pid, **self._files.applied.fields())
         snap.pinned.add(slot_of(v))
         self._persisted = v
-        self._writer.submit(self._persist, v)
+        # the gate may hold the persist's steps for half the time until the next persist is due
+        self._writer.submit(self._persist, v, None, time.perf_counter() + 0.5 * self.interval.every * self._iteration)
         return True
 
-    def _persist(self, version: int, components: dict[str, Any] | None = None) -> None:
-        """Write ``version`` (from its slot unless ``components`` are given) and commit it."""
+    def _persist(self, version: int, components: dict[str, Any] | None = None, until: float | None = None) -> None:
+        """Write ``version`` (from its slot unless ``components`` are given) and commit it; its steps wait
+        for the training thread's bubbles (:attr:`gate`) until ``until`` (``time.perf_counter()``) at most."""
         snap = self._snap()
-        t0 = time.perf_counter()
+        gate = self.gate or IdleGate(-1.0, lambda: None)
+        t0, gated = time.perf_counter(), gate.waited
         events.emit("phase", phase="persist", step=version)
         rank, world = rank_world()
         direct = self.config.persist_writer != "dcp"
@@ -167,16 +183,19 @@ class BaftStrategy(Strategy):
             # bytes go to the file); dcp: a private copy, the slot released once its state dict is made
             with contextlib.nullcontext(components) if components is not None else \
                     snap.sealed_version(version, copy=not direct) as comps:
+                gate.wait(until=until)  # each step's Python inside a bubble of the training thread (idlegate)
                 sd = dcpformat.to_state_dict(comps, rank, self.stage_key, snap.owned_tensors(),
                                              shard_key=self.shard_key, placements=snap.placements,
                                              param_names=snap.param_names, process_group=self.group,
                                              exchange_keys=not direct)
                 if direct:
                     slot = snap.buffer.slot_for(version) if components is None else None
+                    gate.wait(until=until)
                     written = self._write_direct(version, rank, sd, slot)
         finally:
             snap.pinned.discard(slot_of(version))
         if direct:
+            gate.wait(until=until)
             reports = all_gather(written, self.group)  # the one exchange: what every rank wrote, or why not
             failed = next((r for r in reports if isinstance(r, str)), None)
             if failed is not None:
@@ -198,12 +217,14 @@ class BaftStrategy(Strategy):
             persist.prune(self.root, self.config.keep)
 
         # the persister threads of all ranks run the same saves in the same order on self.group
+        gate.wait(until=until)
         if (reason := commit_agreed(commit, self.group)) is not None:
             persist_failed(version, reason)
             return
         events.emit("checkpoint_saved", step=version, tier="persistent",
                     bytes=sum(local_view(t).numel() * t.element_size() for t in sd.values()),
-                    seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, version)))
+                    seconds=time.perf_counter() - t0, gated_seconds=round(gate.waited - gated, 6),
+                    path=str(persist.step_dir(self.root, version)))
 
     def _write_direct(self, version: int, rank: int, sd: dict[str, Any], slot: Any) -> dcpwrite.RankReport | str:
         """This rank's file of ``version`` (:func:`dcpwrite.write_rank`, by the writer process when there is
@@ -214,17 +235,20 @@ class BaftStrategy(Strategy):
             return f"rank {rank}: {type(e).__name__}: {e}"
 
     def drain(self) -> None:
-        self._writer.drain()
+        with self.gate.held_open() if self.gate is not None else contextlib.nullcontext():
+            self._writer.drain()
 
     def close(self) -> None:
         """Finish the persist in flight, persist the final state if it is due, release everything."""
         try:
-            self._writer.close()
+            with self.gate.held_open() if self.gate is not None else contextlib.nullcontext():
+                self._writer.close()
             step = self.state.step
             if self.snap is not None and step > self._persisted and self.due(step):
                 # The state after the last step never passes a boundary inside the loop.
                 self._persisted = step
-                self._persist(step, self.state.capture())
+                with self.gate.held_open() if self.gate is not None else contextlib.nullcontext():
+                    self._persist(step, self.state.capture())  # on the training thread: nothing to wait for
         finally:
             if self._files is not None:
                 self._files.close()

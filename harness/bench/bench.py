@@ -121,6 +121,9 @@ class BenchConfig:
     """With 2+ nodes: the node stores' CPU and I/O class (``idle``: they run on what the ranks leave idle)."""
     writer_priority: Literal["idle", "normal"] = "idle"
     """``baft`` with ``--persist-writer process``: the writer processes' CPU and I/O class."""
+    persist_window_ms: float = 2.0
+    """``baft``: the persister thread's steps wait for training's pipeline waits of at least this many ms (0: no
+    gate; see ``CheckpointConfig.persist_window_ms``)."""
     floor_arm: bool = True
     """With 2+ nodes and ``baft``: the arm ``floor:replicate``, training with no checkpoint while a plain program
     (in the stores' CPU class) moves each rank's state bytes to the next node every iteration, as a store does
@@ -152,6 +155,8 @@ class BenchConfig:
         if self.block % self.period:
             raise ConfigValueError("block", f"a multiple of {self.period} (every persist interval: whole persist cycles "
                                    "in a block)", self.block)
+        if self.persist_window_ms < 0:
+            raise ConfigValueError("persist_window_ms", "a number >= 0 (0: no gate)", self.persist_window_ms)
         if self.floor_count < 0:
             raise ConfigValueError("floor_count", "an integer >= 0 (0: no floor)", self.floor_count)
         if self.warmup < 0:
@@ -250,7 +255,8 @@ def worker(spec_path: Path) -> int:
                              shm_dir=str(Path(spec.shm_dir) / _dirname(arm.name)),
                              planner=PlannerConfig(copier=cfg.baft_copier), replicate_every=cfg.replicate_every,
                              dcp_async=cfg.dcp_async, dcp_stager=cfg.dcp_stager, persist_nice=cfg.persist_nice,
-                             persist_writer=cfg.persist_writer, writer_priority=cfg.writer_priority)
+                             persist_writer=cfg.persist_writer, writer_priority=cfg.writer_priority,
+                             persist_window_ms=cfg.persist_window_ms)
         if arm.strategy == "baft" and arm.tier == "persistent" and not placed:
             place_on_node(c, spec)  # with 2+ nodes this arm replicates through the node stores
             placed = True
@@ -406,6 +412,7 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
             s["persist_nice"] = cfg.persist_nice
         if a.strategy == "baft" and a.tier == "persistent":
             s["writer_priority"] = cfg.writer_priority if cfg.persist_writer == "process" else None
+            s["persist_window_ms"] = cfg.persist_window_ms
             s["writer"] = {"process": "each rank's DCP file straight from its slot by a writer process",
                            "thread": "each rank's DCP file straight from its slot by the persister thread",
                            "dcp": "dcp.save of a copy"}[cfg.persist_writer]

@@ -90,6 +90,8 @@ def test_the_reference_runs_spec_with_a_bare_checkpoint_section_loads(tmp_path: 
     ({"checkpoint": {"dcp_async": "fiber"}}, "checkpoint.dcp_async", "one of"),
     ({"checkpoint": {"dcp_stager": "yes"}}, "checkpoint.dcp_stager", "true or false"),
     ({"checkpoint": {"persist_nice": 20}}, "checkpoint.persist_nice", "0 to 19"),
+    ({"checkpoint": {"persist_window_ms": -1}}, "checkpoint.persist_window_ms", ">= 0"),
+    ({"checkpoint": {"persist_window_ms": "2ms"}}, "checkpoint.persist_window_ms", "a number"),
     ({"stores": None}, "node_memory", "both stores and node_memory"),
     ({"workload": {"amp": "fp8"}}, "workload.amp", "one of"),
     ({"workload": {"amp": "fp16", "amp_init_scale": 0}}, "workload.amp_init_scale", "> 0"),
