@@ -89,14 +89,8 @@ class WriterProcess:
             return answer[1], answer[2]
 
     def cpu_seconds(self) -> float:
-        """CPU time (user and system) the process has used so far, from ``/proc`` (0 where there is none);
-        in clock ticks (10 ms here): a sum over many writes is what is meaningful."""
-        try:
-            with open(f"/proc/{self._proc.pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU time (user and system) the process has used so far (:func:`process_cpu_seconds`)."""
+        return process_cpu_seconds(self._proc.pid)
 
     def close(self) -> None:
         """Stop the process: the end of its input, then wait (kill it after 10 s)."""
@@ -105,6 +99,17 @@ class WriterProcess:
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time (user and system, all threads) process ``pid`` has used so far, from ``/proc`` (0 where there is
+    none); in clock ticks (10 ms here): a sum over many operations is what is meaningful."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def end_child(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

@@ -303,10 +303,14 @@ def worker(spec_path: Path) -> int:
     restores = _time_restores(cfg, first, restore_shards, restore_dcp)
     for ck in ckpts.values():
         ck.drain()
+    floor_report = None
+    if floor is not None:
+        floor[0].close()
+        floor_report = floor[0].report
     dist.barrier()
 
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, {"times": times, "baft": baft_events, "restores": restores})
+    dist.all_gather_object(gathered, {"times": times, "baft": baft_events, "restores": restores, "floor": floor_report})
     if rank == 0:
         iterations = []
         for i, it in enumerate(times):
@@ -315,12 +319,10 @@ def worker(spec_path: Path) -> int:
             it["saved"] = min(g["times"][i]["saved"] for g in gathered)  # committed on every rank by then
             iterations.append(it)
         raw = {"iterations": iterations, "settings": settings,
-               "ranks": [{"baft": g["baft"], "restores": g["restores"]} for g in gathered]}
+               "ranks": [{"baft": g["baft"], "restores": g["restores"], "floor": g["floor"]} for g in gathered]}
         (run_dir / "bench-raw.json").write_text(json.dumps(raw))
     for ck in ckpts.values():
         ck.close()
-    if floor is not None:
-        floor[0].close()
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -507,6 +509,10 @@ def table(result: dict[str, Any]) -> str:
                          + (f"; the floor (a plain sendfile loop, both sides, same run) {floor:.3f}: "
                             f"{rep['replicating_times_floor']:.2f}x / {rep['serving_times_floor']:.2f}x the floor"
                             if floor else ""))
+        if rep.get("floor_replicator_cpu_seconds_per_gb"):
+            lines.append(f"  the floor replicator (floor:replicate: the same bytes at the same cadence beside the same "
+                         f"training) spent {rep['floor_replicator_cpu_seconds_per_gb']:.3f} CPU-s per GB: the stores "
+                         f"{rep['times_floor_replicator']:.2f}x that")
         if rep.get("behind_versions_median") is not None:
             lines.append(f"staleness: a replica lands {rep['behind_versions_median']:g} versions behind (median; at most "
                          f"{rep['behind_versions_max']}), one every {rep['gap_versions_median'] or 0:g} versions (stride up to "
@@ -527,7 +533,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
 
     from baft.storeconfig import ReplicationConfig
 
-    from harness.bench.replstats import floor_stats, replication_stats
+    from harness.bench.replstats import floor_replicator_stats, floor_stats, replication_stats
     from harness.errors import LaunchError
     from harness.run.launcher import LaunchConfig, launch
     from harness.run.storefleet import StoreSpec
@@ -561,10 +567,13 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     raw_path = out / "bench-raw.json"
     if not result.ok or not raw_path.is_file():
         raise LaunchError(f"the benchmark job failed (exit codes {result.returncodes}); logs in {out / 'logs'}")
-    summary = summarize(cfg, json.loads(raw_path.read_text()))
+    raw = json.loads(raw_path.read_text())
+    summary = summarize(cfg, raw)
     summary["replication"] = replication_stats(out, cfg.block)
     if summary["replication"].get("replicated") and cfg.floor_count:
         summary["replication"].update(floor_stats(summary["replication"], cfg.floor_count))
+    if summary["replication"].get("replicated"):
+        summary["replication"].update(floor_replicator_stats(summary["replication"], [r.get("floor") for r in raw["ranks"]]))
     if link:
         summary["link"] = link
     summary["wall_seconds"] = result.seconds

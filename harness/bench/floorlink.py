@@ -17,7 +17,10 @@ the replicator drops a connection that does not begin with it. It listens on its
 
 The process side runs as ``python floorlink.py HOST DIR TOKEN_HEX PRIORITY TOS`` (standard library only) and reads
 commands on stdin, one per line: ``peer HOST:PORT`` once, then ``go NBYTES`` per replica; the end of
-stdin (its rank closed it, or died) ends it. It prints its port first.
+stdin (its rank closed it, or died) ends it. It prints its port first and, at the end, the bytes it sent and
+the CPU seconds (both threads) it spent from its first replica on: the floor of the stores' CPU per
+replicated GB at the same cadence, beside the same training (``bench.json``
+``replication.floor_replicator_cpu_seconds_per_gb``).
 """
 from __future__ import annotations
 
@@ -58,6 +61,8 @@ class FloorLink:
         """Where the previous node's replicator connects."""
         # before ``peer``: the process has one thread until then, and later threads inherit the class
         self.applied = apply(priority, self._proc.pid)
+        self.report: tuple[int, float] | None = None
+        """After :meth:`close`: (bytes sent, CPU seconds from the first replica on), as the process counted."""
 
     def connect(self, peer: str) -> None:
         """Send replicas to the replicator at ``peer`` (host:port)."""
@@ -79,6 +84,17 @@ class FloorLink:
         """End the process: the end of its input, then wait (kill it after 10 s)."""
         from baft.writerproc import end_child
 
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            try:
+                self._proc.stdin.close()  # the end of its input: it answers with its report and ends
+            except OSError:
+                pass
+            import select
+
+            if self._proc.stdout is not None and select.select([self._proc.stdout], [], [], 10.0)[0]:
+                last = self._proc.stdout.readline().split()
+                if len(last) == 3 and last[0] == b"done":
+                    self.report = (int(last[1]), float(last[2]))
         end_child(self._proc)
 
 
@@ -193,7 +209,8 @@ def _serve(host: str, directory: Path, token: bytes, priority: int, tos: int) ->
     print(server.getsockname()[1], flush=True)
     out: socket.socket | None = None
     src = kept = -1
-    size = 0
+    size = sent_bytes = 0
+    cpu0: float | None = None
     for batch in _commands(sys.stdin.fileno()):
         gos = [int(arg) for cmd, arg in batch if cmd == "go"]
         for cmd, arg in batch:
@@ -203,6 +220,8 @@ def _serve(host: str, directory: Path, token: bytes, priority: int, tos: int) ->
         if not gos or out is None:
             continue
         n = gos[-1]  # requests that came while the last replica travelled fold into one
+        if cpu0 is None:
+            cpu0 = _cpu()
         if n != size:
             for fd in (src, kept):
                 if fd >= 0:
@@ -215,8 +234,17 @@ def _serve(host: str, directory: Path, token: bytes, priority: int, tos: int) ->
         sent = 0
         while sent < n:
             sent += os.sendfile(out.fileno(), kept, sent, n - sent)
+        sent_bytes += n
     if out is not None:
         out.close()
+    print("done", sent_bytes, 0.0 if cpu0 is None else round(_cpu() - cpu0, 6), flush=True)
+
+
+def _cpu() -> float:
+    import resource
+
+    u = resource.getrusage(resource.RUSAGE_SELF)  # every thread's: the sender's and the receiver's
+    return u.ru_utime + u.ru_stime
 
 
 def _connect(address: str, token: bytes, priority: int, tos: int) -> socket.socket:

@@ -78,6 +78,20 @@ def floor_stats(rep: dict[str, Any], count: int) -> dict[str, Any]:
     return out
 
 
+def floor_replicator_stats(rep: dict[str, Any], reports: list[Any]) -> dict[str, Any]:
+    """The floor replicator's CPU per GB it sent (``reports``: each rank's (bytes sent, CPU seconds from its first
+    replica on), or None), both sides' processes together as for the stores, and the stores' CPU per replicated GB
+    (while replicating) as a multiple of it: a floor at the stores' own cadence and beside the same training."""
+    done = [r for r in reports if r]
+    sent = sum(b for b, _ in done)
+    if not sent:
+        return {}
+    per_gb = sum(c for _, c in done) / (sent / 1e9)
+    value = rep.get("replicating_cpu_seconds_per_gb")
+    return {"floor_replicator_cpu_seconds_per_gb": per_gb,
+            "times_floor_replicator": value / per_gb if value is not None and per_gb > 0 else None}
+
+
 def staleness(sent: list[dict[str, Any]], strides: list[dict[str, Any]], block: int | None = None) -> dict[str, Any]:
     """How far behind training the peers' copies are, in versions: ``behind`` (when a replica landed, how
     many newer versions its rank had sealed), ``gap`` (versions between one rank's consecutive replicas)

@@ -99,5 +99,9 @@ def test_two_nodes_pair_baft_with_the_floor_of_its_replication(tmp_path: Path) -
     assert set(arms) == {"none", "baft@3", "floor:replicate"} and arms["floor:replicate"]["n"] == 2
     assert "the floor" in arms["floor:replicate"]["settings"]["replicates"]
     assert re.search(r"floor:replicate\s+\d\.\d{4}", proc.stdout)
-    assert result["replication"]["replicated"] > 0
+    rep = result["replication"]
+    assert rep["replicated"] > 0
+    # the stores' CPU priced against the floor replicator's too, at the same cadence beside the same training
+    assert rep["floor_replicator_cpu_seconds_per_gb"] > 0 and rep["times_floor_replicator"] > 0
+    assert "the floor replicator" in proc.stdout
     assert not list((tmp_path).glob("**/floor/*/received"))  # the bench's memory directory was removed

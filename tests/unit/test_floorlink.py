@@ -50,6 +50,9 @@ def test_a_replica_lands_whole_in_the_peer_and_an_intruder_is_dropped(tmp_path: 
         a.close()
         b.close()
     assert a._proc.returncode == 0 and b._proc.returncode == 0  # they ended at the end of their input
+    # each counted what it sent and the CPU from its first replica on (the floor replicator's price per GB)
+    assert a.report is not None and a.report[0] == nbytes and a.report[1] >= 0
+    assert b.report is not None and b.report[0] == 1000
 
 
 def test_the_floor_arm_runs_beside_a_replicating_baft_only() -> None:
