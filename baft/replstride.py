@@ -16,8 +16,11 @@ only copy — when either
 * the newest peer copy would on average be older than the newest persistent
   checkpoint: a replica lands ``covered`` versions after it was sealed and at
   best the rounds land one every ``max(1, covered)``, so at a failure it is
-  about ``covered + max(1, covered) / 2`` versions old, against half the
-  persistent interval for the persistent tier.
+  about ``covered + max(1, covered) / 2`` versions old; the persistent tier's
+  age is measured alike, writes' lag included: at each seal, how many versions
+  the newest *committed* persistent checkpoint the rank reports is behind,
+  averaged over whole persist intervals (plus half a version: a failure falls
+  between seals); the rule waits until one whole interval has been measured.
 
 After ``DEGRADE_HOLD`` seconds it probes with one round (then after twice as
 long, up to ``MAX_HOLD``, while the link stays bad) and resumes when the probe
@@ -47,6 +50,8 @@ RESUME_SHARE = 0.5
 #: ``QUIET_VERSIONS`` versions to time them without replica traffic.
 QUIET_EVERY = 20.0
 QUIET_VERSIONS = 4
+#: Seals whose distance to the newest committed persistent checkpoint the persistent tier's age averages.
+PERSIST_SAMPLES = 256
 #: Versions timed each way that the slowdown is the ratio of the medians of.
 SAMPLES = 8
 MIN_BUSY, MIN_QUIET = 4, 2
@@ -76,6 +81,7 @@ class Stride:
         self._last_seal: tuple[int, float] | None = None
         self._cadence: int | None = None
         self._ages: deque[float] = deque(maxlen=DEGRADE_ROUNDS)
+        self._behind: deque[int] = deque(maxlen=PERSIST_SAMPLES)  # version - committed persistent, per seal
         self._busy: deque[float] = deque(maxlen=SAMPLES)
         self._quiet: deque[float] = deque(maxlen=SAMPLES)
         self._quiet_at = clock()  # when a version was last timed without replica traffic
@@ -109,6 +115,8 @@ class Stride:
             self.persist_every = persist_every
         if persisted is not None:
             self.persisted = persisted
+            if persisted >= 0 and version >= persisted:
+                self._behind.append(version - persisted)
 
     def wants(self, version: int) -> bool:
         return version % self.value == 0
@@ -125,8 +133,26 @@ class Stride:
         one lands every ``max(1, covered)`` versions) and of the newest persistent checkpoint (None: the
         persistent interval is unknown)."""
         covered = seconds / self.period if self.period else 0.0  # versions sealed while a round travelled
+        return covered + max(1.0, covered) / 2, self.persistent_age()
+
+    def persistent_measured(self) -> bool:
+        """Whether the persistent tier's age has been measured over a whole interval (until then the age rule
+        waits: half the interval would leave out the writes' lag, and a replica could stop for a tier that is
+        in truth older)."""
+        return self.persist_every is not None and len(self._behind) >= self.persist_every
+
+    def persistent_age(self) -> float | None:
+        """The persistent tier's age at a failure in versions: measured over whole persist intervals (the
+        newest committed checkpoint's distance at each seal, plus half a version), else half the interval
+        (None: the interval is unknown)."""
         every = self.persist_every
-        return covered + max(1.0, covered) / 2, (every / 2 if every is not None else None)
+        if every is None:
+            return None
+        whole = (len(self._behind) // every) * every
+        if not whole:
+            return every / 2
+        recent = list(self._behind)[-whole:]
+        return max(every / 2, sum(recent) / whole + 0.5)
 
     def slowdown(self) -> float | None:
         """How much slower the ranks' versions come while replica data is sent (None: not measured yet)."""
@@ -152,12 +178,12 @@ class Stride:
                           f"{statistics.median(self._quiet):.3f} s otherwise), more than the budget of "
                           f"{self.max_slowdown:.0%} (replication.max_slowdown)", slowdown=round(slow, 3))
             return
-        elif (persistent is not None and len(self._ages) == DEGRADE_ROUNDS
+        elif (persistent is not None and len(self._ages) == DEGRADE_ROUNDS and self.persistent_measured()
               and statistics.median(self._ages) > persistent * (1 + 1e-9)):  # older, not equal up to rounding
             age = statistics.median(self._ages)
             self._degrade(seconds, f"the link makes the newest peer copy {age:.1f} versions old at a failure (median "
-                          f"of the last {DEGRADE_ROUNDS} rounds), older than the persistent tier's {persistent:g} (it "
-                          f"saves every {self.persist_every})", replica_age_versions=round(age, 2))
+                          f"of the last {DEGRADE_ROUNDS} rounds), older than the persistent tier's {persistent:.3g} (it "
+                          f"saves every {self.persist_every}, its writes' lag included)", replica_age_versions=round(age, 2))
             return
         if self.max_slowdown > 0 and self.clock() - self._quiet_at > QUIET_EVERY:
             self._quiet_left = QUIET_VERSIONS  # time a few versions without replica traffic (they are not replicated)
@@ -172,7 +198,7 @@ class Stride:
         self.probe_at = self.clock() + self.hold
         self._busy.clear()  # a probe times its own versions
         self.log("replication_degraded", round_seconds=round(seconds, 4), version_seconds=round(self.period or 0, 4),
-                 persistent_age_versions=self.ages(0)[1], persist_every=self.persist_every, stride=self.value,
+                 persistent_age_versions=_rounded(self.ages(0)[1]), persist_every=self.persist_every, stride=self.value,
                  probe_seconds=self.hold, reason=why + ": replication stops and recovery is left to the persistent tier",
                  **fields)
 
@@ -188,12 +214,16 @@ class Stride:
         self._ages.clear()
         cost = f", training {slow:.0%} slower while it was sent" if slow is not None else ""
         self.log("replication_resumed", round_seconds=round(seconds, 4), replica_age_versions=round(replica, 2),
-                 persistent_age_versions=persistent, persist_every=self.persist_every,
+                 persistent_age_versions=_rounded(persistent), persist_every=self.persist_every,
                  slowdown=round(slow, 3) if slow is not None else None,
                  reason=f"a probe round makes the newest peer copy {replica:.1f} versions old at a failure "
-                 f"(the persistent tier's: {persistent}){cost}")
+                 f"(the persistent tier's: {_rounded(persistent)}){cost}")
 
     def _set(self, value: int, reason: str, seconds: float) -> None:
         self.value = value
         self.log("replication_stride", stride=value, reason=reason, round_seconds=round(seconds, 4),
                  version_seconds=round(self.period, 4) if self.period else None)
+
+
+def _rounded(age: float | None) -> float | None:
+    return None if age is None else round(age, 2)

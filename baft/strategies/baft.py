@@ -62,6 +62,7 @@ class BaftStrategy(Strategy):
         persister thread may be inside a collective on :attr:`group` meanwhile)."""
         self._writer = OneInFlight("baft-persist", self.config.persist_nice)
         self._persisted = -1
+        self._committed = -1  # the newest version the persistent tier holds committed (the store's measure)
         self.places: list[tuple[str, int]] | None = None
         """Every rank's pieces of state and replica index (:meth:`~baft.strategies.base.Strategy.gather_places`)."""
         self.gate: IdleGate | None = None
@@ -88,7 +89,9 @@ class BaftStrategy(Strategy):
         self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=t.replica,
                                       replicas=t.replicas, replica_group=t.replica_group, world=world,
                                       tp=(t.tp_rank, t.tp_group) if t.tp_size > 1 else None)
-        self.snap.persistent = lambda: (self.interval.every, self._persisted)
+        # what the node's store compares its replicas' age with: the newest *committed* persistent version, so
+        # the persistent tier's age includes its writes' lag, as a replica's includes its travel
+        self.snap.persistent = lambda: (self.interval.every, self._committed)
         self.snap.attach(stage)
         ms = self.config.persist_window_ms
         self.gate = IdleGate(ms / 1e3 if ms > 0 else -1.0, lambda: self.snap.profiler.expected if self.snap else None)
@@ -110,7 +113,9 @@ class BaftStrategy(Strategy):
     def restore(self) -> int | None:
         # A shared-memory or peer version older than the newest persistent checkpoint is stale
         # (replication can lag persistence): then the persistent tier is the fresher copy.
-        version = self._snap().restore(floor=all_min(persistent_floor(self.root)))
+        floor = all_min(persistent_floor(self.root))
+        self._committed = floor
+        version = self._snap().restore(floor=floor)
         if version is None:
             version = restore_dcp(self, self.group)
         if version is not None:
@@ -221,6 +226,7 @@ class BaftStrategy(Strategy):
         if (reason := commit_agreed(commit, self.group)) is not None:
             persist_failed(version, reason)
             return
+        self._committed = max(self._committed, version)
         events.emit("checkpoint_saved", step=version, tier="persistent",
                     bytes=sum(local_view(t).numel() * t.element_size() for t in sd.values()),
                     seconds=time.perf_counter() - t0, gated_seconds=round(gate.waited - gated, 6),

@@ -22,8 +22,11 @@ def stride(period: float = 0.1, persist_every: int | None = 10,
            max_slowdown: float = 0.0) -> tuple[Stride, Clock, list[tuple[str, dict[str, Any]]]]:
     clock, events = Clock(), []
     s = Stride(lambda event, **fields: events.append((event, fields)), max_slowdown, clock)
-    for v in range(5):  # sealed every `period` seconds; a persistent checkpoint exists
-        s.sealed(v, persist_every, persisted=0)
+    # sealed every `period` seconds, each persist committing as it comes (no lag): over a whole persist interval
+    # where it is 20 or shorter (then the tier's age is measured, half its interval, and the age rule applies),
+    # else five versions (the tests of the slowdown budget go on from version 5)
+    for v in range(max(5, persist_every or 0) if (persist_every or 0) <= 20 else 5):
+        s.sealed(v, persist_every, persisted=(persist_every or 1) * (v // (persist_every or 1)))
         clock.now += period
     return s, clock, events
 
@@ -109,11 +112,13 @@ def test_the_stride_stays_a_power_of_two_within_bounds_and_degradation_follows_t
         assert 1 <= s.value <= MAX_STRIDE and s.value & (s.value - 1) == 0
         if not was and s.degraded:  # only after DEGRADE_ROUNDS rounds whose median is older than the checkpoint
             (fields,) = [f for e, f in events if e == "replication_degraded"][-1:]
-            assert len(ages) >= DEGRADE_ROUNDS and sorted(ages[-DEGRADE_ROUNDS:])[DEGRADE_ROUNDS // 2] > every / 2
+            tier = s.persistent_age()  # measured from the seals (whole intervals), else half the interval
+            assert tier is not None and tier >= every / 2
+            assert len(ages) >= DEGRADE_ROUNDS and sorted(ages[-DEGRADE_ROUNDS:])[DEGRADE_ROUNDS // 2] > tier
             # journaled to two decimals: an age just over the tier's may read equal to it
-            assert fields["replica_age_versions"] >= fields["persistent_age_versions"] == every / 2
+            assert fields["replica_age_versions"] >= fields["persistent_age_versions"] == round(tier, 2)
         if was and not s.degraded:
-            assert ages[-1] <= RESUME_SHARE * every / 2
+            assert ages[-1] <= RESUME_SHARE * s.persistent_age()  # type: ignore[operator]
             ages.clear()
     kinds = [e for e, _ in events if e != "replication_stride"]
     assert all(a != b for a, b in zip(kinds, kinds[1:]))  # degraded and resumed alternate
@@ -178,6 +183,20 @@ def test_after_long_sending_a_few_versions_are_timed_without_replica_traffic_whe
     assert s.may_start()
 
 
+def test_the_age_rule_waits_for_a_whole_interval_of_the_persistent_tier_measured() -> None:
+    clock = Clock()
+    s, events = Stride(lambda e, **f: events.append((e, f)), 0.0, clock), []  # type: ignore[has-type]
+    for v in range(9):  # 9 seals of an interval of 10: the tier's lag is not known yet
+        s.sealed(v, 10, persisted=0)
+        clock.now += 0.1
+    for _ in range(DEGRADE_ROUNDS + 2):
+        s.round_done(1.5)  # 22.5 versions old: older than half the interval
+    assert not s.degraded and not s.persistent_measured()
+    s.sealed(9, 10, persisted=0)
+    s.round_done(1.5)
+    assert s.persistent_measured() and s.degraded
+
+
 def test_while_no_persistent_checkpoint_exists_replication_never_stops() -> None:
     """The replicas are then the only copy: stopping would lose everything to a node loss (a CI run of
     link-throttle-replication, persisting every 50, restarted from scratch that way)."""
@@ -193,3 +212,41 @@ def test_while_no_persistent_checkpoint_exists_replication_never_stops() -> None
     s.sealed(v, 50, persisted=10)  # now the persistent tier holds a copy
     s.round_done(30.0)
     assert s.degraded
+
+
+def _sealed_with_commit_lag(s: Stride, clock: Clock, every: int, lag: int, versions: int, period: float = 0.1) -> None:
+    """Seal versions 0.. with the newest committed persistent checkpoint trailing: the persist of version k*every
+    commits ``lag`` versions later."""
+    for v in range(versions):
+        committed = every * ((v - lag) // every) if v >= lag else -1
+        s.sealed(v, every, persisted=committed)
+        clock.now += period
+
+
+@settings(max_examples=60, deadline=None)
+@given(every=st.integers(1, 30), lag=st.integers(0, 12), cycles=st.integers(1, 4))
+def test_the_persistent_tiers_age_is_measured_with_its_writes_lag(every: int, lag: int, cycles: int) -> None:
+    clock = Clock()
+    s = Stride(lambda *a, **k: None, 0.0, clock)
+    _sealed_with_commit_lag(s, clock, every, lag, lag + cycles * every)
+    age = s.persistent_age()
+    assert age is not None and age >= every / 2
+    assert abs(age - (every / 2 + lag)) < 1e-9  # whole intervals: the sawtooth's mean, plus the lag
+
+
+def test_a_replica_younger_than_the_lagging_persistent_tier_keeps_replicating_like_with_like() -> None:
+    """Rounds of 0.75 s make the newest replica 11.25 versions old: older than half the interval (5), so the
+    rule used to stop replication, but the persistent checkpoints commit 7 versions after their step, so the
+    persistent tier is 12 versions old at a failure and the replica is the fresher copy."""
+    clock = Clock()
+    s, events = Stride(lambda e, **f: events.append((e, f)), 0.0, clock), []  # type: ignore[has-type]
+    _sealed_with_commit_lag(s, clock, 10, 7, 40)
+    assert abs(s.persistent_age() - 12.0) < 1e-9  # type: ignore[operator]
+    for _ in range(DEGRADE_ROUNDS + 1):
+        s.round_done(0.75)
+    assert not s.degraded and "replication_degraded" not in [e for e, _ in events]
+    for _ in range(DEGRADE_ROUNDS):
+        s.round_done(1.0)  # 15 versions: older than 12 now
+    assert s.degraded
+    (degraded,) = [f for e, f in events if e == "replication_degraded"]
+    assert degraded["persistent_age_versions"] == 12.0 and "lag included" in degraded["reason"]

@@ -217,8 +217,9 @@ def test_a_link_too_slow_to_beat_the_persistent_tier_stops_replication_until_a_p
             v = 0
             while not stop.is_set():
                 v += 1
+                # the persistent tier commits every 20th version as it comes: 10 versions old at a failure
                 client.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v % 7), persist_every=20,
-                              persisted=0)
+                              persisted=20 * (v // 20))
                 time.sleep(0.01)
 
         trainer = threading.Thread(target=train, daemon=True)
