@@ -50,8 +50,10 @@ def test_a_link_too_slow_for_useful_replicas_degrades_to_the_persistent_tier_and
     degraded = [e for e in stores if e["event"] == "replication_degraded"]
     assert degraded, [e["event"] for e in stores]
     for e in degraded:  # too costly for training, or replicas older than the persistent tier's checkpoints
-        assert "persistent tier" in e["reason"] and e["persistent_age_versions"] == 2
-        assert e.get("slowdown", 0) > 0.25 or e["replica_age_versions"] > 2, e
+        # the persistent tier's age as measured, its writes' lag included: at least half its interval of 4
+        assert "persistent tier" in e["reason"] and e["persistent_age_versions"] >= 2
+        assert e.get("slowdown", 0) > 0.25 or (e["replica_age_versions"] > e["persistent_age_versions"]
+                                               and "lag included" in e["reason"]), e
     for node in {e["node"] for e in degraded}:  # after its stop, a node replicates only probe rounds (the first after 30 s)
         mine = [e for e in stores if e["node"] == node]
         t0 = min(e["t"] for e in mine if e["event"] == "replication_degraded")
