@@ -25,7 +25,8 @@ Event fields:
                         reference: where it resumed, :mod:`analysis.resume`)
 ``step_mismatch``       framework, framework_step, counted (a framework adapter's step count disagreed with
                         the hooks' count; journaled once per process)
-``checkpoint_saved``    step, tier, bytes, seconds, path
+``checkpoint_saved``    step, tier, bytes, seconds, path; baft: gated_seconds (its persister waited for the
+                        training thread's bubbles, ``persist_window_ms``)
 ``checkpoint_restored`` step, tier, seconds, path
 ``checkpoint_rejected`` step, tier, reason
 ``fault``               fault, id, occurrence, fatal, elapsed (seconds since launch), step, phase,
