@@ -76,6 +76,11 @@ class AdaptiveInterval:
     def adaptive(self) -> bool:
         return self.config.mtbf_hours is not None
 
+    @property
+    def iteration_seconds(self) -> float:
+        """The median wall time between the recent step boundaries (0: none measured yet)."""
+        return sorted(self._iterations)[len(self._iterations) // 2] if self._iterations else 0.0
+
     def charge(self, seconds: float) -> None:
         """The training thread waited ``seconds`` for checkpointing."""
         self._blocked += max(0.0, seconds)
@@ -104,7 +109,7 @@ class AdaptiveInterval:
         background = self.background()
         cost, iteration = all_max([
             (self._blocked + background - self._background_at) / self._persists if self._persists else -1.0,
-            sorted(self._iterations)[len(self._iterations) // 2] if self._iterations else -1.0], self.group)
+            self.iteration_seconds or -1.0], self.group)
         if cost < 0 or iteration <= 0:  # no persist or no iteration measured yet (on some rank)
             return
         self._blocked, self._persists, self._background_at = 0.0, 0, background

@@ -65,10 +65,10 @@ class BaftStrategy(Strategy):
         self._committed = -1  # the newest version the persistent tier holds committed (the store's measure)
         self.places: list[tuple[str, int]] | None = None
         """Every rank's pieces of state and replica index (:meth:`~baft.strategies.base.Strategy.gather_places`)."""
-        self.gate: IdleGate | None = None
-        """What the persister thread passes before each step of a persist (``persist_window_ms``)."""
-        self._boundary: float | None = None  # perf_counter() at the last step boundary
-        self._iteration = 0.0  # seconds per iteration, smoothed
+        ms = self.config.persist_window_ms
+        self.gate = IdleGate(ms / 1e3 if ms > 0 else -1.0, lambda: self.snap.profiler.expected if self.snap else None)
+        """What the persister thread passes before each step of a persist (``persist_window_ms``); open until
+        :meth:`attached` gives it the training thread's waits."""
         self._files: WriterProcess | None = None
         """The rank's writer process (``persist_writer: process``), started by the training thread at the
         first persist (a process started from the persister's thread would die with that thread)."""
@@ -93,8 +93,6 @@ class BaftStrategy(Strategy):
         # the persistent tier's age includes its writes' lag, as a replica's includes its travel
         self.snap.persistent = lambda: (self.interval.every, self._committed)
         self.snap.attach(stage)
-        ms = self.config.persist_window_ms
-        self.gate = IdleGate(ms / 1e3 if ms > 0 else -1.0, lambda: self.snap.profiler.expected if self.snap else None)
         self.snap.profiler.listeners.append(self.gate.listener)
         self.group = checkpoint_group()
         self.decisions = checkpoint_group()
@@ -138,11 +136,6 @@ class BaftStrategy(Strategy):
         than its peers (a mixed-step checkpoint) or alone (a hang)."""
         snap = self._snap()
         snap.end()
-        now = time.perf_counter()
-        if self._boundary is not None:
-            dt = now - self._boundary
-            self._iteration = dt if not self._iteration else 0.8 * self._iteration + 0.2 * dt
-        self._boundary = now
         version = self.state.step - 1  # what this iteration sealed, on a rank that snapshots every iteration
         if version <= self._persisted or not self.due(version):
             return False  # the same on every rank: steps and _persisted are agreed
@@ -171,14 +164,14 @@ class BaftStrategy(Strategy):
         snap.pinned.add(slot_of(v))
         self._persisted = v
         # the gate may hold the persist's steps for half the time until the next persist is due
-        self._writer.submit(self._persist, v, None, time.perf_counter() + 0.5 * self.interval.every * self._iteration)
+        self._writer.submit(self._persist, v, None, time.perf_counter() + 0.5 * self.interval.every * self.interval.iteration_seconds)
         return True
 
     def _persist(self, version: int, components: dict[str, Any] | None = None, until: float | None = None) -> None:
         """Write ``version`` (from its slot unless ``components`` are given) and commit it; its steps wait
         for the training thread's bubbles (:attr:`gate`) until ``until`` (``time.perf_counter()``) at most."""
         snap = self._snap()
-        gate = self.gate or IdleGate(-1.0, lambda: None)
+        gate = self.gate
         t0, gated = time.perf_counter(), gate.waited
         events.emit("phase", phase="persist", step=version)
         rank, world = rank_world()
@@ -241,19 +234,19 @@ class BaftStrategy(Strategy):
             return f"rank {rank}: {type(e).__name__}: {e}"
 
     def drain(self) -> None:
-        with self.gate.held_open() if self.gate is not None else contextlib.nullcontext():
+        with self.gate.held_open():
             self._writer.drain()
 
     def close(self) -> None:
         """Finish the persist in flight, persist the final state if it is due, release everything."""
         try:
-            with self.gate.held_open() if self.gate is not None else contextlib.nullcontext():
+            with self.gate.held_open():
                 self._writer.close()
             step = self.state.step
             if self.snap is not None and step > self._persisted and self.due(step):
                 # The state after the last step never passes a boundary inside the loop.
                 self._persisted = step
-                with self.gate.held_open() if self.gate is not None else contextlib.nullcontext():
+                with self.gate.held_open():
                     self._persist(step, self.state.capture())  # on the training thread: nothing to wait for
         finally:
             if self._files is not None:

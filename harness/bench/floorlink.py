@@ -101,10 +101,12 @@ class FloorLink:
 def join(nodes: int, priority: str, stores: list[str] | None, directory: Path, state: Any) -> tuple[FloorLink, Any]:
     """This rank's replicator (in ``directory``/rank<N>, listening on its node store's host), connected to the one
     of the same rank position on the next node (collective: every rank calls it), and the step that has it move
-    one replica of the bytes of ``state``'s tensors (what a snapshot slot holds, less its small metadata)."""
+    one replica of the bytes of ``state``'s bulk tensors (what a snapshot slot holds, less its small metadata)."""
     import secrets
 
     import torch.distributed as dist
+
+    from baft.layout import layout, split, total_bytes
 
     rank = dist.get_rank()
     node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
@@ -116,20 +118,8 @@ def join(nodes: int, priority: str, stores: list[str] | None, directory: Path, s
     dist.all_gather_object(everyone, (node, rank, link.address))
     mine = sorted(r for n, r, _ in everyone if n == node).index(rank)
     link.connect(sorted((r, a) for n, r, a in everyone if n == (node + 1) % nodes)[mine][1])
-    nbytes = _tensor_bytes(state.capture())
+    nbytes = total_bytes(layout(split(state.capture())[1]))  # a snapshot slot's bulk, as baft lays it out
     return link, lambda: link.replicate(nbytes)
-
-
-def _tensor_bytes(tree: Any) -> int:
-    import torch
-
-    if isinstance(tree, torch.Tensor):
-        return tree.numel() * tree.element_size()
-    if isinstance(tree, dict):
-        return sum(_tensor_bytes(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in tree)
-    return 0
 
 
 # -- the process -------------------------------------------------------------------------------------
