@@ -142,11 +142,18 @@ def kept_slot(root: Path, rank: int, k: int) -> Path:
     return root / f"kept-rank-{rank:05d}.slot{k}"
 
 
+def held_slot(root: Path, rank: int, k: int) -> Path:
+    """The store's copies of a local rank at the versions its peers replicate to this node (a ring of
+    ``SLOTS``): after a peer node is lost, its ranks restore from their replicas here, and this node's
+    ranks need those same versions, whatever versions this node's own rounds took."""
+    return root / f"held-rank-{rank:05d}.slot{k}"
+
+
 def copies(root: Path, rank: int) -> list[tuple[int, Path]]:
     """Complete copies of ``rank``'s state on this node: (version, file)."""
     out = []
     for k in range(SLOTS):
-        for p in (own_slot(root, rank, k), replica_slot(root, rank, k), kept_slot(root, rank, k)):
+        for p in (own_slot(root, rank, k), replica_slot(root, rank, k), kept_slot(root, rank, k), held_slot(root, rank, k)):
             h = slot_header(p)
             if h is not None and h[0] == COMPLETE:
                 out.append((h[1], p))

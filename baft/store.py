@@ -58,7 +58,8 @@ from .peerlink import PeerLink
 from .placement import targets
 from .priority import apply as apply_priority
 from .replstride import Stride
-from .slotfile import HEADER, SLOTS, copies, kept_slot, own_slot, read_complete, replica_slot, slot_of, write_slot
+from .slotfile import (HEADER, SLOTS, copies, held_slot, kept_slot, own_slot, read_complete, replica_slot, slot_of,
+                       write_slot)
 from .slotring import SlotRing
 from .storeconfig import ReplicationConfig, StoreConfig
 from .traffic import TRAFFIC_FILE, TrafficFlags
@@ -94,6 +95,7 @@ class Store:
         self._lost: set[int] = set()  # ranks whose copy of the current round could not be taken
         self._round_t0 = 0.0
         self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
+        self._peer_rounds: list[int] = []  # the newest versions peers replicate here: local ranks' copies held
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
         self._busy = False  # a replica was sent since the last sealed notification
         self.stride = Stride(self.log, config.replication.max_slowdown)
@@ -102,7 +104,7 @@ class Store:
         self.link = LinkMeter(config.replication.rate, self.flags is not None)
         """The link's measured capacity and the pace of the sends (:mod:`baft.linkmeter`)."""
         self._peers: dict[str, PeerLink] = {}  # one kept connection per target (the replicate thread's alone)
-        self._rings: dict[tuple[str, int], SlotRing] = {}  # ("replica" | "kept", rank) -> its ring of slot files
+        self._rings: dict[tuple[str, int], SlotRing] = {}  # ("replica" | "kept" | "held", rank) -> its slot files
         self._rings_lock = threading.Lock()
         self._own: dict[tuple[int, int, str], Path] = {}  # (rank, slot, path as named) -> the checked slot file
         self._closed = False
@@ -180,11 +182,12 @@ class Store:
         return min(free, self.config.max_payload) if self.config.max_payload else free
 
     def ring(self, kind: str, rank: int) -> SlotRing:
-        """``rank``'s ring of replicas received (``replica``) or of kept copies (``kept``) on this node."""
+        """``rank``'s ring of replicas received (``replica``), of copies kept at this node's round versions
+        (``kept``) or at its peers' (``held``) on this node."""
         with self._rings_lock:
             ring = self._rings.get((kind, rank))
             if ring is None:
-                name = replica_slot if kind == "replica" else kept_slot
+                name = {"replica": replica_slot, "kept": kept_slot, "held": held_slot}[kind]
                 ring = self._rings[(kind, rank)] = SlotRing([name(self.root, rank, k) for k in range(SLOTS)])
             return ring
 
@@ -196,6 +199,7 @@ class Store:
         limit = self.payload_limit()
         if nbytes > limit:
             raise Refused(f"a replica of {nbytes} bytes (at most {limit} here)")
+        self._hold(version)  # before the body: on a paced link it takes a while, and the slots move on
         head = bytearray(min(nbytes, HEADER))
         recv_exact_into(sock, memoryview(head))
         ring = self.ring("replica", rank)
@@ -224,6 +228,8 @@ class Store:
                                    persisted if type(persisted) is int else None)
                 if header["version"] == self._current:
                     self._capture(header["rank"])  # now, before the slot is reused
+                if header["version"] in self._peer_rounds:
+                    self._hold_rank(header["rank"], header["version"])
                 self._cond.notify()
             return {"ok": True}, b""
         if op == "discard":
@@ -296,7 +302,7 @@ class Store:
             while self._inflight is not None and self._inflight[0] == rank and self._inflight[1] > version:
                 self._cond.wait(0.1)
             dropped = []
-            for kind in ("replica", "kept"):
+            for kind in ("replica", "kept", "held"):
                 ring = self.ring(kind, rank)
                 with ring.lock:
                     dropped += ring.abandon_newer(version)
@@ -357,6 +363,35 @@ class Store:
             return
         self._captured[rank] = got
         self._kept[rank] = k + 1
+
+    # A peer's round v lands here as its ranks' replicas of v; after that peer is lost, its ranks can
+    # restore only at the versions replicated here, so every rank of the job must find one of them: this
+    # node keeps its own ranks' copies of v too (``held``), taken from their slots when the first replica
+    # of v begins to arrive (or when a rank seals v, if the peer is ahead), whatever versions this node's
+    # own rounds took (each node's stride follows its own link). A replica ring keeps the last SLOTS
+    # versions it received, the held ring the last SLOTS announced: the newest complete replica (the last
+    # round, or the one before while a round is in flight) always has its match here.
+
+    def _hold(self, version: int) -> None:
+        """A peer replicates ``version`` here: hold every local rank's copy of it."""
+        with self._cond:
+            if version in self._peer_rounds:
+                return
+            self._peer_rounds = sorted(self._peer_rounds + [version])[-SLOTS:]
+            for rank in self._sealed:
+                self._hold_rank(rank, version)
+
+    def _hold_rank(self, rank: int, version: int) -> None:
+        """Copy ``rank``'s slot of ``version`` into its held ring, if sealed and not held yet. Under the lock."""
+        versions = self._sealed.get(rank, {})
+        if version not in versions:
+            if versions and max(versions) > version:  # it moved on: its slot of the version is reused or never was
+                self.log("hold_skipped", rank=rank, version=version, reason="the rank's slot no longer holds it")
+            return  # else the rank seals it later: held then
+        ring = self.ring("held", rank)
+        with ring.lock:
+            if version not in ring.held and ring.copy_from(Path(versions[version]), version) is None:
+                self.log("hold_skipped", rank=rank, version=version, reason="slot rewritten before it was read")
 
     def _lose(self, rank: int, reason: str) -> None:
         self._lost.add(rank)

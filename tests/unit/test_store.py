@@ -267,6 +267,38 @@ def test_rounds_replicate_one_version_for_every_local_rank(two_stores) -> None:
     client.close()
 
 
+def test_a_node_holds_its_ranks_at_the_versions_its_peer_replicates_whatever_its_own_rounds_took(tmp_path: Path) -> None:
+    """Found in CI (link-throttle-replication, 1 run in 8): the two nodes' strides followed their own links,
+    node 0's rounds kept versions 4, 8, 12 and node 1's replicas on node 0 were 5 and 6; node 1 was lost and
+    no version was common to every rank: the job restarted from scratch. A node keeps its own ranks' copies
+    at the versions its peer replicates to it."""
+    with stores(tmp_path, ReplicationConfig(replicas=1)) as (addresses, nodes):
+        nodes[0].stride.value = 4  # node 0's link measured slower: its rounds take every 4th version
+        nodes[0].stride.round_done = lambda seconds: None  # and stay so
+        c0, c1 = StoreClient(addresses[0]), StoreClient(addresses[1])
+        for v in (4, 5):
+            c0.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v))
+        c1.sealed(1, 5, seal(tmp_path / "node1", rank=1, version=5, fill=50))
+        wait_for(lambda: 5 in replicas_of(tmp_path / "node0", 1))
+        c1.sealed(1, 9, seal(tmp_path / "node1", rank=1, version=9, fill=90))  # node 1 is ahead of node 0 now
+        wait_for(lambda: 9 in replicas_of(tmp_path / "node0", 1))
+        held = lambda: {v for v, p in copies(tmp_path / "node0", 0) if p.name.startswith("held-")}  # noqa: E731
+        for v in range(6, 14):  # node 0's own slots move past 5 and 9; its rounds take multiples of 4
+            c0.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v))
+            if v == 9:  # (a slot is reused three versions later: a job's steps take longer than this loop's)
+                wait_for(lambda: 9 in held())
+        wait_for(lambda: replicas_of(tmp_path / "node1", 0) - {4})
+        mine = {v for v, _ in copies(tmp_path / "node0", 0)}
+        assert {5, 9} <= mine, mine  # node 1 lost now: rank 1 restores at 9 from its replica, rank 0 too
+        assert {v for v, p in copies(tmp_path / "node0", 0) if p.name.startswith("rank-")} == {11, 12, 13}
+        five = next(p for v, p in copies(tmp_path / "node0", 0) if v == 5 and p.name.startswith("held-"))
+        assert five.read_bytes() == seal(tmp_path / "copy", rank=0, version=5, fill=5).read_bytes()
+        assert 9 in nodes[0].discard(0, 6)  # a restore at 6 forgets the held 9 (with newer kept copies)
+        assert held() == {5}
+        c0.close()
+        c1.close()
+
+
 # -- the config: one object from the scenario to the store process -------------------------------------
 def store_args(root: Path, *extra: str) -> list[str]:
     return ["--root", str(root), "--node", "1", "--addresses", "a:1,b:2", *extra]
