@@ -25,13 +25,22 @@ WINDOW = "#8172b3"
 DPI = 110
 
 
+def loss_rank(run: Journal) -> tuple[int | None, bool]:
+    """The rank whose losses stand for the run (the lowest that reports one, as :func:`~analysis.losscurve.
+    loss_curve` takes) and whether other ranks report their own (a script's ranks: each its batch's)."""
+    ranks = {e["rank"] for e in run.events("step") if e.get("loss") is not None and "rank" in e}
+    return (min(ranks) if ranks else None), len(ranks) > 1
+
+
 def _steps_by_incarnation(run: Journal) -> dict[int, list[tuple[int, float, float]]]:
-    """Incarnation -> [(step, loss, t)] of the rank reporting losses (the lowest such rank)."""
+    """Incarnation -> [(step, loss, t)] of one rank (:func:`loss_rank`), its last execution of each step in
+    the incarnation: the same rank in every run, never whichever rank's record came first."""
+    rank, _ = loss_rank(run)
     out: dict[int, dict[int, tuple[int, float, float]]] = {}
     for e in run.events("step"):
-        if e.get("loss") is None:
+        if e.get("loss") is None or e.get("rank", rank) != rank:
             continue
-        out.setdefault(e["incarnation"], {}).setdefault(e["step"], (e["step"], float(e["loss"]), e["t"]))
+        out.setdefault(e["incarnation"], {})[e["step"]] = (e["step"], float(e["loss"]), e["t"])
     return {k: sorted(v.values()) for k, v in sorted(out.items())}
 
 
@@ -54,11 +63,14 @@ def loss_figure(reference: Journal, run: Journal, verdict: Verdict, path: Path) 
     if not ref and not runs:
         return None
     fig, (ax, dx) = plt.subplots(2, 1, figsize=(9, 5.4), dpi=DPI, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    (ref_rank, ref_many), (run_rank, run_many) = loss_rank(reference), loss_rank(run)
     for pts in ref.values():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=REFERENCE, lw=2.2, label="reference (no faults)")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=REFERENCE, lw=2.2,
+                label="reference (no faults)" + (f", rank {ref_rank}" if ref_many else ""))
     for i, (inc, pts) in enumerate(runs.items()):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=FAULTED, lw=1.3, ls="-" if i == 0 else "--",
-                marker="o", ms=2.5, label="faulted run" if i == 0 else f"after restart {inc}")
+                marker="o", ms=2.5, label=("faulted run" if i == 0 else f"after restart {inc}")
+                + (f", rank {run_rank}" if run_many else ""))
     seen: set[Any] = set()
     for m in _fault_marks(run):
         if m["fatal"] and m["step"] is not None:

@@ -2,7 +2,7 @@
 
 Each rank trains a copy of a small MLP on its share of every global batch and
 averages gradients with an all-reduce (gloo). Nothing here is specific to the
-harness except the few ``run.*`` calls of the probe API (``harness.worker.session``):
+harness except the few ``run.*`` calls of the probe API (``from harness import Session``):
 where training starts, where each step begins and ends, and which objects hold
 the state (a ``baft.TrainState``).
 
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from baft import TrainState
-from harness.worker.session import Session
+from harness import Session
 
 
 class Position:

@@ -5,7 +5,7 @@ pipeline stages is a slice of one small MLP stack, sharded over two ranks with F
 driven by ``torch.distributed.pipelining``'s 1F1B schedule. baft attaches to the stage with the mesh, so
 it knows which ranks hold the same state and which hold different shards; its checkpoint holds each
 rank's shards and persists them as DTensors (a stock ``dcp.load`` reads them unsharded). What is the
-harness's: the few ``run.*`` calls of the probe API (``harness.worker.session``).
+harness's: the few ``run.*`` calls of the probe API (``from harness import Session``).
 
     baft run examples/pp-fsdp-kill.yaml    # killed in the middle of a snapshot, judged bit for bit
 """
@@ -22,7 +22,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from baft import TrainState
-from harness.worker.session import Session
+from harness import Session
 
 WIDTH, LAYERS, CLASSES = 64, 4, 4
 

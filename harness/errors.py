@@ -1,5 +1,8 @@
-"""The root exception of the harness, and the errors for bad input (command line, scenario) and failed launches."""
+"""The root exception of the harness, the errors for bad input (command line, scenario) and failed launches,
+and the warning for a moved name (an import path, a YAML key, a flag) that still works for one release."""
 from __future__ import annotations
+
+import warnings
 
 
 class HarnessError(Exception):
@@ -55,3 +58,20 @@ class Cancelled(KeyboardInterrupt):
     def exit_code(self) -> int:
         """130 for SIGINT, 143 for SIGTERM: what a shell reports for a process ended by the signal."""
         return 128 + self.signum
+
+
+class HarnessDeprecationWarning(FutureWarning):
+    """A public name moved: the old one still works for one release. A ``FutureWarning``, so Python shows it to
+    a script's user by default (a plain ``DeprecationWarning`` is hidden outside ``__main__``)."""
+
+
+_warned: set[str] = set()
+
+
+def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn once per process that ``old`` moved to ``new`` (and keeps working until the next release)."""
+    if old in _warned:
+        return
+    _warned.add(old)
+    warnings.warn(f"{old} is deprecated and will be removed in the next release: use {new}",
+                  HarnessDeprecationWarning, stacklevel=stacklevel)

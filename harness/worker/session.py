@@ -4,7 +4,7 @@
 (``workload: {script: train.py, nproc: 2}``) — with ``BAFT_SPEC`` naming the
 run's worker spec. A script opens a session and reports through it::
 
-    from harness.worker.session import Session
+    from harness import Session
 
     with Session.from_env() as run:             # process group, journal, faults armed
         ckpt = run.checkpointer(state)          # the scenario's checkpoint policy for a TrainState

@@ -24,7 +24,7 @@ from baft import CheckpointConfig
 from baft.components import COMPONENTS
 from injectors import FAULTS, FaultConfig, FaultConfigError
 
-from harness.errors import ConfigValueError, ScenarioError
+from harness.errors import ConfigValueError, ScenarioError, deprecated
 from harness.schema import build, found_repr, to_plain
 from harness.worker.shapes import PRESETS
 
@@ -296,6 +296,17 @@ class Placement:
         names = [f.name for f in dataclasses.fields(self)]
         ordered = [n for n in names if n not in own] + [n for n in names if n in own]
         return {n: to_plain(getattr(self, n)) for n in ordered if getattr(self, n) is not None}
+
+    def __getitem__(self, key: str) -> Any:
+        """Deprecated: the spec read as the mapping it once was (``run.spec["workload"]["steps"]``): the
+        field as plain data. Read it by attribute (``run.spec.workload.steps``)."""
+        deprecated('the worker spec read by key (spec["..."])', "its attributes (spec.workload.steps)")
+        return self.plain()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Deprecated, like :meth:`__getitem__`."""
+        deprecated('the worker spec read by key (spec["..."])', "its attributes (spec.workload.steps)")
+        return self.plain().get(key, default)
 
     def dumps(self) -> str:
         """The file's text."""

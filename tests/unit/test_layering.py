@@ -22,7 +22,7 @@ ALLOWED = {
 #: The floors of ``harness``, top to bottom (ARCHITECTURE.md). A room imports only rooms on lower
 #: floors (and itself); rooms side by side on one floor do not import each other.
 HARNESS_FLOORS: tuple[frozenset[str], ...] = (
-    frozenset({"cli", "pytest_plugin"}),
+    frozenset({"cli", "pytest_plugin", "session"}),  # session: the deprecated alias of worker.session
     frozenset({"cluster", "campaign", "bench"}),
     frozenset({"run"}),
     frozenset({"scenario"}),

@@ -133,3 +133,32 @@ def test_verdict_metrics_report_goodput_and_overhead(tmp_path: Path) -> None:
     assert m is not None and m.goodput_steps_per_second.reference and m.goodput_ratio is not None
     assert m.iteration_seconds == Paired(reference=None, faulted=None)  # hand-made steps carry no seconds
     assert Journal.load(tmp_path / "faulted").world_size == 2
+
+
+def test_a_bit_for_bit_ddp_run_plots_the_same_rank_with_identical_arrays(tmp_path: Path) -> None:
+    """Each DDP rank reports its own batch's loss; the plot took whichever rank's record came first per step, so
+    a bit-for-bit run (PASSED) drew a faulted curve unlike the reference's before any fault."""
+    from analysis.plots import _steps_by_incarnation, loss_figure, loss_rank
+
+    def ddp(killed_at: int | None) -> Journal:
+        ranks: dict[int, list] = {0: [], 1: []}
+        t, inc = 0.0, 0
+        steps = list(range(10)) if killed_at is None else list(range(killed_at + 1)) + list(range(5, 10))
+        for i, step in enumerate(steps):
+            if killed_at is not None and i == killed_at + 1:
+                inc = 1  # rank 1 killed after step 7, both restarted from step 5
+            for rank in (1, 0) if (step + inc) % 2 else (0, 1):  # which rank's record comes first varies
+                t += 0.01
+                ranks[rank].append({"event": "step", "rank": rank, "step": step, "incarnation": inc, "t": t,
+                                    "loss": 2.0 - 0.1 * step + (0.5 if rank else 0.0)})
+        return Journal(run_dir=tmp_path, ranks=ranks)
+
+    reference, faulted = ddp(None), ddp(7)
+    assert loss_rank(reference) == (0, True) and loss_rank(faulted) == (0, True)
+    ref, run = _steps_by_incarnation(reference), _steps_by_incarnation(faulted)
+    ref_losses = {s: loss for s, loss, _ in ref[0]}
+    for pts in run.values():  # every incarnation's points lie on the reference's curve
+        assert all(loss == ref_losses[s] for s, loss, _ in pts), pts
+    assert [s for s, _, _ in run[1]] == [5, 6, 7, 8, 9]
+    verdict = Verdict(scenario="ddp", passed=True, failures=[])
+    assert loss_figure(reference, faulted, verdict, tmp_path / "loss.png").read_bytes().startswith(PNG)

@@ -116,6 +116,34 @@ def test_a_session_reads_its_spec_by_attribute(tmp_path: Path, monkeypatch: pyte
     assert (cfg.node, cfg.store, cfg.shm_dir) == (1, "127.0.0.1:40002", "/dev/shm/baft-run-1/node1")
 
 
+def test_the_probe_apis_old_import_and_key_paths_work_with_one_warning_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README documented ``from harness.session import Session`` and ``run.spec["workload"]``; both moved
+    (harness.worker.session, a typed spec) and broke users' scripts without notice."""
+    import importlib
+    import sys
+    import warnings
+
+    import harness
+    from harness import errors
+
+    monkeypatch.setattr(errors, "_warned", set())
+    monkeypatch.delitem(sys.modules, "harness.session", raising=False)
+    assert harness.Session is Session  # the stable path, no warning
+    with pytest.warns(errors.HarnessDeprecationWarning, match=r"harness\.session .*from harness import Session"):
+        old = importlib.import_module("harness.session")
+    assert old.Session is Session
+    session = Session(write(tmp_path, OLD_SPEC))
+    with pytest.warns(errors.HarnessDeprecationWarning, match=r"spec\.workload\.steps"):
+        assert session.spec["workload"]["steps"] == 22
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process: the second read is silent
+        assert session.spec["stores"] == ["127.0.0.1:40001", "127.0.0.1:40002"]
+        assert session.spec.get("nothing", 5) == 5
+    with pytest.raises(AttributeError, match="no attribute 'Sesion'"):
+        harness.Sesion  # noqa: B018
+
+
 def test_the_bench_spec_round_trips(tmp_path: Path) -> None:
     spec = BenchSpec(bench=BenchConfig(strategies=["baft"], cycles=2), shm_dir="/dev/shm/b", run_dir="/r")
     back = BenchSpec.load(write(tmp_path, spec.plain()))
