@@ -357,6 +357,12 @@ class Store:
         k = self._kept.get(rank, 0)
         ring = self.ring("kept", rank)
         with ring.lock:
+            old = ring.held[k % SLOTS]
+            if old is not None and old in self._peer_rounds:  # a peer's round version, held only here so far
+                held = self.ring("held", rank)
+                with held.lock:
+                    if old not in held.held:
+                        held.copy_from(ring.paths[k % SLOTS], old)
             got = ring.copy_from(Path(versions[v]), v, k % SLOTS)
         if got is None:
             self._lose(rank, "slot rewritten before it was read")
@@ -364,13 +370,13 @@ class Store:
         self._captured[rank] = got
         self._kept[rank] = k + 1
 
-    # A peer's round v lands here as its ranks' replicas of v; after that peer is lost, its ranks can
-    # restore only at the versions replicated here, so every rank of the job must find one of them: this
-    # node keeps its own ranks' copies of v too (``held``), taken from their slots when the first replica
-    # of v begins to arrive (or when a rank seals v, if the peer is ahead), whatever versions this node's
-    # own rounds took (each node's stride follows its own link). A replica ring keeps the last SLOTS
-    # versions it received, the held ring the last SLOTS announced: the newest complete replica (the last
-    # round, or the one before while a round is in flight) always has its match here.
+    # A peer's round v lands here as its ranks' replicas of v; once that peer is lost, its ranks restore only
+    # at versions replicated here, so this node holds its own ranks' copies of v too (``held``, from their
+    # slots when the first replica of v begins to arrive, or when a rank seals v if the peer is ahead),
+    # whatever versions its own rounds took (each node's stride follows its own link). Where its own round
+    # took v too, the kept copy serves until the kept ring reuses it (then it is copied to the held ring).
+    # The held ring keeps the last SLOTS versions announced: the newest complete replica (the last round,
+    # or the one before while a round is in flight) always has its match here.
 
     def _hold(self, version: int) -> None:
         """A peer replicates ``version`` here: hold every local rank's copy of it."""
@@ -388,6 +394,8 @@ class Store:
             if versions and max(versions) > version:  # it moved on: its slot of the version is reused or never was
                 self.log("hold_skipped", rank=rank, version=version, reason="the rank's slot no longer holds it")
             return  # else the rank seals it later: held then
+        if version in self.ring("kept", rank).held:
+            return  # this node's own round took it too: copied to the held ring only if the kept one is reused
         ring = self.ring("held", rank)
         with ring.lock:
             if version not in ring.held and ring.copy_from(Path(versions[version]), version) is None:

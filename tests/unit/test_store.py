@@ -299,6 +299,27 @@ def test_a_node_holds_its_ranks_at_the_versions_its_peer_replicates_whatever_its
         c1.close()
 
 
+def test_a_peers_version_kept_by_this_nodes_own_round_is_held_when_the_kept_ring_reuses_it(tmp_path: Path) -> None:
+    """Where both nodes' rounds took the same version (the common case), no second copy is made at once; the
+    kept copy is copied to the held ring only when the kept ring is about to be rewritten."""
+    with stores(tmp_path, ReplicationConfig(replicas=1)) as (addresses, nodes):
+        c0, c1 = StoreClient(addresses[0]), StoreClient(addresses[1])
+        kept = lambda: {v for v, p in copies(tmp_path / "node0", 0) if p.name.startswith("kept-")}  # noqa: E731
+        held = lambda: {v for v, p in copies(tmp_path / "node0", 0) if p.name.startswith("held-")}  # noqa: E731
+        c0.sealed(0, 5, seal(tmp_path / "node0", rank=0, version=5, fill=5))
+        wait_for(lambda: 5 in kept())
+        c1.sealed(1, 5, seal(tmp_path / "node1", rank=1, version=5, fill=50))
+        wait_for(lambda: 5 in replicas_of(tmp_path / "node0", 1))
+        assert held() == set()  # the kept copy of 5 serves
+        for v in (6, 7, 8):  # three more rounds of node 0's own: its kept ring reuses the file of 5
+            c0.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v))
+            wait_for(lambda: v in replicas_of(tmp_path / "node1", 0))
+        assert kept() == {6, 7, 8} and held() == {5}
+        assert {v for v, _ in copies(tmp_path / "node0", 0)} & replicas_of(tmp_path / "node0", 1) == {5}
+        c0.close()
+        c1.close()
+
+
 # -- the config: one object from the scenario to the store process -------------------------------------
 def store_args(root: Path, *extra: str) -> list[str]:
     return ["--root", str(root), "--node", "1", "--addresses", "a:1,b:2", *extra]
