@@ -9,6 +9,11 @@ are counted apart: the loss curve judges those). The first divergence is the ear
 differ: the state at boundary ``s`` comes before the loss of iteration ``s``,
 and components are ordered as in :data:`COMPONENT_ORDER`. Where the journals
 carry the L2 norms of floating tensors, a divergence also says how large it is.
+
+A restarted process whose first optimizer step began before the restart (a save between two micro-batches
+of gradient accumulation, the accumulated gradient restored) makes fewer backward calls in that step than
+the reference did; its loss, summed over the calls this process saw, is *partial*: not compared (no
+divergence), while the state after the step is, as always — it decides whether the resume was right.
 """
 from __future__ import annotations
 
@@ -67,6 +72,24 @@ class Divergence(Record):
         return {**Record.to_json(self), "relative_norm_change": self.relative_norm_change}
 
 
+@dataclass(frozen=True, slots=True)
+class PartialStep(Record):
+    """A step a restarted process resumed in the middle of: its loss record is partial, not compared."""
+
+    rank: int
+    step: int
+    incarnation: int
+    backwards: int
+    """Backward calls the restarted process made in the step."""
+    reference_backwards: int
+    """Backward calls the reference made in it (the rest were restored with the gradient)."""
+
+    def describe(self) -> str:
+        restored = self.reference_backwards - self.backwards
+        return (f"resumed mid-step {self.step} ({restored} of {self.reference_backwards} micro-batches restored with "
+                f"the gradient)")
+
+
 @dataclass(slots=True)
 class Comparison:
     """Result of comparing every record of a run against the reference."""
@@ -79,6 +102,8 @@ class Comparison:
     resized: int = 0
     """Records written at another world size than the reference's (after an elastic restart):
     not comparable bit for bit; the loss curve judges them."""
+    partial: list[PartialStep] = field(default_factory=list)
+    """Loss records of steps a restarted process resumed in the middle of (not compared)."""
 
     @property
     def first(self) -> Divergence | None:
@@ -133,13 +158,22 @@ def compare(reference: Journal, run: Journal) -> Comparison:
             result.states_compared += 1
             result.divergences.extend(compare_digests(ev["step"], rank, ref["digests"], ev["digests"],
                                                       ref.get("norms"), ev.get("norms")))
-        for ev in run.events("step", rank):
+        steps = run.events("step", rank)
+        firsts = {}  # incarnation -> the first step its process took
+        for ev in steps:
+            firsts.setdefault(ev.get("incarnation", 0), ev["step"])
+        for ev in steps:
             if ev.get("world") not in (None, world):
                 result.resized += 1
                 continue
             ref = ref_steps.get(ev["step"])
             if ref is None:
                 result.missing_reference.append((rank, ev["step"]))
+                continue
+            inc = ev.get("incarnation", 0)
+            got, want = ev.get("backwards"), ref.get("backwards")
+            if inc > 0 and firsts[inc] == ev["step"] and type(got) is int and type(want) is int and got < want:
+                result.partial.append(PartialStep(rank, ev["step"], inc, got, want))
                 continue
             if ref.get("loss_bits") is None and ev.get("loss_bits") is None:
                 continue  # stages without a loss

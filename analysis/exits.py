@@ -1,4 +1,5 @@
-"""Why workers ended: the failures torchrun's agents saw (``worker_failed``), placed in the job's history.
+"""Why workers ended: the failures torchrun's agents saw (``worker_failed``), placed in the job's history,
+and the workers that did not end: alive after every rank had finished (``teardown_hang``), ended by the harness.
 
 A restart that no fault explains is a failure of the job itself; the verdict names it with what the
 agents saw: the rank, the signal or exit code, the first line of its error (an uncaught exception, with
@@ -53,6 +54,34 @@ class WorkerFailure(Record):
         else:
             when = "before a first step"
         return f"incarnation {self.incarnation}: {who} ended with {how} {when}{said}{at}"
+
+
+@dataclass(kw_only=True, slots=True)
+class TeardownHang(Record):
+    """A worker still alive ``seconds`` after it journaled its last step, once every rank had: stuck in its
+    process's teardown. The harness ended the job; the run counts as completed (a finding about the job's
+    stack, e.g. torch's gloo teardown deadlocking on the GIL, not a fault)."""
+
+    run: str
+    """``reference`` or ``faulted``."""
+    rank: int
+    pid: int
+    seconds: float
+    """From its ``finish`` to the harness ending it (the run's ``exit_timeout`` and a little)."""
+    where: str
+    """Its Python stacks (``py-spy dump``) or its threads' kernel waits, as read before it was ended."""
+
+    def describe(self) -> str:
+        inner = next((line.strip() for line in self.where.splitlines() if line.strip().startswith(("Thread", "threads"))), "")
+        return (f"{self.run} run: rank {self.rank} (pid {self.pid}) still alive {self.seconds:.0f} s after its last "
+                f"step: stuck in its teardown, ended by the harness (not a fault; a finding about the job's stack)"
+                + (f"; {_cut(inner, 160)}" if inner else ""))
+
+
+def teardown_hangs(journal: Journal, run: str) -> list[TeardownHang]:
+    """The ``teardown_hang`` events of one run's launcher journal."""
+    return [TeardownHang(run=run, rank=int(e["rank"]), pid=int(e.get("pid", 0)), seconds=float(e.get("seconds", 0.0)),
+                         where=str(e.get("where") or "")) for e in journal.launcher if e.get("event") == "teardown_hang"]
 
 
 def _cut(text: str, limit: int = 240) -> str:

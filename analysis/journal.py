@@ -37,6 +37,8 @@ Event fields:
                         id and the delay a window fault added (per worker, when it is rolled back)
 ``checkpoint_failed``   step, tier, reason (a write failed; ``latest`` still names the last good one)
 ``hang_detected`` (launcher) silent_seconds, timeout, stopped_pids, killed_pids
+``teardown_hang`` (launcher) rank, pid, seconds (since it journaled ``finish``), exit_timeout, where (its
+                        stacks or kernel waits): alive after every rank finished; the harness ended the job
 ``snapshot``            step (version), tier, bytes, window_bytes, stall_bytes, copy_seconds, stall_seconds
 ``bubbles``             step, idle_seconds, windows, copy_in_windows_seconds, utilisation (copy time / idle time),
                         in_window_fraction (bytes copied inside windows / all bytes), iteration_seconds
@@ -116,6 +118,7 @@ EVENTS = (
     "slow_storage_summary",
     "checkpoint_failed",
     "hang_detected",
+    "teardown_hang",
     "finish",
     "snapshot",
     "snapshot_skipped",

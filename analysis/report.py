@@ -182,6 +182,13 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
                    ("table", (["node", "step", "what", "why"], [
                        [c.node, _fmt(c.step), "stopped" if c.stopped else "resumed", c.reason]
                        for c in v.replication_changes]))]
+    if v.partial_steps:
+        blocks += [("h2", "Steps resumed mid-way"), ("p", "A restarted process resumed between two micro-batches of a "
+                   "step (the accumulated gradient restored): its loss covers only the backward calls it made and is "
+                   "not compared; the state after the step is."), ("table", (["rank", "step", "incarnation", "what"], [
+                       [_fmt(p.rank), _fmt(p.step), _fmt(p.incarnation), p.describe()] for p in v.partial_steps]))]
+    for h in v.teardown_hangs:
+        blocks += [("h2", f"Teardown hang: {h.run} run, rank {h.rank}"), ("p", h.describe()), ("pre", h.where)]
     lc = v.loss_curve
     if lc is not None:
         worst, eq = lc.worst_window, lc.equivalence

@@ -66,6 +66,13 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
         )
         if r.resume:
             lines.append(f"    {r.resume}")
+    partial: dict[tuple[int, int], list[int]] = {}
+    for p in v.partial_steps:
+        partial.setdefault((p.incarnation, p.step), []).append(p.rank)
+    for (inc, step), ranks in sorted(partial.items()):
+        p = next(q for q in v.partial_steps if (q.incarnation, q.step) == (inc, step))
+        lines.append(f"    restart {inc}: {p.describe()} on rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(map(str, sorted(ranks)))}: its loss is partial, not compared; the state after it is")
     for w in v.windows:
         lines.append(f"  {w.fault} {w.target}: active from step {w.from_step}"
                      + (f" to step {w.to_step}" if w.to_step is not None else " to the end") + f" ({w.effect})")
@@ -89,6 +96,8 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
     for label, issues in (("rejected", v.checkpoints_rejected), ("write failed", v.checkpoints_failed)):
         for c in issues:
             lines.append(f"  checkpoint {label}: step {c.step} ({c.tier}): {c.reason}")
+    for h in v.teardown_hangs:
+        lines.append(f"  teardown hang    {h.describe()}")
     if v.caught is not None:
         want = " / ".join(x for x in (v.caught.expected.component, v.caught.expected.failure) if x)
         lines.append(f"  planted bug      {'CAUGHT' if v.caught.caught else 'NOT CAUGHT'} (expected: {want})")

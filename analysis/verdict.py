@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .compare import Divergence, compare
+from .compare import Divergence, PartialStep, compare
 from .errors import AnalysisError, ConfigFieldError
-from .exits import WorkerFailure, unexplained, worker_failures
+from .exits import TeardownHang, WorkerFailure, teardown_hangs, unexplained, worker_failures
 from .journal import Journal
 from .losscurve import LossExpect, LossVerdict, compare_curves, loss_curve
 from .metrics import Efficiency, Recovery, Window, efficiency, final_step, recoveries, windows
@@ -228,7 +228,7 @@ def reproducibility(reference: Journal, again: Journal) -> Reproducibility:
 
 #: Fields written only when set (a run without a failed worker, a local run has no cluster, a cluster run
 #: no agents); the value here (their default) means "not there".
-_WHEN_SET: dict[str, Any] = {"worker_failures": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
+_WHEN_SET: dict[str, Any] = {"worker_failures": [], "teardown_hangs": [], "partial_steps": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
                              "cluster": None, "reproducibility": None}
 #: Fields a verdict without a comparison (``note``) has besides those.
 _UNCOMPARED = ("scenario", "passed", "failures")
@@ -295,6 +295,12 @@ class Verdict(Record):
     the persistent tier) or resumed."""
     worker_failures: list[WorkerFailure] = field(default_factory=list)
     """Every worker that ended badly (a fault's victims too), as the torchrun agents saw it."""
+    partial_steps: list[PartialStep] = field(default_factory=list)
+    """Steps a restarted process resumed in the middle of (gradient accumulation across a save): their loss
+    records are partial and not compared; the state after them is."""
+    teardown_hangs: list[TeardownHang] = field(default_factory=list)
+    """Workers of either run still alive ``run.exit_timeout`` after every rank had finished, ended by the
+    harness: no failure, a finding about the job's stack."""
     metrics: Efficiency | None = None
     """Goodput, iteration overhead, checkpoint cost and bubble use (None in files from before them)."""
     target: str = "local"
@@ -346,6 +352,8 @@ class Verdict(Record):
             "interval_changes": [IntervalChange.from_json(c) for c in data.get("interval_changes", [])],
             "replication_changes": [ReplicationChange.from_json(c) for c in data.get("replication_changes", [])],
             "worker_failures": [WorkerFailure.from_json(c) for c in data.get("worker_failures", [])],
+            "teardown_hangs": [TeardownHang.from_json(c) for c in data.get("teardown_hangs", [])],
+            "partial_steps": [PartialStep.from_json(c) for c in data.get("partial_steps", [])],
             "metrics": optional(Efficiency, data.get("metrics")),
             "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
             "cluster": optional(ClusterFacts, data.get("cluster")),
@@ -488,6 +496,8 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         interval_changes=interval_changes(run.events("interval_changed")),
         replication_changes=replication_changes(run),
         worker_failures=exits,
+        partial_steps=cmp.partial,
+        teardown_hangs=teardown_hangs(reference, "reference") + teardown_hangs(run, "faulted"),
         metrics=efficiency(reference, run, steps),
         reproducibility=repro,
     )

@@ -29,6 +29,10 @@ from harness.schema import build, found_repr
 from harness.worker.spec import FaultSpec, ProbeConfig, WorkloadConfig
 
 
+#: Seconds a worker may take to exit once every rank journaled its last step (``run.exit_timeout``).
+EXIT_TIMEOUT = 30.0
+
+
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
     """How the harness runs the scenario."""
@@ -48,6 +52,10 @@ class RunConfig:
     """Seconds the job may take from its launch (or a restart) to its first step: imports, rendezvous,
     a restore. A script that takes no optimizer step in that time is stopped (the watchdog's; for an
     unmodified script also in its reference run)."""
+    exit_timeout: float = EXIT_TIMEOUT
+    """Seconds a worker may take to exit once every rank journaled its last step; one still alive then is
+    stuck in its teardown: the harness says where (``teardown_hang``), ends the job and counts the run as
+    completed (a finding about the job's stack, not a fault nor a lost step)."""
     last_call: float = 10.0
     """Seconds an elastic rendezvous (a node lost for good) waits for more nodes once the minimum
     has joined; a node that restarts later than this is left out (torchrun's default is 30)."""
@@ -63,6 +71,8 @@ class RunConfig:
             raise ConfigValueError("last_call", "a number of seconds > 0", self.last_call)
         if self.startup_timeout <= 0:
             raise ConfigValueError("startup_timeout", "a number of seconds > 0", self.startup_timeout)
+        if self.exit_timeout <= 0:
+            raise ConfigValueError("exit_timeout", "a number of seconds > 0", self.exit_timeout)
 
 
 @dataclass(kw_only=True, slots=True)

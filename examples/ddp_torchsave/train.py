@@ -7,6 +7,10 @@ Every ``--save-every`` steps rank 0 writes the model, optimizer, scheduler and s
 ``CKPT_DIR/rng-RANK.pt``. On start it resumes from ``last.pt`` when there is one: the epoch and the
 batches already seen in it are skipped (the DistributedSampler reshuffles each epoch from its seed).
 ``--torn`` plants a classic bug: the optimizer is saved one step after the model, to its own file.
+
+``--accumulate N`` takes an optimizer step every N micro-batches, and ``--save-every`` then counts
+micro-batches: a save may fall between two optimizer steps, and then holds the gradient accumulated so
+far, restored on resume (``--drop-grad`` plants the bug of leaving it out).
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--save-every", type=int, default=5)
     p.add_argument("--torn", action="store_true")
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--drop-grad", action="store_true", help="leave the accumulated gradient out of a save")
     p.add_argument("--loader-generator", action="store_true",
                    help="give the DataLoader a generator of its own (else each new iterator draws its seed "
                         "from the global torch RNG)")
@@ -55,43 +61,51 @@ def main() -> None:
 
     os.makedirs(args.ckpt_dir, exist_ok=True)
     last = os.path.join(args.ckpt_dir, "last.pt")
-    step = 0
+    acc = args.accumulate
+    micro = 0  # micro-batches done: acc per optimizer step
     if os.path.exists(last):
         ck = torch.load(last, weights_only=True)
         model.module.load_state_dict(ck["model"])
         opt.load_state_dict(torch.load(os.path.join(args.ckpt_dir, "optim.pt"), weights_only=True)
                             if args.torn else ck["optimizer"])
         sched.load_state_dict(ck["scheduler"])
-        step = ck["step"]
+        micro = ck.get("micro", ck["step"])
+        for param, grad in zip(model.parameters(), ck.get("grads") or []):
+            param.grad = grad  # the gradient accumulated before a save between optimizer steps
         rng = torch.load(os.path.join(args.ckpt_dir, f"rng-{rank}.pt"), weights_only=False)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
-        print(f"rank {rank}: resumed from step {step}", flush=True)
+        print(f"rank {rank}: resumed from step {micro // acc} (micro-batch {micro})", flush=True)
 
     per_epoch = len(loader)
-    while step < args.steps:
-        epoch, skip = divmod(step, per_epoch)
+    while micro < args.steps * acc:
+        epoch, skip = divmod(micro, per_epoch)
         sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
             if i < skip:
                 continue
             loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
+            if acc > 1:
+                loss = loss / acc
             loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            if args.torn and step % args.save_every == 1 and step > 1 and rank == 0:
-                atomic_save(opt.state_dict(), os.path.join(args.ckpt_dir, "optim.pt"))  # a step late
-            if step % args.save_every == 0:
+            micro += 1
+            step = micro // acc
+            if micro % acc == 0:
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                if args.torn and step % args.save_every == 1 and step > 1 and rank == 0:
+                    atomic_save(opt.state_dict(), os.path.join(args.ckpt_dir, "optim.pt"))  # a step late
+            if micro % args.save_every == 0:
                 rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
                 atomic_save(rng, os.path.join(args.ckpt_dir, f"rng-{rank}.pt"))
                 if rank == 0:
+                    grads = None if micro % acc == 0 or args.drop_grad else [q.grad for q in model.parameters()]
                     atomic_save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                                 "scheduler": sched.state_dict(), "step": step}, last)
+                                 "scheduler": sched.state_dict(), "step": step, "micro": micro, "grads": grads}, last)
                 dist.barrier()
-            if step >= args.steps:
+            if micro >= args.steps * acc:
                 break
     dist.barrier()  # no rank tears its connections down while another still uses them
     dist.destroy_process_group()

@@ -25,6 +25,7 @@ from analysis.journal import JournalWriter, agent_journal, launcher_journal
 
 from harness.errors import Cancelled, ConfigValueError, LaunchError
 from harness.worker.spec import SPEC_VARIABLE, Placement
+from harness.scenario import EXIT_TIMEOUT
 from harness.run.agent import JOURNAL_VARIABLE
 from harness.run.nodeenv import free_port, worker_env
 from harness.run.processes import new_token, stop_owned
@@ -67,6 +68,9 @@ class LaunchConfig:
     """Seconds without progress before the watchdog declares a hang (None: no watchdog)."""
     startup_timeout: float | None = None
     """With the watchdog: seconds from a launch or restart to the first step (None: its default)."""
+    exit_timeout: float | None = EXIT_TIMEOUT
+    """Seconds a worker may live once every rank journaled ``finish``; then the harness ends the job (a
+    teardown hang, journaled; None: wait for it)."""
     topology: Topology | None = None
     """The nodes' network namespaces (None: every node on the host's loopback); node 0's address
     hosts the rendezvous."""
@@ -90,6 +94,8 @@ class LaunchConfig:
             raise ConfigValueError("timeout", "a number > 0", self.timeout)
         if self.last_call <= 0:
             raise ConfigValueError("last_call", "a number of seconds > 0", self.last_call)
+        if self.exit_timeout is not None and self.exit_timeout <= 0:
+            raise ConfigValueError("exit_timeout", "a number of seconds > 0 (or null)", self.exit_timeout)
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
             raise ConfigValueError("min_nodes", f"a number of nodes in 1..{self.nodes}", self.min_nodes)
         if self.harness_faults and self.topology is None:
@@ -108,10 +114,17 @@ class LaunchResult:
     returncodes: list[int]
     seconds: float
     timed_out: bool
+    ended_after_finish: list[int] = field(default_factory=list)
+    """Nodes whose agent the harness ended after every rank had finished (a teardown hang, journaled as
+    ``teardown_hang``): their return codes are no failure."""
+
+    def failed_nodes(self) -> list[int]:
+        """Nodes whose agent ended badly, those ended after the job finished left out."""
+        return [n for n, rc in enumerate(self.returncodes) if rc != 0 and n not in self.ended_after_finish]
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and all(rc == 0 for rc in self.returncodes)
+        return not self.timed_out and not self.failed_nodes()
 
 
 def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult:
@@ -144,6 +157,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
     fleet = (StoreFleet(config.stores, config.nodes, run_dir, journal, config.topology, token=token,
                         secret=secret[SECRET_VARIABLE], world_size=config.world_size)
              if config.stores is not None else None)
+    watchdog: Watchdog | None = None
     with contextlib.ExitStack() as undo:
         undo.callback(journal.close)
         undo.callback(_journal_exits, journal, procs)
@@ -186,8 +200,9 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                 with open(logs / f"node{node}.log", "ab") as log:
                     procs.append(_start_agent(cmd, env, log, warm=config.topology is None, cwd=config.cwd))
                 journal.write("agent_start", node=f"node{node}", pid=procs[-1].pid, cmd=cmd)
-            if config.hang_timeout is not None:
-                watchdog = Watchdog(run_dir, procs, journal, config.hang_timeout, config.startup_timeout)
+            if config.hang_timeout is not None or config.exit_timeout is not None:
+                watchdog = Watchdog(run_dir, procs, journal, config.hang_timeout, config.startup_timeout,
+                                    config.exit_timeout)
                 undo.callback(watchdog.stop)
                 watchdog.start()
             if config.harness_faults and config.topology is not None:  # (LaunchConfig: no link fault without one)
@@ -207,7 +222,8 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
             raise
     if not procs:
         raise LaunchError("no torchrun agent started")
-    return LaunchResult(returncodes=[p.returncode for p in procs], seconds=time.monotonic() - t0, timed_out=timed_out)
+    return LaunchResult(returncodes=[p.returncode for p in procs], seconds=time.monotonic() - t0, timed_out=timed_out,
+                        ended_after_finish=watchdog.ended_after_finish if watchdog is not None else [])
 
 
 def _start_agent(cmd: list[str], env: dict[str, str], log: Any, warm: bool, cwd: Path | None = None) -> Any:

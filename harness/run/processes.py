@@ -46,6 +46,31 @@ def start_time(pid: int, proc: Path = _PROC) -> str | None:
     return stat.rpartition(")")[2].split()[19]  # fields after the command name start at field 3
 
 
+def where_stuck(pid: int, proc: Path = _PROC) -> str:
+    """Where process ``pid`` is, for a person: its Python stacks (``py-spy dump``, where installed), else the
+    kernel function each of its threads waits in (``/proc/PID/task/*/wchan``)."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy")
+    if spy is not None:
+        try:
+            done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
+            if done.returncode == 0 and done.stdout.strip():
+                return done.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    threads = []
+    for task in sorted((proc / str(pid) / "task").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+        try:
+            name = (task / "comm").read_text().strip()
+            wchan = (task / "wchan").read_text().strip() or "running"
+        except OSError:
+            continue
+        threads.append(f"{task.name} {name}: {wchan}")
+    return ("threads waiting in (py-spy not installed): " + "; ".join(threads)) if threads else "gone"
+
+
 def owner_value(pid: int | None = None) -> str:
     """:data:`OWNER_VARIABLE`'s value for ``pid`` (this process by default)."""
     pid = os.getpid() if pid is None else pid

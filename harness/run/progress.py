@@ -58,6 +58,10 @@ class JournalProgress:
         """Ranks that journaled ``finish`` (since the newest ``start`` at a new world size)."""
         self.started_at: float | None = None
         """``time.time()`` of the first ``start`` event read: when the job's first worker began."""
+        self.pids: dict[int, int] = {}
+        """Rank -> the pid of its newest worker (its ``start`` event)."""
+        self.finished_at: dict[int, float] = {}
+        """Rank -> ``time.time()`` of its ``finish`` (of the ranks in :attr:`finished`)."""
 
     def poll(self) -> int:
         for f in self.root.glob("rank-*/events.jsonl"):
@@ -78,11 +82,15 @@ class JournalProgress:
             self.step = max(self.step, json.loads(line)["step"] + 1)
             self.steps_seen += 1
         elif b'"event":"finish"' in line:
-            self.finished.add(int(json.loads(line)["rank"]))
+            event = json.loads(line)
+            self.finished.add(int(event["rank"]))
+            self.finished_at[int(event["rank"])] = float(event["t"])
         elif b'"event":"start"' in line:
             event = json.loads(line)
             self.started_at = min(self.started_at or event["t"], event["t"])
             self.finished.discard(int(event["rank"]))  # a restarted rank is running again
+            if isinstance(event.get("pid"), int):
+                self.pids[int(event["rank"])] = event["pid"]
             world = int(event.get("world_size") or 0)
             if world and world != self.world:
                 self.world = world

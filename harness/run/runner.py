@@ -40,7 +40,7 @@ from injectors.storage import DiskFullConfig, mount_private, unmount_private
 from harness.errors import Cancelled, LaunchError
 from harness.run.launcher import LaunchConfig, launch
 from harness.run.leftovers import claim_shm
-from harness.scenario import RunConfig, Scenario
+from harness.scenario import EXIT_TIMEOUT, RunConfig, Scenario
 from harness.run.storefleet import StoreSpec
 from harness.schema import to_plain
 from harness.worker.spec import WorkerSpec, WorkloadConfig
@@ -148,7 +148,8 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float, copy
                                                     max_restarts=0, timeout=timeout, script=script_command(workload, wd),
                                                     cwd=wd, hang_timeout=(run.hang_timeout or run.startup_timeout)
                                                     if watched else None,
-                                                    startup_timeout=run.startup_timeout if watched else None))
+                                                    startup_timeout=run.startup_timeout if watched else None,
+                                                    exit_timeout=run.exit_timeout if run is not None else EXIT_TIMEOUT))
             if wd is not None:
                 shutil.rmtree(wd, ignore_errors=True)  # the script's own checkpoints are not the reference's
         except BaseException:
@@ -256,15 +257,17 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
             hang_timeout=scenario.run.hang_timeout, startup_timeout=scenario.run.startup_timeout, topology=topology, harness_faults=scenario.harness_faults(),
             min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), last_call=scenario.run.last_call,
-            script=script_command(scenario.workload, wd), cwd=wd,
+            script=script_command(scenario.workload, wd), cwd=wd, exit_timeout=scenario.run.exit_timeout,
         ))
     finally:
         stack.close()  # namespaces, veths and bridge go, whatever happened
         shutil.rmtree(shm, ignore_errors=True)
         if private_tier is not None:
             keep_copy(Path(checkpoint.dir))
-    # The agent of a node lost for good was killed on purpose; the others must end well.
-    survivors = [rc for node, rc in enumerate(result.returncodes) if node not in scenario.lost_nodes]
+    # The agent of a node lost for good was killed on purpose, and one the harness ended after every rank
+    # had finished (a teardown hang, in the verdict); the others must end well.
+    survivors = [rc for node, rc in enumerate(result.returncodes)
+                 if node not in scenario.lost_nodes and node not in result.ended_after_finish]
     launch_failures = ([f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else "")
                         + (f"; the last exception a worker printed: {cause}" if (cause := failure_line(faulted / "logs"))
                            else "")]

@@ -10,6 +10,13 @@ gets ``startup_timeout`` instead. It then journals ``hang_detected``
 (how long the job was silent, which workers were stopped) and kills the stopped
 workers — all workers if none is stopped, e.g. a deadlock — so torchrun sees a
 failure and restarts the job, which restores the newest checkpoint.
+
+It also ends a job that finished but does not exit: once every rank journaled ``finish``, a
+worker still alive ``exit_timeout`` seconds after the last one did is stuck in its teardown (torch
+2.13's gloo teardown can deadlock on the GIL as a DDP script's frame is cleared). The watchdog
+journals ``teardown_hang`` (the rank, its pid, how long, and where it is: ``py-spy dump`` or the
+threads' kernel waits), then kills the agents still running (so torchrun restarts nothing) and the
+stuck workers. The run counts as completed: it is a finding about the job's stack, not a fault.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from analysis.journal import JournalWriter
 
 from injectors.process import workers_of
 
+from harness.run.processes import where_stuck
 from harness.run.progress import JournalProgress
 
 #: Seconds a job may take from launch (or a restart) to its first completed step.
@@ -33,10 +41,15 @@ STARTUP_TIMEOUT = 60.0
 class Watchdog:
     """Watches ``run_dir/journal/rank-*/events.jsonl`` while the agents run."""
 
-    def __init__(self, run_dir: Path, agents: list[subprocess.Popen], journal: JournalWriter, timeout: float,
-                 startup_timeout: float | None = None) -> None:
+    def __init__(self, run_dir: Path, agents: list[subprocess.Popen], journal: JournalWriter, timeout: float | None,
+                 startup_timeout: float | None = None, exit_timeout: float | None = None) -> None:
+        """``timeout``: seconds without progress before a hang is declared (None: no hang detection);
+        ``exit_timeout``: seconds a worker may live after the job finished (None: no deadline)."""
         self.run_dir, self.agents, self.journal, self.timeout = run_dir, agents, journal, timeout
-        self.startup_timeout = startup_timeout if startup_timeout is not None else max(timeout, STARTUP_TIMEOUT)
+        self.startup_timeout = startup_timeout if startup_timeout is not None else max(timeout or 0, STARTUP_TIMEOUT)
+        self.exit_timeout = exit_timeout
+        self.ended_after_finish: list[int] = []
+        """The nodes whose agent the watchdog ended after the job had finished (their exit is no failure)."""
         self.progress = JournalProgress(run_dir)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
@@ -66,8 +79,12 @@ class Watchdog:
             quiet_since = max(quiet_since, self.last_progress())
             silent = time.time() - quiet_since
             self.progress.poll()
+            if self.progress.done:
+                if self._past_exit_deadline():
+                    return
+                continue  # a finished job is silent: no hang
             started = self.progress.steps_seen > seen_at_start  # this incarnation completed a step
-            if silent < (self.timeout if started else self.startup_timeout):
+            if self.timeout is None or silent < (self.timeout if started else self.startup_timeout):
                 continue
             self._restart(silent)
             quiet_since = time.time()  # give the restarted job its own start-up time
@@ -85,3 +102,31 @@ class Watchdog:
                 os.kill(pid, signal.SIGKILL)  # also ends a stopped process; SIGCONT would let it run on
             except ProcessLookupError:
                 pass
+
+    def _past_exit_deadline(self) -> bool:
+        """Every rank finished: end the job if a worker outlived the deadline (whether it did)."""
+        if self.exit_timeout is None or not self.progress.finished_at:
+            return False
+        late = time.time() - max(self.progress.finished_at.values())
+        if late < self.exit_timeout:
+            return False
+        alive = {pid for a in self.agents if a.poll() is None for pid, _ in workers_of(a.pid)}
+        stuck = {rank: pid for rank, pid in self.progress.pids.items() if rank in self.progress.finished and pid in alive}
+        if not stuck:
+            return False
+        for rank, pid in sorted(stuck.items()):
+            self.journal.write("teardown_hang", rank=rank, pid=pid, seconds=round(time.time() - self.progress.finished_at[rank], 3),
+                               exit_timeout=self.exit_timeout, where=where_stuck(pid)[:8000], sync=True)
+        for node, agent in enumerate(self.agents):
+            if agent.poll() is None:
+                self.ended_after_finish.append(node)
+                try:
+                    os.kill(agent.pid, signal.SIGKILL)  # first, so that it restarts nothing
+                except ProcessLookupError:
+                    pass
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return True

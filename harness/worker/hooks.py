@@ -212,7 +212,8 @@ class ScriptProbe:
         if optimizer is not self._leader:
             return
         now = time.perf_counter()
-        self.probe.step(self.step, self._loss if self._losses else None, now - self._t, probe_seconds=self._spent)
+        self.probe.step(self.step, self._loss if self._losses else None, now - self._t, probe_seconds=self._spent,
+                        backwards=self._losses)
         self.step += 1
         self.taken += 1
         if self.step == self.steps:  # the state after the last step: no pre-step hook will see it

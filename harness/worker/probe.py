@@ -79,11 +79,15 @@ class Probe:
         self.writer.write("state", step=step, digests=digests, norms=norms)
         return digests
 
-    def step(self, step: int, loss: float | None, seconds: float, probe_seconds: float | None = None) -> None:
+    def step(self, step: int, loss: float | None, seconds: float, probe_seconds: float | None = None,
+             backwards: int | None = None) -> None:
         """Journal iteration ``step``: its loss, its seconds and (the boot module's hooks) how many of
-        them the probe itself took."""
+        them the probe itself took and how many backward calls this process made in it (its loss is their
+        sum: a step resumed between two micro-batches saw fewer, the rest restored with the gradient)."""
         bits = float_bits(loss) if loss is not None else None
-        extra = {"probe_seconds": probe_seconds} if probe_seconds is not None else {}
+        extra: dict[str, Any] = {"probe_seconds": probe_seconds} if probe_seconds is not None else {}
+        if backwards is not None:
+            extra["backwards"] = backwards
         self.writer.write("step", step=step, loss=loss, loss_bits=bits, seconds=seconds, **extra)
 
     def record(self, event: str, **fields: Any) -> None:

@@ -251,3 +251,21 @@ def test_a_kill_as_accelerate_saves(tmp_path: Path, ref_cache: Path, adapters: l
                          said) and 'examples/accelerate/train.py", line' in said, said
         assert all(f["explained"] for f in v["worker_failures"] if f["incarnation"] == 0), v["worker_failures"]
         assert (work / "checkpoint_1" / "model.safetensors").is_file() and not (work / "checkpoint_1" / "optimizer.bin").exists()
+
+
+def test_a_resume_between_two_micro_batches_is_judged_by_its_state_not_its_partial_loss(
+        tmp_path: Path, ref_cache: Path) -> None:
+    """A save inside an accumulating step (the gradient restored): the resumed step's loss is summed over
+    the one backward call the new process made. That loss record was a false divergence; the state decides."""
+    rc, out, v = run_cli(DDP / "accumulate.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0 and v["passed"] and v["bitwise_equal"], out
+    (rec,) = v["recoveries"]
+    assert rec["restored_step"] == 7, rec
+    assert {(p["rank"], p["step"], p["backwards"], p["reference_backwards"]) for p in v["partial_steps"]} == {
+        (0, 7, 1, 2), (1, 7, 1, 2)}
+    assert "resumed mid-step 7 (1 of 2 micro-batches restored with the gradient) on ranks 0, 1" in out
+    # the gradient left out of the save: caught at the state after that step, not at its loss
+    rc, out, v = run_cli(scenario("accumulate", "--drop-grad"), tmp_path / "bug", ref_cache)
+    assert rc == 1 and not v["bitwise_equal"], out
+    d = v["first_divergence"]
+    assert (d["step"], d["component"]) == (8, "model"), d

@@ -39,3 +39,27 @@ def test_the_pipeline_fsdp_example_survives_a_kill_in_a_snapshot(tmp_path: Path,
     assert v["bitwise_equal"] and rec["restored_tier"] == "shm" and rec["restored_step"] == 8
     j = Journal.load(tmp_path / "out" / "faulted")
     assert any(r["reason"].startswith("torn") for r in j.events("checkpoint_rejected", 2))
+
+
+def test_a_worker_stuck_after_its_last_step_no_longer_stalls_the_run(tmp_path: Path, ref_cache: Path) -> None:
+    """A probe-API DDP script ran to its end, then one worker never exited (torch 2.13's gloo teardown can
+    deadlock on the GIL as main()'s frame is cleared) and `baft run` waited with it. Here rank 1 sleeps after
+    its last step, in both runs: the harness ends each run exit_timeout after the last finish, says where the
+    worker was, and judges the run as completed."""
+    src = (ROOT / "examples" / "train_mlp.py").read_text()
+    assert src.rstrip().endswith("main()")
+    (tmp_path / "train.py").write_text(src.rstrip() + "\n    import os, time\n"
+                                       "    if os.environ.get('RANK') == '1':\n        time.sleep(600)\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: teardown-hang\n"
+        "workload: {script: train.py, nproc: 2, steps: 6, seed: 7, args: [--batch, '16']}\n"
+        "checkpoint: {strategy: none}\n"
+        "expect: {bitwise: true}\n"
+        "run: {exit_timeout: 2}\n")
+    rc, out, v = run_cli(tmp_path / "s.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    hangs = v["teardown_hangs"]
+    assert {(h["run"], h["rank"]) for h in hangs} == {("reference", 1), ("faulted", 1)}, hangs
+    assert all(2 <= h["seconds"] < 60 and ("sleep" in h["where"] or "threads" in h["where"]) for h in hangs), hangs
+    assert "teardown hang    faulted run: rank 1" in out and "not a fault" in out
+    assert v["completed"] and v["bitwise_equal"]

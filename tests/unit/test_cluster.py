@@ -365,10 +365,11 @@ def test_progress_skips_a_damaged_line_and_a_restarted_rank_is_not_finished(tmp_
     w.write("finish", step=2)
     p = JournalProgress(tmp_path)
     assert p.poll() == 2 and p.done
-    w.write("start", world_size=1)  # killed after finishing, restarted: running again
+    assert p.finished_at[0] > 0
+    w.write("start", world_size=1, pid=4321)  # killed after finishing, restarted: running again
     w.close()
     p.poll()
-    assert not p.done
+    assert not p.done and p.pids == {0: 4321}  # the worker the exit deadline would end
 
 
 def test_cli_with_a_kubeconfig_that_is_a_directory_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,14 +20,17 @@ class Recorder:
     def __init__(self) -> None:
         self.states: list[tuple[int, dict[str, Any]]] = []
         self.steps: list[tuple[int, float | None, float | None]] = []
+        self.backwards: list[int | None] = []
         self.records: list[tuple[str, dict[str, Any]]] = []
 
     def components(self, step: int, components: dict[str, Any], names: Any = None) -> dict:
         self.states.append((step, components))
         return {}
 
-    def step(self, step: int, loss: float | None, seconds: float, probe_seconds: float | None = None) -> None:
+    def step(self, step: int, loss: float | None, seconds: float, probe_seconds: float | None = None,
+             backwards: int | None = None) -> None:
         self.steps.append((step, loss, probe_seconds))
+        self.backwards.append(backwards)
 
     def record(self, event: str, **fields: Any) -> None:
         self.records.append((event, fields))
@@ -73,6 +76,7 @@ def test_the_hooks_find_steps_losses_state_and_saves_and_leave_torch_as_it_was(t
     assert [s for s, _, _ in rec.steps] == [0, 1, 2]
     assert [round(loss, 6) for _, loss, _ in rec.steps] == [round(v, 6) for v in losses]
     assert all(p is not None and p >= 0 for _, _, p in rec.steps)
+    assert rec.backwards == [2, 2, 2]  # backward calls per step: the journal says how many each loss sums
     # the state at each step and after the last: the model found by its parameters, named as in it
     assert [s for s, _ in rec.states] == [0, 1, 2, 3]
     step0 = rec.states[0][1]

@@ -152,6 +152,7 @@ def test_fault_bounds_follow_the_workload(tmp_path_factory: pytest.TempPathFacto
     [
         ("- kill: {rank: 0, at_step: 2, every: 5, times: 4}", "{max_restarts: 3}", "run.max_restarts", "at least 4"),
         ("- hang: {rank: 0, at_step: 2}", "{hang_timeout: null}", "run.hang_timeout", "needs the watchdog"),
+        ("- kill: {rank: 1, at_step: 17}", "{exit_timeout: 0}", "run.exit_timeout", "seconds > 0"),
         ("- kill: {rank: 0, at_step: 5, phase: saved}", "{}", "faults[0].kill.phase", "a phase of kill"),
         ("- corrupt: {at_step: 7}", "{}", "faults[0].corrupt.at_step", "a step baft persists"),
         ("- jitter: {from_step: 3, ranks: [2]}", "{}", "faults[0].jitter.ranks", "'all' or a non-empty list"),
