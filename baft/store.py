@@ -96,6 +96,7 @@ class Store:
         self._round_t0 = 0.0
         self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
         self._peer_rounds: list[int] = []  # the newest versions peers replicate here: local ranks' copies held
+        self._announced: dict[int, list[int]] = {}  # peer rank -> the last 2 versions of it replicated here
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
         self._busy = False  # a replica was sent since the last sealed notification
         self.stride = Stride(self.log, config.replication.max_slowdown)
@@ -199,7 +200,7 @@ class Store:
         limit = self.payload_limit()
         if nbytes > limit:
             raise Refused(f"a replica of {nbytes} bytes (at most {limit} here)")
-        self._hold(version)  # before the body: on a paced link it takes a while, and the slots move on
+        self._hold(rank, version)  # before the body: on a paced link it takes a while, and the slots move on
         head = bytearray(min(nbytes, HEADER))
         recv_exact_into(sock, memoryview(head))
         ring = self.ring("replica", rank)
@@ -226,6 +227,8 @@ class Store:
                 persisted = header.get("persisted")
                 self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None, busy,
                                    persisted if type(persisted) is int else None)
+                if self._current is None:  # at once: a peer's round of it then finds the kept copy
+                    self._start_round()
                 if header["version"] == self._current:
                     self._capture(header["rank"])  # now, before the slot is reused
                 if header["version"] in self._peer_rounds:
@@ -326,8 +329,7 @@ class Store:
         if not fresh:
             return
         v = max(fresh)
-        # Versions the ranks sealed since the last round that no round took (not every number between: a job
-        # may seal only some, as the benchmark's arms take turns).
+        # Versions sealed since the last round that no round took (a job may seal only some: the bench's arms)
         skipped = sum(1 for u in self._unreplicated if u < v)
         self._unreplicated = {u for u in self._unreplicated if u > v}
         if self._done >= 0 and skipped:
@@ -349,16 +351,14 @@ class Store:
             if versions and max(versions) > v:  # it moved past v without sealing it (a restart)
                 self._lose(rank, "never sealed by this rank")
             return
-        # Keep the node's own copy of every round's version (a ring like the slots'): after a
-        # peer node is lost, its ranks restore from their replicas here, at a round's version,
-        # and this node's ranks must still have that version too, sent or not. The kept copy is
-        # rewritten only SLOTS rounds later, long after this round's sends (a round ends when
-        # its last send does).
+        # Keep the node's own copy of every round's version (a ring like the slots'): the replica is sent
+        # from it, and a peer that lost its node restores at a round's version, which this node's ranks need
+        # too. It is rewritten only SLOTS rounds later, after this round's sends (a round ends with them).
         k = self._kept.get(rank, 0)
         ring = self.ring("kept", rank)
         with ring.lock:
             old = ring.held[k % SLOTS]
-            if old is not None and old in self._peer_rounds:  # a peer's round version, held only here so far
+            if old is not None and any(old in vs for vs in self._announced.values()):  # still a restore's match
                 held = self.ring("held", rank)
                 with held.lock:
                     if old not in held.held:
@@ -370,17 +370,18 @@ class Store:
         self._captured[rank] = got
         self._kept[rank] = k + 1
 
-    # A peer's round v lands here as its ranks' replicas of v; once that peer is lost, its ranks restore only
-    # at versions replicated here, so this node holds its own ranks' copies of v too (``held``, from their
-    # slots when the first replica of v begins to arrive, or when a rank seals v if the peer is ahead),
-    # whatever versions its own rounds took (each node's stride follows its own link). Where its own round
-    # took v too, the kept copy serves until the kept ring reuses it (then it is copied to the held ring).
-    # The held ring keeps the last SLOTS versions announced: the newest complete replica (the last round,
-    # or the one before while a round is in flight) always has its match here.
+    # Once a peer is lost, its ranks restore only at versions replicated here: this node holds its own ranks'
+    # copies of those versions too (``held``: from the slots as a peer's replica begins to arrive, or as a rank
+    # seals it if the peer is ahead), whatever versions its own rounds (its own stride) took; a kept copy of
+    # the same version serves until the kept ring reuses it. A peer rank's newest complete replica here is the
+    # last version announced for it or, while that one travels, the one before: those need their match.
 
-    def _hold(self, version: int) -> None:
-        """A peer replicates ``version`` here: hold every local rank's copy of it."""
+    def _hold(self, rank: int, version: int) -> None:
+        """A peer replicates ``rank``'s ``version`` here: hold every local rank's copy of that version."""
         with self._cond:
+            seen = self._announced.setdefault(rank, [])
+            if version not in seen:
+                self._announced[rank] = sorted(seen + [version])[-2:]
             if version in self._peer_rounds:
                 return
             self._peer_rounds = sorted(self._peer_rounds + [version])[-SLOTS:]
@@ -406,8 +407,7 @@ class Store:
         self.log("replication_skipped", rank=rank, version=self._current, reason=reason)
 
     def _next_send(self) -> tuple[int, int, tuple[int, int]] | None:
-        """(rank, version, (file of the kept ring, bytes)) to send next; None while waiting. Called under
-        the lock."""
+        """(rank, version, (file of the kept ring, bytes)) to send next; None while waiting. Under the lock."""
         if self._current is None:
             self._start_round()
         if self._current is None:
