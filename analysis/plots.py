@@ -67,10 +67,19 @@ def loss_figure(reference: Journal, run: Journal, verdict: Verdict, path: Path) 
     for pts in ref.values():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=REFERENCE, lw=2.2,
                 label="reference (no faults)" + (f", rank {ref_rank}" if ref_many else ""))
+    # a step a restarted process resumed in the middle of: its loss covers only the micro-batches it ran (not
+    # compared by the verdict), drawn apart as a hollow marker, left out of the line and of the difference
+    partial = {(p.incarnation, p.step) for p in verdict.partial_steps if p.rank == run_rank}
     for i, (inc, pts) in enumerate(runs.items()):
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=FAULTED, lw=1.3, ls="-" if i == 0 else "--",
+        whole = [p for p in pts if (inc, p[0]) not in partial]
+        ax.plot([p[0] for p in whole], [p[1] for p in whole], color=FAULTED, lw=1.3, ls="-" if i == 0 else "--",
                 marker="o", ms=2.5, label=("faulted run" if i == 0 else f"after restart {inc}")
                 + (f", rank {run_rank}" if run_many else ""))
+        cut = [p for p in pts if (inc, p[0]) in partial]
+        if cut:
+            ax.plot([p[0] for p in cut], [p[1] for p in cut], color=FAULTED, ls="none", marker="o", ms=6,
+                    mfc="none", label="step resumed mid-way (partial loss, not compared)")
+        runs[inc] = whole
     seen: set[Any] = set()
     for m in _fault_marks(run):
         if m["fatal"] and m["step"] is not None:
@@ -84,9 +93,10 @@ def loss_figure(reference: Journal, run: Journal, verdict: Verdict, path: Path) 
         ax.axvspan(w.from_step, hi, color=WINDOW, alpha=0.12)
         ax.annotate(f"{w.fault} {w.target}", (w.from_step, 0.02), xycoords=("data", "axes fraction"),
                     fontsize=7, color=WINDOW)
+    ref_loss = {p[0]: p[1] for pts in ref.values() for p in pts}
     for r in verdict.recoveries:
         inc_pts = [p for pts in runs.values() for p in pts if p[0] == r.restored_step]
-        y = inc_pts[-1][1] if inc_pts else None
+        y = inc_pts[-1][1] if inc_pts else ref_loss.get(r.restored_step)
         if y is not None:
             ax.plot([r.restored_step], [y], marker="^", ms=9, color=RESTORE, ls="none")
             ax.annotate(f"resumed at {r.restored_step} ({r.restored_tier or 'scratch'})", (r.restored_step, y),
@@ -95,7 +105,6 @@ def loss_figure(reference: Journal, run: Journal, verdict: Verdict, path: Path) 
     ax.set_title(f"{verdict.scenario}: loss per step ({status})", fontsize=10)
     ax.set_ylabel("training loss")
     # below: how far each step's last execution is from the reference (0 = bit for bit the same)
-    ref_loss = {p[0]: p[1] for pts in ref.values() for p in pts}
     last: dict[int, float] = {}
     for pts in runs.values():
         last.update({p[0]: p[1] for p in pts})

@@ -11,7 +11,9 @@ On two cores the parallel part keeps both busy, so a measuring test alone after 
 while it waits on a throttled link or a watchdog. Beside it at nice 19 the measuring tests still get a core
 whenever they want one: the kernel gives a nice-0 task about 68 times the share of a nice-19 one. The
 output of the serial part is printed after the parallel part's; the exit status is the first non-zero of the two.
-SIGINT or SIGTERM is passed to both, and the run waits for them to stop (each pytest stops its jobs)."""
+SIGINT or SIGTERM is passed to both, and the run waits for them to stop (each pytest stops its jobs).
+Afterwards nothing the run made may be left in ``/dev/shm`` (multiprocessing's semaphores, a run's memory
+directory): what is, is listed and fails the run."""
 from __future__ import annotations
 
 import os
@@ -30,8 +32,20 @@ def _lowest_priority() -> None:
     os.nice(19)
 
 
+SHM = "/dev/shm"
+
+
+def _shm_entries() -> set[str]:
+    """What in /dev/shm a test run can leave: multiprocessing's semaphores and baft's memory directories."""
+    try:
+        return {n for n in os.listdir(SHM) if n.startswith(("sem.mp-", "baft-"))}
+    except OSError:
+        return set()
+
+
 def main(args: list[str]) -> int:
     args = args or ["tests"]
+    before = _shm_entries()
     pytest = [sys.executable, "-m", "pytest"]
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as serial_out:
@@ -57,6 +71,10 @@ def main(args: list[str]) -> int:
     print(f"tests.run: serial exit {serial_rc} ({serial_seconds:.0f} s), parallel exit {parallel_rc} "
           f"({time.monotonic() - t0:.0f} s)", flush=True)
     codes = [rc for rc in (serial_rc, parallel_rc) if rc != NO_TESTS]  # paths with tests of one kind only
+    left = sorted(_shm_entries() - before)
+    if left:
+        print(f"tests.run: the run left {len(left)} entries in {SHM}: {', '.join(left[:12])}", flush=True)
+        codes.append(1)
     return next((rc for rc in codes if rc), 0) if codes else NO_TESTS
 
 

@@ -138,11 +138,24 @@ def stop_owned(token: str, grace: float = 2.0) -> list[int]:
             return []
         time.sleep(0.05)
     killed = owned(token)
-    _signal_all(killed, signal.SIGKILL)
+    # multiprocessing's resource tracker (it ignores SIGTERM) unlinks the semaphores and shared memory its
+    # processes leaked once the last of them is gone; killed with them, it leaves /dev/shm/sem.mp-* behind
+    trackers = [pid for pid in killed if _is_resource_tracker(pid)]
+    _signal_all([pid for pid in killed if pid not in trackers], signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while owned(token) and time.monotonic() < deadline:
+    while (left := owned(token)) and time.monotonic() < deadline:
+        if set(left) <= set(trackers) and time.monotonic() > deadline - 2:
+            break  # 3 s for a tracker to see its processes gone and clean up; then it is killed too
         time.sleep(0.05)
+    _signal_all([pid for pid in trackers if pid in owned(token)], signal.SIGKILL)
     return killed
+
+
+def _is_resource_tracker(pid: int, proc: Path = _PROC) -> bool:
+    try:
+        return b"multiprocessing.resource_tracker" in (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -92,3 +92,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (item.get_closest_marker("netns") or item.path.name in SERIAL_FILES
                 or item.originalname in SERIAL_TESTS):
             item.add_marker(pytest.mark.serial)
+
+
+def shm_semaphores() -> set[str]:
+    """The names of multiprocessing's POSIX semaphores in /dev/shm now."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith("sem.mp-")}
+
+
+def unlink_unmapped_semaphores(names: set[str]) -> list[str]:
+    """Remove those of ``names`` that no live process has mapped (a semaphore in use is mapped by every
+    process that opened it); the names removed."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        mapped |= {n for n in names if n in text}
+    gone = sorted(names - mapped)
+    for n in gone:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join("/dev/shm", n))
+    return gone

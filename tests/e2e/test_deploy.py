@@ -28,7 +28,7 @@ from harness.run.runner import ensure_reference
 from harness.scenario import load
 from injectors.process import descendants
 
-from .conftest import ROOT
+from .conftest import ROOT, shm_semaphores, unlink_unmapped_semaphores
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # four ranks with restarts, beside the other xdist worker
 
@@ -108,6 +108,7 @@ def test_the_deployed_pods_train_and_match_the_reference(killed: int, tmp_path: 
         return proc
 
     restarts = [0, 0]
+    semaphores = shm_semaphores()
     try:
         for i in range(2):  # the native sidecars start first, as the kubelet starts init containers
             start(pod["initContainers"][0], i, f"store{i}")
@@ -157,6 +158,9 @@ def test_the_deployed_pods_train_and_match_the_reference(killed: int, tmp_path: 
                 os.killpg(p.pid, signal.SIGTERM)
                 p.wait(timeout=10)
         shutil.rmtree(pods.shm, ignore_errors=True)
+        # A killed container's /dev/shm goes with it; these pods share the host's, where the killed agent's
+        # multiprocessing semaphores stay (its resource tracker died with it): remove what no process maps.
+        unlink_unmapped_semaphores(shm_semaphores() - semaphores)
     assert pending_kill is False
     if killed == 1:
         assert restarts == [0, 1]  # pod 0 hosts the rendezvous: it waits for pod 1's new agent

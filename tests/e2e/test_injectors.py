@@ -160,17 +160,15 @@ def test_a_node_lost_for_good_leaves_an_elastic_job_on_fewer_replicas(tmp_path: 
     assert v["loss_curve"]["passed"] and v["loss_curve"]["equivalence"]["equivalent"]
     j = Journal.load(tmp_path / "out" / "faulted")
     # Which tier it restored from depends on how far replication had got when node 1 vanished (under a
-    # loaded CI machine the peer's replicas lag): if both of node 1's ranks had delivered a version no older
-    # than the newest persistent checkpoint to node 0's store, the restore must use memory; otherwise it
-    # must fall back to that checkpoint, unless a copy still in flight arrived (its sender died unjournaled).
+    # loaded CI machine the peer's replicas lag): the restore takes the freshest copy every rank can get, never
+    # older than a version both of node 1's ranks had delivered to node 0's store nor than the newest persistent
+    # checkpoint journaled before the loss. The persistent checkpoint in flight at the loss may still commit
+    # (rank 0 writes the manifest once every rank's file is written) without any rank journaling it, as its
+    # peers are gone: then it is the freshest copy (seen once in a full local run: persistent 10, replicas 8).
     lost, sent = delivered(tmp_path / "out" / "faulted", 1, [2, 3])
     floor = max(e["step"] for e in j.events("checkpoint_saved", 0) if e["tier"] == "persistent" and e["t"] < lost)
-    fresh = [s for s in sent if s >= floor]
-    if fresh:
-        assert rec["restored_tier"] == "shm" and rec["restored_step"] >= max(fresh), (rec, floor, sent)
-    else:
-        assert (rec["restored_tier"], rec["restored_step"]) == ("persistent", floor) or (
-            rec["restored_tier"] == "shm" and rec["restored_step"] >= floor), (rec, floor, sent)
+    newest = max([s for s in sent if s >= floor], default=floor)
+    assert rec["restored_tier"] in ("shm", "persistent") and rec["restored_step"] >= newest, (rec, floor, sent)
     if rec["restored_tier"] == "shm":
         (restored,) = {(e["step"], e.get("resized_from")) for e in j.events("checkpoint_restored")}
         assert restored[1] == 2  # rebuilt from two replicas' shares

@@ -162,3 +162,34 @@ def test_a_bit_for_bit_ddp_run_plots_the_same_rank_with_identical_arrays(tmp_pat
     assert [s for s, _, _ in run[1]] == [5, 6, 7, 8, 9]
     verdict = Verdict(scenario="ddp", passed=True, failures=[])
     assert loss_figure(reference, faulted, verdict, tmp_path / "loss.png").read_bytes().startswith(PNG)
+
+
+def test_a_partial_steps_loss_is_drawn_apart_and_left_out_of_the_difference(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict does not compare the loss of a step resumed mid-way (fewer micro-batches in the new process);
+    the plot drew it on the run's line and as a -44% difference, so a PASSED run looked diverged."""
+    import matplotlib.axes
+
+    from analysis.compare import PartialStep
+    from analysis.plots import loss_figure
+
+    def journal(partial_loss: float | None) -> Journal:
+        events = [{"event": "step", "rank": 0, "step": s, "incarnation": 0, "t": s, "loss": 1.0 + s} for s in range(6)]
+        if partial_loss is not None:  # restarted at 3, mid-way through step 3
+            events += [{"event": "step", "rank": 0, "step": s, "incarnation": 1, "t": 10 + s,
+                        "loss": partial_loss if s == 3 else 1.0 + s} for s in range(3, 6)]
+        return Journal(run_dir=tmp_path, ranks={0: events})
+
+    drawn: list[tuple[list, list, dict]] = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda ax, x, y, *a, **k: (drawn.append((list(x), list(y), k)), real(ax, x, y, *a, **k))[1])
+    verdict = Verdict(scenario="acc", passed=True, failures=[],
+                      partial_steps=[PartialStep(rank=0, step=3, incarnation=1, backwards=1, reference_backwards=2)])
+    loss_figure(journal(None), journal(0.2), verdict, tmp_path / "loss.png")
+    restarted = next((x, y) for x, y, k in drawn if k.get("label") == "after restart 1")
+    assert restarted == ([4, 5], [5.0, 6.0])  # the partial step is not on the line
+    hollow = next((x, y) for x, y, k in drawn if k.get("mfc") == "none")
+    assert hollow == ([3], [0.2])
+    difference = drawn[-1]  # the lower panel: every step's last whole execution against the reference
+    assert difference[0] == [0, 1, 2, 3, 4, 5] and set(difference[1]) == {0.0}
