@@ -427,7 +427,9 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     loss_expect = expect.loss
     if loss_expect is None and repro is not None and not repro.equal and repro.loss_rtol is not None:
         loss_expect = LossExpect(rtol=repro.loss_rtol)
-    loss = compare_curves(loss_curve(reference), loss_curve(run), loss_expect) if loss_expect is not None else None
+    partial = {p.step for p in cmp.partial}  # a step resumed mid-way: its loss covers part of its micro-batches
+    ref_curve, run_curve = ({s: v for s, v in loss_curve(j).items() if s not in partial} for j in (reference, run))
+    loss = compare_curves(ref_curve, run_curve, loss_expect) if loss_expect is not None else None
     if loss is not None:
         failures.extend(f"loss curve: {f}" for f in loss.failures)
     fault_events = run.events("fault")

@@ -55,6 +55,7 @@ from .errors import BaftConfigError
 from .fields import field_docs
 from .linkmeter import LinkMeter
 from .peerlink import PeerLink
+from .peerrounds import PeerRounds
 from .placement import targets
 from .priority import apply as apply_priority
 from .replstride import Stride
@@ -93,10 +94,8 @@ class Store:
         self._captured: dict[int, tuple[int, int]] = {}  # rank -> its kept copy of the round's version: file, bytes
         self._sent: set[int] = set()  # ranks whose copy of the current round is sent
         self._lost: set[int] = set()  # ranks whose copy of the current round could not be taken
-        self._round_t0 = 0.0
+        self._round_t0, self._peers_rounds = 0.0, PeerRounds()  # the versions of peers' rounds to keep copies of
         self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
-        self._peer_rounds: list[int] = []  # the newest versions peers replicate here: local ranks' copies held
-        self._announced: dict[int, list[int]] = {}  # peer rank -> the last 2 versions of it replicated here
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
         self._busy = False  # a replica was sent since the last sealed notification
         self.stride = Stride(self.log, config.replication.max_slowdown)
@@ -206,6 +205,8 @@ class Store:
         ring = self.ring("replica", rank)
         with ring.lock:  # one writer per ring: two peers may send the same rank's replicas (placement)
             ring.receive(version, bytes(head), nbytes, lambda view: recv_exact_into(sock, view))
+        with self._cond:
+            self._peers_rounds.landed(rank, version)
         return {"ok": True}, b""
 
     def _handle(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -227,11 +228,11 @@ class Store:
                 persisted = header.get("persisted")
                 self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None, busy,
                                    persisted if type(persisted) is int else None)
-                if self._current is None:  # at once: a peer's round of it then finds the kept copy
-                    self._start_round()
+                if self._current is None:
+                    self._start_round()  # at once: a peer's round of it then finds the kept copy
                 if header["version"] == self._current:
                     self._capture(header["rank"])  # now, before the slot is reused
-                if header["version"] in self._peer_rounds:
+                if header["version"] in self._peers_rounds.needed():
                     self._hold_rank(header["rank"], header["version"])
                 self._cond.notify()
             return {"ok": True}, b""
@@ -302,6 +303,7 @@ class Store:
             if self._current is not None and self._current > version:
                 self._current, self._captured, self._sent, self._lost = None, {}, set(), set()
             self._done = min(self._done, version)
+            self._peers_rounds.discard(version)
             while self._inflight is not None and self._inflight[0] == rank and self._inflight[1] > version:
                 self._cond.wait(0.1)
             dropped = []
@@ -355,11 +357,10 @@ class Store:
         # from it, and a peer that lost its node restores at a round's version, which this node's ranks need
         # too. It is rewritten only SLOTS rounds later, after this round's sends (a round ends with them).
         k = self._kept.get(rank, 0)
-        ring = self.ring("kept", rank)
+        ring, held = self.ring("kept", rank), self.ring("held", rank)  # (the rings' lock is not taken under a ring's)
         with ring.lock:
             old = ring.held[k % SLOTS]
-            if old is not None and any(old in vs for vs in self._announced.values()):  # still a restore's match
-                held = self.ring("held", rank)
+            if old is not None and old in self._peers_rounds.needed():  # still a restore's match
                 with held.lock:
                     if old not in held.held:
                         held.copy_from(ring.paths[k % SLOTS], old)
@@ -370,26 +371,20 @@ class Store:
         self._captured[rank] = got
         self._kept[rank] = k + 1
 
-    # Once a peer is lost, its ranks restore only at versions replicated here: this node holds its own ranks'
-    # copies of those versions too (``held``: from the slots as a peer's replica begins to arrive, or as a rank
-    # seals it if the peer is ahead), whatever versions its own rounds (its own stride) took; a kept copy of
-    # the same version serves until the kept ring reuses it. A peer rank's newest complete replica here is the
-    # last version announced for it or, while that one travels, the one before: those need their match.
+    # Once a peer is lost, its ranks restore at versions replicated here (:mod:`baft.peerrounds`): this node
+    # holds its own ranks' copies of them too (``held``; from the slots as a peer's replica begins to arrive,
+    # or as a rank seals it if the peer is ahead), whatever its own rounds took; a kept copy of the same
+    # version serves until the kept ring reuses it.
 
     def _hold(self, rank: int, version: int) -> None:
-        """A peer replicates ``rank``'s ``version`` here: hold every local rank's copy of that version."""
+        """A peer's replica of ``rank`` at ``version`` begins to arrive: hold every local rank's copy of it."""
         with self._cond:
-            seen = self._announced.setdefault(rank, [])
-            if version not in seen:
-                self._announced[rank] = sorted(seen + [version])[-2:]
-            if version in self._peer_rounds:
-                return
-            self._peer_rounds = sorted(self._peer_rounds + [version])[-SLOTS:]
-            for rank in self._sealed:
-                self._hold_rank(rank, version)
+            if self._peers_rounds.arriving(rank, version):
+                for local in self._sealed:
+                    self._hold_rank(local, version)
 
     def _hold_rank(self, rank: int, version: int) -> None:
-        """Copy ``rank``'s slot of ``version`` into its held ring, if sealed and not held yet. Under the lock."""
+        """Copy ``rank``'s slot of ``version`` into a file of its held ring no longer needed. Under the lock."""
         versions = self._sealed.get(rank, {})
         if version not in versions:
             if versions and max(versions) > version:  # it moved on: its slot of the version is reused or never was
@@ -397,9 +392,14 @@ class Store:
             return  # else the rank seals it later: held then
         if version in self.ring("kept", rank).held:
             return  # this node's own round took it too: copied to the held ring only if the kept one is reused
-        ring = self.ring("held", rank)
+        ring, needed = self.ring("held", rank), self._peers_rounds.needed()
         with ring.lock:
-            if version not in ring.held and ring.copy_from(Path(versions[version]), version) is None:
+            if version in ring.held:
+                return
+            free = sorted((k for k, v in enumerate(ring.held) if v not in needed), key=lambda k: ring.held[k] or -1)
+            if not free:  # more peers' rounds in flight than the ring holds: the oldest goes
+                self.log("hold_evicted", rank=rank, version=min(ring.held), reason="more peer rounds than held slots")
+            if ring.copy_from(Path(versions[version]), version, free[0] if free else ring.choose(version)) is None:
                 self.log("hold_skipped", rank=rank, version=version, reason="slot rewritten before it was read")
 
     def _lose(self, rank: int, reason: str) -> None:

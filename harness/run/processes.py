@@ -46,16 +46,16 @@ def start_time(pid: int, proc: Path = _PROC) -> str | None:
     return stat.rpartition(")")[2].split()[19]  # fields after the command name start at field 3
 
 
-def where_stuck(pid: int, proc: Path = _PROC) -> str:
-    """Where process ``pid`` is, for a person: its Python stacks (``py-spy dump``, where installed), else the
-    kernel function each of its threads waits in (``/proc/PID/task/*/wchan``)."""
+def where_stuck(pid: int, proc: Path = _PROC, spy: bool = True) -> str:
+    """Where process ``pid`` is, for a person: its Python stacks (``py-spy dump``, where installed and ``spy``),
+    else the kernel function each of its threads waits in (``/proc/PID/task/*/wchan``)."""
     import shutil
     import subprocess
 
-    spy = shutil.which("py-spy")
-    if spy is not None:
+    exe = shutil.which("py-spy") if spy else None
+    if exe is not None:
         try:
-            done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
+            done = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
             if done.returncode == 0 and done.stdout.strip():
                 return done.stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
@@ -68,7 +68,7 @@ def where_stuck(pid: int, proc: Path = _PROC) -> str:
         except OSError:
             continue
         threads.append(f"{task.name} {name}: {wchan}")
-    return ("threads waiting in (py-spy not installed): " + "; ".join(threads)) if threads else "gone"
+    return ("threads waiting in (kernel functions; no Python stacks): " + "; ".join(threads)) if threads else "gone"
 
 
 def owner_value(pid: int | None = None) -> str:
@@ -140,7 +140,7 @@ def stop_owned(token: str, grace: float = 2.0) -> list[int]:
     killed = owned(token)
     # multiprocessing's resource tracker (it ignores SIGTERM) unlinks the semaphores and shared memory its
     # processes leaked once the last of them is gone; killed with them, it leaves /dev/shm/sem.mp-* behind
-    trackers = [pid for pid in killed if _is_resource_tracker(pid)]
+    trackers = [pid for pid in killed if is_resource_tracker(pid)]
     _signal_all([pid for pid in killed if pid not in trackers], signal.SIGKILL)
     deadline = time.monotonic() + 5
     while (left := owned(token)) and time.monotonic() < deadline:
@@ -151,7 +151,9 @@ def stop_owned(token: str, grace: float = 2.0) -> list[int]:
     return killed
 
 
-def _is_resource_tracker(pid: int, proc: Path = _PROC) -> bool:
+def is_resource_tracker(pid: int, proc: Path = _PROC) -> bool:
+    """Whether ``pid`` is multiprocessing's resource tracker (killed with the processes it tracks, it leaves
+    their semaphores in /dev/shm; alone, it unlinks them once they are gone and exits)."""
     try:
         return b"multiprocessing.resource_tracker" in (proc / str(pid) / "cmdline").read_bytes()
     except OSError:

@@ -31,7 +31,7 @@ from analysis.journal import JournalWriter
 
 from injectors.process import workers_of
 
-from harness.run.processes import where_stuck
+from harness.run.processes import is_resource_tracker, where_stuck
 from harness.run.progress import JournalProgress
 
 #: Seconds a job may take from launch (or a restart) to its first completed step.
@@ -110,13 +110,16 @@ class Watchdog:
         late = time.time() - max(self.progress.finished_at.values())
         if late < self.exit_timeout:
             return False
-        alive = {pid for a in self.agents if a.poll() is None for pid, _ in workers_of(a.pid)}
+        # (a worker's own resource tracker is spared: it cleans up after its processes and exits)
+        alive = {pid for a in self.agents if a.poll() is None for pid, _ in workers_of(a.pid) if not is_resource_tracker(pid)}
         stuck = {rank: pid for rank, pid in self.progress.pids.items() if rank in self.progress.finished and pid in alive}
         if not stuck:
             return False
-        for rank, pid in sorted(stuck.items()):
+        for i, (rank, pid) in enumerate(sorted(stuck.items())):  # py-spy (up to 20 s each) for the first two
             self.journal.write("teardown_hang", rank=rank, pid=pid, seconds=round(time.time() - self.progress.finished_at[rank], 3),
-                               exit_timeout=self.exit_timeout, where=where_stuck(pid)[:8000], sync=True)
+                               exit_timeout=self.exit_timeout, where=where_stuck(pid, spy=i < 2)[:8000], sync=True)
+        if self._stop.is_set():
+            return True  # the launch ended meanwhile: its processes are stopped by it, not here
         for node, agent in enumerate(self.agents):
             if agent.poll() is None:
                 self.ended_after_finish.append(node)

@@ -308,6 +308,16 @@ class Placement:
         deprecated('the worker spec read by key (spec["..."])', "its attributes (spec.workload.steps)")
         return self.plain().get(key, default)
 
+    def __contains__(self, key: object) -> bool:
+        """Deprecated, like :meth:`__getitem__` (``"workload" in spec``)."""
+        deprecated('the worker spec read by key (spec["..."])', "its attributes (spec.workload.steps)")
+        return key in self.plain()
+
+    def __iter__(self) -> Any:
+        """Deprecated, like :meth:`__getitem__` (its keys, as the mapping's)."""
+        deprecated('the worker spec read by key (spec["..."])', "its attributes (spec.workload.steps)")
+        return iter(self.plain())
+
     def dumps(self) -> str:
         """The file's text."""
         return json.dumps(self.plain(), indent=1)

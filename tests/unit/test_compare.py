@@ -159,3 +159,35 @@ def test_probe_journals_norms_that_size_the_divergence(tmp_path: Path) -> None:
     assert first is not None and (first.component, first.key) == ("model", "weight")
     assert first.relative_norm_change is not None and abs(first.relative_norm_change - 0.5) < 1e-6
     assert {d.key for d in compare(ref, run).divergences} == {"weight"}
+
+
+def test_a_step_resumed_mid_way_is_partial_for_the_bitwise_and_the_loss_curve_judges(tmp_path: Path) -> None:
+    """The first step of a restarted process that made fewer backward calls than the reference's: its loss (a
+    partial sum) is compared by neither judge; the state after it is. A later step's loss still is."""
+    from analysis.losscurve import LossExpect
+
+    def write(root: Path, resumed: bool, later: float = 0.0) -> Journal:
+        w = JournalWriter(rank_journal(root, 0), rank=0, attempt=0)
+        w.write("start", node="node0")
+        for s in range(6 if resumed else 10):
+            w.write("state", step=s, digests=digests(s))
+            w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0), backwards=2)
+        if resumed:  # killed during step 6, resumed at 5 after its first micro-batch (the gradient restored)
+            w.write("fault", fault="kill", id=0, step=6, phase="iteration")
+            w.write("start", node="node0")
+            for s in range(5, 10):
+                loss = 0.25 if s == 5 else 1.0 + (later if s == 8 else 0.0)
+                w.write("state", step=s, digests=digests(s))
+                w.write("step", step=s, loss=loss, loss_bits=float_bits(loss), backwards=1 if s == 5 else 2)
+        w.write("state", step=10, digests=digests(10))
+        w.write("finish", step=10)
+        w.close()
+        return Journal.load(root)
+
+    ref = write(tmp_path / "ref", False)
+    c = compare(ref, write(tmp_path / "run", True))
+    assert c.equal and [(p.step, p.backwards, p.reference_backwards) for p in c.partial] == [(5, 1, 2)]
+    expect = ExpectConfig(bitwise=False, loss=LossExpect(rtol=0.01, window=1))
+    assert judge(ref, write(tmp_path / "run2", True), expect, steps=10, faults_declared=1).passed
+    v = judge(ref, write(tmp_path / "run3", True, later=0.5), expect, steps=10, faults_declared=1)
+    assert not v.passed and any("loss curve" in f for f in v.failures)  # a whole step that differs still counts

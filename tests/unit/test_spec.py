@@ -140,6 +140,8 @@ def test_the_probe_apis_old_import_and_key_paths_work_with_one_warning_each(
         warnings.simplefilter("error")  # once per process: the second read is silent
         assert session.spec["stores"] == ["127.0.0.1:40001", "127.0.0.1:40002"]
         assert session.spec.get("nothing", 5) == 5
+        assert "workload" in session.spec and "nothing" not in session.spec  # a dict's key test, and its keys
+        assert {"workload", "checkpoint", "faults", "stores"} <= set(session.spec)
     with pytest.raises(AttributeError, match="no attribute 'Sesion'"):
         harness.Sesion  # noqa: B018
 

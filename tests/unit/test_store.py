@@ -553,6 +553,9 @@ def test_any_interleaving_leaves_every_local_rank_a_copy_of_the_peers_last_two_r
                         sealed = store._sealed.get(rank, {})
                         holdable[(rank, v)] = v in sealed or newest[rank] < v
                     for peer in (2, 3):
+                        if announced:  # the peer's rounds are one after another: the previous one landed
+                            with store._cond:
+                                store._peers_rounds.landed(peer, announced[-1])
                         store._hold(peer, v)
                     announced.append(v)
                 for v in announced[-2:]:
@@ -562,3 +565,55 @@ def test_any_interleaving_leaves_every_local_rank_a_copy_of_the_peers_last_two_r
                             assert v in have, (rank, v, have, announced, newest)
         finally:
             store.close()
+
+
+@contextlib.contextmanager
+def quiet_store(root: Path) -> Iterator[Store]:
+    """A node-0 store whose rounds nobody drives (its replicate thread stopped): its holds, driven by hand."""
+    store = Store(StoreConfig(root=root, node=0, addresses=["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"],
+                              replication=ReplicationConfig(replicas=2), secret=SECRET, world_size=8))
+    with store._cond:
+        store._closed = True
+        store._cond.notify_all()
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def test_two_peers_rounds_keep_their_copies_however_far_apart_their_strides(tmp_path: Path) -> None:
+    """Found in review: with replicas from two peers (replicas: 2), the held ring kept the three newest versions
+    of any peer, so a slow peer's only round here (10) was evicted by a fast peer's 12, 15, 18, 21."""
+    with quiet_store(tmp_path) as store:
+        store.stride.value = 64  # this node's own rounds take none of these versions
+        for v in range(23):
+            store.handle({"op": "sealed", "rank": 0, "version": v,
+                          "file": str(seal(tmp_path, 0, v, fill=v % 100))})
+            if v == 10:
+                store._hold(5, 10)  # the slow peer's rank 5: version 10 arrives and lands
+                store._peers_rounds.landed(5, 10)
+            if v in (12, 15, 18, 21):
+                store._hold(6, v)  # the fast peer's rank 6
+                store._peers_rounds.landed(6, v)
+        held = {v for v, p in copies(tmp_path, 0) if p.name.startswith("held-")}
+        assert held == {10, 18, 21}, held
+
+
+def test_a_restore_forgets_the_abandoned_timelines_peer_rounds(tmp_path: Path) -> None:
+    """Found in review: after a restore at 20, the peer's rounds of the old timeline (56, 60) stayed the ones to
+    keep, so the new timeline's 24 and 28 were neither held nor kept from being reused."""
+    with quiet_store(tmp_path) as store:
+        store.stride.value = 64
+        for v in range(0, 61):
+            store.handle({"op": "sealed", "rank": 0, "version": v, "file": str(seal(tmp_path, 0, v, fill=1))})
+            if v % 4 == 0 and v:
+                store._hold(5, v)
+                store._peers_rounds.landed(5, v)
+        store.discard(0, 20)  # the job restored version 20
+        for v in range(21, 32):  # the new timeline, the peer replicating 24 and 28 again
+            store.handle({"op": "sealed", "rank": 0, "version": v, "file": str(seal(tmp_path, 0, v, fill=2))})
+            if v in (24, 28):
+                store._hold(5, v)
+                store._peers_rounds.landed(5, v)
+        assert {24, 28} <= {v for v, _ in copies(tmp_path, 0)}
+        assert store._peers_rounds.needed() == {28}
