@@ -161,6 +161,15 @@ def _mp_helper(pid: int) -> bool:
     return comm == FORK_SERVER_NAME or any(h in cmdline for h in MP_HELPERS)
 
 
+def is_resource_tracker(pid: int) -> bool:
+    """Whether ``pid`` is multiprocessing's resource tracker (killed with the processes it tracks, it leaves
+    their semaphores in /dev/shm; alone, it unlinks them once they are gone and exits)."""
+    try:
+        return MP_HELPERS[1] in (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def descendants(pid: int) -> list[tuple[int, str]]:
     """(pid, state letter, e.g. ``T`` for stopped) of every process below ``pid``, from /proc."""
     table: dict[int, tuple[int, str]] = {}  # pid -> (parent, state)

@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from injectors.process import is_resource_tracker
+
 from harness.errors import Cancelled
 
 #: Environment variable holding the token of the launch that started a process.
@@ -149,15 +151,6 @@ def stop_owned(token: str, grace: float = 2.0) -> list[int]:
         time.sleep(0.05)
     _signal_all([pid for pid in trackers if pid in owned(token)], signal.SIGKILL)
     return killed
-
-
-def is_resource_tracker(pid: int, proc: Path = _PROC) -> bool:
-    """Whether ``pid`` is multiprocessing's resource tracker (killed with the processes it tracks, it leaves
-    their semaphores in /dev/shm; alone, it unlinks them once they are gone and exits)."""
-    try:
-        return b"multiprocessing.resource_tracker" in (proc / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager

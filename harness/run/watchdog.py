@@ -29,9 +29,9 @@ from pathlib import Path
 
 from analysis.journal import JournalWriter
 
-from injectors.process import workers_of
+from injectors.process import is_resource_tracker, workers_of
 
-from harness.run.processes import is_resource_tracker, where_stuck
+from harness.run.processes import where_stuck
 from harness.run.progress import JournalProgress
 
 #: Seconds a job may take from launch (or a restart) to its first completed step.
