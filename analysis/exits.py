@@ -1,5 +1,6 @@
 """Why workers ended: the failures torchrun's agents saw (``worker_failed``), placed in the job's history,
-and the workers that did not end: alive after every rank had finished (``teardown_hang``), ended by the harness.
+the workers that did not end: alive after every rank had finished (``teardown_hang``), ended by the harness,
+and the preemptions: what each rank did between SIGTERM and the end of its grace period.
 
 A restart that no fault explains is a failure of the job itself; the verdict names it with what the
 agents saw: the rank, the signal or exit code, the first line of its error (an uncaught exception, with
@@ -8,7 +9,7 @@ every step: a crash in the interpreter's teardown).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .journal import Journal
@@ -76,6 +77,72 @@ class TeardownHang(Record):
         return (f"{self.run} run: rank {self.rank} (pid {self.pid}) still alive {self.seconds:.0f} s after its last "
                 f"step: stuck in its teardown, ended by the harness (not a fault; a finding about the job's stack)"
                 + (f"; {_cut(inner, 160)}" if inner else ""))
+
+
+@dataclass(kw_only=True, slots=True)
+class Preemption(Record):
+    """One preemption: SIGTERM to a node's (or some ranks') processes, what each did in the grace period."""
+
+    fault: int
+    """The fault's index in the scenario."""
+    node: int | None
+    """The node preempted (None: the ranks named)."""
+    step: int
+    """The step (or version, for a checkpoint phase) at which it fired."""
+    grace_s: float
+    exited: list[int] = field(default_factory=list)
+    """Ranks that exited by themselves within the grace."""
+    exit_seconds: float | None = None
+    """From the SIGTERM to the last of them exiting."""
+    killed: list[int] = field(default_factory=list)
+    """Ranks still alive when the grace ended: SIGKILLed."""
+    flushed: int | None = None
+    """The step the job persisted in answer to the SIGTERM (the built-in workload journals it; None: not known)."""
+    flush_seconds: float | None = None
+    restart: bool = True
+    """Whether the node came back."""
+
+    def describe(self) -> str:
+        who = f"node {self.node}" if self.node is not None else _ranks(sorted(self.exited + self.killed))
+        parts = []
+        if self.exited:
+            parts.append(f"{_ranks(self.exited)} exited by {'itself' if len(self.exited) == 1 else 'themselves'}"
+                         f" within {self.exit_seconds:.2f} s")
+        if self.killed:
+            parts.append(f"{_ranks(self.killed)} still alive at the end of the grace: killed")
+        if self.flushed is not None:
+            parts.append(f"the job persisted step {self.flushed} in {self.flush_seconds:.2f} s")
+        back = "" if self.node is None else ("; the node came back" if self.restart else "; the node stayed gone")
+        return f"{who} preempted at step {self.step} (grace {self.grace_s:g} s): " + "; ".join(parts) + back
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def preemptions(run: Journal) -> list[Preemption]:
+    """The preemptions of a run's launcher journal, with the workers' answers (``preempt_flush``)."""
+    out = []
+    flushes = sorted(run.events("preempt_flush"), key=lambda e: e["t"])
+    for sig in (e for e in run.launcher if e.get("event") == "preempt_signal"):
+        fid = sig.get("fault")
+        outcomes = [e for e in run.launcher if e.get("event") == "preempt_outcome" and e.get("fault") == fid
+                    and e["t"] >= sig["t"]]
+        end = next((e for e in run.launcher if e.get("event") == "preempt_end" and e.get("fault") == fid
+                    and e["t"] >= sig["t"]), None)
+        until = end["t"] if end is not None else float("inf")
+        outcomes = [e for e in outcomes if e["t"] <= until + 1]
+        exited = [e for e in outcomes if e.get("outcome") == "exited"]
+        flush = [e for e in flushes if sig["t"] <= e["t"] <= until and e.get("persisted") is not None]
+        out.append(Preemption(
+            fault=int(fid or 0), node=sig.get("node"), step=int(sig.get("step", -1)),
+            grace_s=float(sig.get("grace_s", 0.0)), exited=sorted(int(e["rank"]) for e in exited),
+            exit_seconds=max((float(e["seconds"]) for e in exited), default=None),
+            killed=sorted(int(e["rank"]) for e in outcomes if e.get("outcome") == "killed"),
+            flushed=max((int(e["persisted"]) for e in flush), default=None),
+            flush_seconds=max((float(e["seconds"]) for e in flush), default=None),
+            restart=bool(end.get("restart", True)) if end is not None else True))
+    return out
 
 
 def teardown_hangs(journal: Journal, run: str) -> list[TeardownHang]:

@@ -39,6 +39,13 @@ Event fields:
 ``hang_detected`` (launcher) silent_seconds, timeout, stopped_pids, killed_pids
 ``teardown_hang`` (launcher) rank, pid, seconds (since it journaled ``finish``), exit_timeout, where (its
                         stacks or kernel waits): alive after every rank finished; the harness ended the job
+``preempt_signal`` (launcher) fault, occurrence, node, ranks, grace_s, step, phase, fired_by, delay, agent_pid, pids
+                        (SIGTERM sent to a preempted node's agent and workers, or to the ranks named)
+``preempt_outcome`` (launcher) fault, rank, pid, outcome (``exited`` by itself, or ``killed`` at the grace's end),
+                        seconds (from the SIGTERM), grace_s
+``preempt_end`` (launcher) fault, node, killed (ranks), seconds, restart (the node's processes, store and memory gone)
+``preempt_flush``       step, persisted (the step the strategy wrote, None if it already was), seconds,
+                        since_signal, signaled (the built-in workload's answer to SIGTERM, on every rank)
 ``snapshot``            step (version), tier, bytes, window_bytes, stall_bytes, copy_seconds, stall_seconds
 ``bubbles``             step, idle_seconds, windows, copy_in_windows_seconds, utilisation (copy time / idle time),
                         in_window_fraction (bytes copied inside windows / all bytes), iteration_seconds
@@ -119,6 +126,10 @@ EVENTS = (
     "checkpoint_failed",
     "hang_detected",
     "teardown_hang",
+    "preempt_signal",
+    "preempt_outcome",
+    "preempt_end",
+    "preempt_flush",
     "finish",
     "snapshot",
     "snapshot_skipped",

@@ -208,10 +208,12 @@ def windows(run: Journal) -> list[Window]:
 
 def fault_target(f: dict[str, Any]) -> str:
     """What a journaled fault hit, in words (``rank 1``, ``node 0``, ``all ranks``, ``link 0-1``)."""
-    if f.get("fault") == "node_loss":  # journaled by a worker, so it also carries that worker's rank
-        return f"node {f.get('node')}"
+    if f.get("fault") in ("node_loss", "preempt") and f.get("node") is not None:
+        return f"node {f.get('node')}"  # journaled by a worker, so it also carries that worker's rank
     if f.get("ranks") is not None:
-        return "all ranks" if f["ranks"] == "all" else "ranks " + ",".join(map(str, f["ranks"]))
+        if f["ranks"] == "all":
+            return "all ranks"
+        return ("rank " if len(f["ranks"]) == 1 else "ranks ") + ",".join(map(str, f["ranks"]))
     if f.get("link") is not None:
         return "link " + "-".join(map(str, f["link"]))
     if f.get("tier") is not None:

@@ -204,6 +204,9 @@ def check_run(scenario: str, p: Profile, run: Journal, recoveries: list[Recovery
     slowing = sorted(kinds & set(SLOWING_FAULTS))
     if slowing:
         out.not_modelled.append(f"overhead: {', '.join(slowing)} slowed the iterations for a while")
+    if "preempt" in kinds:
+        out.not_modelled.append("recoveries: preempt (what survives is what the job saved in its grace period)")
+        return out
     storage = sorted(kinds & set(STORAGE_FAULTS))
     if storage:
         out.not_modelled.append(f"recoveries: {', '.join(storage)} destroyed or refused checkpoints")

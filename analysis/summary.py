@@ -96,6 +96,8 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
     for label, issues in (("rejected", v.checkpoints_rejected), ("write failed", v.checkpoints_failed)):
         for c in issues:
             lines.append(f"  checkpoint {label}: step {c.step} ({c.tier}): {c.reason}")
+    for pr in v.preemptions:
+        lines.append(f"  preemption       {pr.describe()}")
     for h in v.teardown_hangs:
         lines.append(f"  teardown hang    {h.describe()}")
     if v.caught is not None:

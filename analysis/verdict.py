@@ -12,7 +12,7 @@ from typing import Any
 
 from .compare import Divergence, PartialStep, compare
 from .errors import AnalysisError, ConfigFieldError
-from .exits import TeardownHang, WorkerFailure, teardown_hangs, unexplained, worker_failures
+from .exits import Preemption, TeardownHang, WorkerFailure, preemptions, teardown_hangs, unexplained, worker_failures
 from .journal import Journal
 from .losscurve import LossExpect, LossVerdict, compare_curves, loss_curve
 from .metrics import Efficiency, Recovery, Window, efficiency, final_step, recoveries, windows
@@ -228,7 +228,7 @@ def reproducibility(reference: Journal, again: Journal) -> Reproducibility:
 
 #: Fields written only when set (a run without a failed worker, a local run has no cluster, a cluster run
 #: no agents); the value here (their default) means "not there".
-_WHEN_SET: dict[str, Any] = {"worker_failures": [], "teardown_hangs": [], "partial_steps": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
+_WHEN_SET: dict[str, Any] = {"worker_failures": [], "teardown_hangs": [], "preemptions": [], "partial_steps": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
                              "cluster": None, "reproducibility": None}
 #: Fields a verdict without a comparison (``note``) has besides those.
 _UNCOMPARED = ("scenario", "passed", "failures")
@@ -301,6 +301,8 @@ class Verdict(Record):
     teardown_hangs: list[TeardownHang] = field(default_factory=list)
     """Workers of either run still alive ``run.exit_timeout`` after every rank had finished, ended by the
     harness: no failure, a finding about the job's stack."""
+    preemptions: list[Preemption] = field(default_factory=list)
+    """The preemptions of the faulted run: what each rank did between SIGTERM and the end of its grace."""
     metrics: Efficiency | None = None
     """Goodput, iteration overhead, checkpoint cost and bubble use (None in files from before them)."""
     target: str = "local"
@@ -353,6 +355,7 @@ class Verdict(Record):
             "replication_changes": [ReplicationChange.from_json(c) for c in data.get("replication_changes", [])],
             "worker_failures": [WorkerFailure.from_json(c) for c in data.get("worker_failures", [])],
             "teardown_hangs": [TeardownHang.from_json(c) for c in data.get("teardown_hangs", [])],
+            "preemptions": [Preemption.from_json(c) for c in data.get("preemptions", [])],
             "partial_steps": [PartialStep.from_json(c) for c in data.get("partial_steps", [])],
             "metrics": optional(Efficiency, data.get("metrics")),
             "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
@@ -500,6 +503,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         worker_failures=exits,
         partial_steps=cmp.partial,
         teardown_hangs=teardown_hangs(reference, "reference") + teardown_hangs(run, "faulted"),
+        preemptions=preemptions(run),
         metrics=efficiency(reference, run, steps),
         reproducibility=repro,
     )

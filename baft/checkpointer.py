@@ -60,5 +60,10 @@ class Checkpointer:
         """Wait for background checkpoint work in flight (benchmarks call it between blocks)."""
         self.strategy.drain()
 
+    def flush(self) -> int | None:
+        """Persist the state as it is now, synchronously (a preemption's SIGTERM: at the next step boundary,
+        every rank); the step written, or None when the newest persistent checkpoint already holds it."""
+        return self.strategy.flush()
+
     def close(self) -> None:
         self.strategy.close()

@@ -11,6 +11,7 @@ from .errors import FaultConfigError, HostUnsupported, InjectorError
 from .link import DelayConfig, LinkInjector, PartitionConfig, ThrottleConfig
 from .process import (CrashConfig, CrashInjector, HangConfig, HangInjector, KillConfig, KillInjector, NodeLossConfig,
                       NodeLossInjector)
+from .preempt import PreemptConfig, PreemptInjector
 from .storage import (CorruptConfig, CorruptInjector, DiskFullConfig, DiskFullInjector, SlowStorageConfig,
                       SlowStorageInjector)
 from .trigger import PointFault, WindowFault
@@ -21,6 +22,7 @@ FAULTS: dict[str, tuple[type[FaultConfig], type[Any]]] = {
     "crash": (CrashConfig, CrashInjector),
     "hang": (HangConfig, HangInjector),
     "node_loss": (NodeLossConfig, NodeLossInjector),
+    "preempt": (PreemptConfig, PreemptInjector),
     "jitter": (JitterConfig, JitterInjector),
     "straggler": (StragglerConfig, StragglerInjector),
     "corrupt": (CorruptConfig, CorruptInjector),

@@ -237,6 +237,18 @@ class BaftStrategy(Strategy):
         with self.gate.held_open():
             self._writer.drain()
 
+    def flush(self) -> int | None:
+        """Finish the persist in flight, then persist the state after the last step (the newest sealed
+        version's contents) unless it already is."""
+        self.drain()
+        step = self.state.step
+        if self.snap is None or step <= self._persisted:
+            return None
+        self._persisted = step
+        with self.gate.held_open():
+            self._persist(step, self.state.capture())  # on the training thread: nothing to wait for
+        return step
+
     def close(self) -> None:
         """Finish the persist in flight, persist the final state if it is due, release everything."""
         try:

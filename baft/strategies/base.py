@@ -77,6 +77,8 @@ class Strategy:
         """When to persist (:mod:`baft.interval`): every ``config.every`` steps, or adapting to the measured
         cost with ``config.mtbf_hours``. A strategy charges it what a persist costs its training thread and
         sets ``interval.background`` to what its background work's CPU time is."""
+        self._flushed: int | None = None
+        """The step the last :meth:`flush` wrote."""
 
     @property
     def root(self) -> Path | str:
@@ -133,6 +135,24 @@ class Strategy:
 
     def drain(self) -> None:
         """Wait until no background work of this strategy is in flight."""
+
+    def flush(self) -> int | None:
+        """Persist the state as it is now (at a step boundary), synchronously and collectively: what a
+        preempted job does in its grace period. Returns the step written, or None when the newest
+        persistent checkpoint already holds it (or the strategy cannot: then it only drains)."""
+        self.drain()
+        step = self.state.step
+        if self.due(step) or step == self._flushed:
+            return None  # after_step wrote it (drained just now), or an earlier flush did
+        if not self.write_now(step):
+            return None
+        self._flushed = step
+        return step
+
+    def write_now(self, step: int) -> bool:
+        """Write the current state as ``step`` and wait until it is committed (what :meth:`flush` calls);
+        False when this strategy keeps nothing persistent."""
+        return False
 
     def close(self) -> None:
         """Finish background work (so nothing is lost) and release resources."""

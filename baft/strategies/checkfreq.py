@@ -109,5 +109,9 @@ class CheckFreqStrategy(Strategy):
     def drain(self) -> None:
         self._writer.drain()
 
+    def write_now(self, step: int) -> bool:
+        self._persist(step, self.state.capture(), time.perf_counter(), 0.0)  # on the training thread
+        return True
+
     def close(self) -> None:
         self._writer.close()

@@ -122,6 +122,18 @@ class AsyncDCPStrategy(Strategy):
             return False
         t_due = time.perf_counter()
         self._poll(block=True)
+        self._start_save(step)
+        # the training thread's wait (the previous save, staging, async_save's own work); DCP's background
+        # thread or process is not ours to measure: its CPU is not charged
+        self.interval.charge(time.perf_counter() - t_due)
+        return True
+
+    def write_now(self, step: int) -> bool:
+        self._start_save(step)
+        self._poll(block=True)
+        return True
+
+    def _start_save(self, step: int) -> None:
         rank, _ = rank_world()
         t0 = time.perf_counter()
         events.emit("phase", phase="persist", step=step)
@@ -135,10 +147,6 @@ class AsyncDCPStrategy(Strategy):
         fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse when the stager stages in a thread
         nbytes = sum(local_view(t).numel() * t.element_size() for t in sd.values())
         self._inflight = (step, fut, t0, nbytes)
-        # the training thread's wait (the previous save, staging, async_save's own work); DCP's background
-        # thread or process is not ours to measure: its CPU is not charged
-        self.interval.charge(time.perf_counter() - t_due)
-        return True
 
     def _poll(self, block: bool) -> None:
         if self._inflight is None:

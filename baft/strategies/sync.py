@@ -49,6 +49,10 @@ class SyncStrategy(Strategy):
         events.emit("checkpoint_saved", step=step, tier="persistent", bytes=len(data),
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(self.root, step)))
 
+    def write_now(self, step: int) -> bool:
+        self.save(step)
+        return True
+
     def restore(self) -> int | None:
         return restore_shards(self)
 

@@ -11,12 +11,21 @@ batches already seen in it are skipped (the DistributedSampler reshuffles each e
 ``--accumulate N`` takes an optimizer step every N micro-batches, and ``--save-every`` then counts
 micro-batches: a save may fall between two optimizer steps, and then holds the gradient accumulated so
 far, restored on resume (``--drop-grad`` plants the bug of leaving it out).
+
+``--save-on-sigterm`` answers a preemption the way such scripts do: the SIGTERM handler only sets a
+flag; after each micro-batch the ranks all-reduce it (they receive the signal at different moments), and
+once any rank has it every rank saves and the script exits with 143. ``--save-seconds S`` makes writing
+``last.pt`` take S seconds longer (it stands in for a large checkpoint on slow storage): with a grace
+period shorter than that, the per-rank RNG files are new and ``last.pt`` is still the previous save.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import random
+import signal
+import sys
+import time
 
 import numpy as np
 import torch
@@ -25,9 +34,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
-def atomic_save(obj: object, path: str) -> None:
+def atomic_save(obj: object, path: str, seconds: float = 0.0) -> None:
     tmp = path + ".tmp"
     torch.save(obj, tmp)
+    time.sleep(seconds)  # a larger checkpoint would take this long to reach the disk
     os.replace(tmp, path)
 
 
@@ -39,10 +49,16 @@ def main() -> None:
     p.add_argument("--torn", action="store_true")
     p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--drop-grad", action="store_true", help="leave the accumulated gradient out of a save")
+    p.add_argument("--save-on-sigterm", action="store_true",
+                   help="on SIGTERM (a preemption) every rank saves after the current micro-batch and exits 143")
+    p.add_argument("--save-seconds", type=float, default=0.0, help="extra seconds writing last.pt takes")
     p.add_argument("--loader-generator", action="store_true",
                    help="give the DataLoader a generator of its own (else each new iterator draws its seed "
                         "from the global torch RNG)")
     args = p.parse_args()
+    preempted = torch.zeros(1, dtype=torch.int64)  # set by the SIGTERM handler; acted on together
+    if args.save_on_sigterm:
+        signal.signal(signal.SIGTERM, lambda signum, frame: preempted.fill_(1))
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -78,6 +94,16 @@ def main() -> None:
         np.random.set_state(rng["numpy"])
         print(f"rank {rank}: resumed from step {micro // acc} (micro-batch {micro})", flush=True)
 
+    def save() -> None:
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+        atomic_save(rng, os.path.join(args.ckpt_dir, f"rng-{rank}.pt"))
+        if rank == 0:
+            grads = None if micro % acc == 0 or args.drop_grad else [q.grad for q in model.parameters()]
+            atomic_save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
+                         "scheduler": sched.state_dict(), "step": micro // acc, "micro": micro, "grads": grads},
+                        last, args.save_seconds)
+        dist.barrier()
+
     per_epoch = len(loader)
     while micro < args.steps * acc:
         epoch, skip = divmod(micro, per_epoch)
@@ -98,13 +124,16 @@ def main() -> None:
                 if args.torn and step % args.save_every == 1 and step > 1 and rank == 0:
                     atomic_save(opt.state_dict(), os.path.join(args.ckpt_dir, "optim.pt"))  # a step late
             if micro % args.save_every == 0:
-                rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-                atomic_save(rng, os.path.join(args.ckpt_dir, f"rng-{rank}.pt"))
-                if rank == 0:
-                    grads = None if micro % acc == 0 or args.drop_grad else [q.grad for q in model.parameters()]
-                    atomic_save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                                 "scheduler": sched.state_dict(), "step": step, "micro": micro, "grads": grads}, last)
-                dist.barrier()
+                save()
+            if args.save_on_sigterm:
+                stop = preempted.clone()
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+                if stop.item():
+                    if micro % args.save_every:
+                        save()
+                    print(f"rank {rank}: preempted; saved micro-batch {micro} (step {step})", flush=True)
+                    dist.destroy_process_group()
+                    sys.exit(128 + signal.SIGTERM)
             if micro >= args.steps * acc:
                 break
     dist.barrier()  # no rank tears its connections down while another still uses them

@@ -8,7 +8,7 @@ endpoint's host name against the machine, which in a pod needs pod 0's DNS recor
 already (right after a pod starts it may not: then nobody hosts, and every agent times out) and
 which lets the first of several agents sharing one host win (so killing another "pod" there took
 the store down). The local launcher makes the same choice explicitly. It also shortens the
-keep-alive (:data:`~harness.run.launcher.KEEP_ALIVE`): a killed pod's agent is replaced by a new one, and
+keep-alive (:data:`~harness.run.agents.KEEP_ALIVE`): a killed pod's agent is replaced by a new one, and
 the survivors admit it only once the dead one is declared gone (15 s with torchrun's defaults).
 ``--workdir``: an unmodified script's working directory (on the shared volume, for its relative
 checkpoint paths), made if missing and entered before torchrun starts; its workers inherit it.
@@ -19,7 +19,7 @@ import os
 import sys
 
 from harness.run.agent import split_preload
-from harness.run.launcher import KEEP_ALIVE
+from harness.run.agents import KEEP_ALIVE
 
 
 def torchrun_command(argv: list[str], node_index: int) -> list[str]:

@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.run.processes import OWNER_VARIABLE, TOKEN_VARIABLE, owner_value
+from harness.run.processes import NODE_VARIABLE, OWNER_VARIABLE, TOKEN_VARIABLE, owner_value
 
 if TYPE_CHECKING:
     from injectors.network import Topology
@@ -64,7 +64,7 @@ def worker_env(node: int, topology: Topology | None = None, token: str | None = 
         MKL_NUM_THREADS="1",
         GLOO_SOCKET_IFNAME=topology.interface(node) if topology else env.get("GLOO_SOCKET_IFNAME", "lo"),
         BAFT_NODE=f"node{node}",
-        BAFT_NODE_INDEX=str(node),
+        **{NODE_VARIABLE: str(node)},
         PYTHONUNBUFFERED="1",
     )
     if token is not None:

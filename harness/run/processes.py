@@ -32,6 +32,8 @@ TOKEN_VARIABLE = "BAFT_RUN_TOKEN"
 #: clock ticks since boot, so a reused pid is not taken for it): ``baft cleanup`` stops the
 #: processes of a launch whose harness was killed (SIGKILL, the OOM killer) before it could.
 OWNER_VARIABLE = "BAFT_RUN_OWNER"
+#: Environment variable holding the index of the node a process belongs to (set by ``nodeenv.worker_env``).
+NODE_VARIABLE = "BAFT_NODE_INDEX"
 _PROC = Path("/proc")
 
 
@@ -91,14 +93,16 @@ def _environments(proc: Path = _PROC) -> Iterator[tuple[int, dict[bytes, bytes]]
             continue  # exited meanwhile, or not ours to read
         if state == "Z" or b"BAFT_RUN_" not in env:
             continue
-        pairs = (item.partition(b"=") for item in env.split(b"\0") if item.startswith(b"BAFT_RUN_"))
+        pairs = (item.partition(b"=") for item in env.split(b"\0") if item.startswith(b"BAFT_"))
         yield int(d.name), {k: v for k, _, v in pairs}
 
 
-def owned(token: str, proc: Path = _PROC) -> list[int]:
-    """Pids of the live processes whose environment carries ``token`` (never this process)."""
+def owned(token: str, proc: Path = _PROC, node: int | None = None) -> list[int]:
+    """Pids of the live processes whose environment carries ``token`` (never this process); with ``node``,
+    only those of that node (its agent, workers and whatever they started, its store)."""
     key, value = TOKEN_VARIABLE.encode(), token.encode()
-    return [pid for pid, env in _environments(proc) if env.get(key) == value]
+    return [pid for pid, env in _environments(proc) if env.get(key) == value
+            and (node is None or env.get(NODE_VARIABLE.encode()) == str(node).encode())]
 
 
 def orphaned(proc: Path = _PROC) -> dict[str, list[int]]:

@@ -258,6 +258,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
             hang_timeout=scenario.run.hang_timeout, startup_timeout=scenario.run.startup_timeout, topology=topology, harness_faults=scenario.harness_faults(),
             min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), last_call=scenario.run.last_call,
             script=script_command(scenario.workload, wd), cwd=wd, exit_timeout=scenario.run.exit_timeout,
+            preemptions=any(f.kind == "preempt" for f in scenario.faults),
         ))
     finally:
         stack.close()  # namespaces, veths and bridge go, whatever happened

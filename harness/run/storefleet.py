@@ -55,6 +55,7 @@ class StoreFleet:
         self.procs: list[subprocess.Popen | None] = [None] * nodes
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._lock = threading.Lock()  # the monitor's replacements against lose()
 
     def node_dir(self, node: int) -> Path:
         return self.spec.base / f"node{node}"
@@ -98,13 +99,33 @@ class StoreFleet:
 
     def _watch(self) -> None:
         while not self._stop.wait(0.2):
-            for node, p in enumerate(self.procs):
-                if p is not None and p.poll() is not None and not self._stop.is_set():
-                    self.journal.write("store_exit", node=f"node{node}", returncode=p.returncode)
-                    if lost_marker(self.run_dir / "faults", node).exists():
-                        self.procs[node] = None  # lost for good: no replacement node, no store
-                        continue
-                    self._start(node)  # the replacement node's store, with whatever memory is left
+            with self._lock:
+                for node, p in enumerate(self.procs):
+                    if p is not None and p.poll() is not None and not self._stop.is_set():
+                        self.journal.write("store_exit", node=f"node{node}", returncode=p.returncode)
+                        self._replace(node)
+
+    def _replace(self, node: int) -> None:
+        if lost_marker(self.run_dir / "faults", node).exists():
+            self.procs[node] = None  # lost for good: no replacement node, no store
+        else:
+            self._start(node)  # the replacement node's store, with whatever memory is left
+
+    def lose(self, node: int, reason: str) -> None:
+        """Node ``node`` is gone with its memory: kill its store, wipe the memory, and (unless the node is lost
+        for good) start the replacement node's store on empty memory."""
+        with self._lock:
+            p = self.procs[node]
+            if p is not None and p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
+            shutil.rmtree(self.node_dir(node), ignore_errors=True)
+            self.journal.write("store_lost", node=f"node{node}", reason=reason)
+            if not self._stop.is_set():
+                self._replace(node)
 
     def stop_monitor(self) -> None:
         """Replace no store from now on (the run is ending: a store that exits stays gone)."""

@@ -54,6 +54,8 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
         self.detections = 0
+        self.held = 0
+        """While above 0 (a preemption's grace, a node coming back) the job's silence is no hang."""
 
     def start(self) -> None:
         self._thread.start()
@@ -83,6 +85,9 @@ class Watchdog:
                 if self._past_exit_deadline():
                     return
                 continue  # a finished job is silent: no hang
+            if self.held:
+                quiet_since, seen_at_start = time.time(), self.progress.steps_seen  # start-up time after it
+                continue
             started = self.progress.steps_seen > seen_at_start  # this incarnation completed a step
             if self.timeout is None or silent < (self.timeout if started else self.startup_timeout):
                 continue

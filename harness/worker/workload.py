@@ -245,6 +245,7 @@ class LeavingOut(TrainState):
 
 def main(argv: list[str] | None = None) -> int:
     """One worker of a scenario run: build, restore if a checkpoint exists, train, journal every boundary."""
+    from harness.worker.preemption import TermSignal, flush_and_leave
     from harness.worker.session import Session
     from harness.worker.spec import SPEC_VARIABLE
 
@@ -269,11 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         trainer.attach(ckpt)
         start = ckpt.restore_latest()
         session.restored(start, state)
+        # a preemption's SIGTERM is obeyed at a step boundary, together (harness.worker.preemption)
+        term = TermSignal() if any(f.kind == "preempt" for f in session.spec.faults) else None
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             loss = trainer.iteration(step, ckpt)  # announces the iteration phase itself
             session.end(step, loss, state, seconds=time.perf_counter() - t0)
             ckpt.after_step()
+            if term is not None and term.agreed():
+                return flush_and_leave(ckpt, session, term, state.step)
     finally:
         session.disarm()
     ckpt.close()

@@ -11,6 +11,8 @@ kill           PodChaos ``pod-kill`` of the rank's pod, ``gracePeriod`` 0 (SIGKI
 crash          PodChaos ``container-kill`` of the training container
 hang           PodChaos ``pod-failure`` for ``hang_duration``
 node_loss      PodChaos ``pod-kill`` of every pod of the node (``mode: all``)
+preempt        PodChaos ``pod-kill`` of the node's pods (or the ranks' pods), ``gracePeriod`` ``grace_s``
+               rounded up to whole seconds: the kubelet sends SIGTERM, then SIGKILL after it
 throttle       NetworkChaos ``bandwidth`` between the two nodes' pods, both directions
 partition      NetworkChaos ``partition``: the cut-off node's pods from the other node's
 delay          NetworkChaos ``delay`` between the two nodes' pods, both directions
@@ -62,6 +64,7 @@ from injectors.data import JitterConfig
 from injectors.errors import FaultConfigError, InjectorError
 from injectors.link import DelayConfig, PartitionConfig, ThrottleConfig
 from injectors.network import format_rate, parse_rate
+from injectors.preempt import PreemptConfig
 from injectors.process import CrashConfig, HangConfig, KillConfig, NodeLossConfig
 from injectors.storage import CorruptConfig, DiskFullConfig, SlowStorageConfig
 from injectors.trigger import PointFault, WindowFault
@@ -167,6 +170,14 @@ class ClusterTarget:
     def rank_pod(self, rank: int) -> dict[str, Any]:
         """The selector of the pod running ``rank``."""
         return self.pods(**{self.rank_label: rank // self.ranks_per_pod})
+
+    def ranks_pods(self, ranks: list[int]) -> dict[str, Any]:
+        """The selector of the pods running any of ``ranks``."""
+        pods = sorted({r // self.ranks_per_pod for r in ranks})
+        if len(pods) == 1:
+            return self.pods(**{self.rank_label: pods[0]})
+        return {**self.pods(), "expressionSelectors": [
+            {"key": self.rank_label, "operator": "In", "values": [str(p) for p in pods]}]}
 
     def node_pods(self, node: int) -> dict[str, Any]:
         """The selector of the pods of scenario node ``node``."""
@@ -291,6 +302,15 @@ def _node_loss(c: NodeLossConfig, t: ClusterTarget) -> Spec:
     return "PodChaos", {"action": "pod-kill", "mode": "all", "selector": t.node_pods(c.node), "gracePeriod": 0}
 
 
+def _preempt(c: PreemptConfig, t: ClusterTarget) -> Spec:
+    if not c.restart:
+        raise Unmappable("preempt", "restart: false needs the node to stay gone, but the job's controller "
+                                    "recreates every pod Chaos Mesh deletes (cordon or drain the node instead)")
+    selector = t.node_pods(c.node) if c.node is not None else t.ranks_pods(c.ranks or [])
+    return "PodChaos", {"action": "pod-kill", "mode": "all", "selector": selector,
+                        "gracePeriod": math.ceil(c.grace_s)}
+
+
 def _pair(c: ThrottleConfig | PartitionConfig | DelayConfig) -> tuple[int, int]:
     nodes = c.nodes
     if len(nodes) != 2 or nodes[0] == nodes[1]:
@@ -396,7 +416,7 @@ def _jitter(c: JitterConfig, t: ClusterTarget) -> Spec:
 
 _BUILDERS: dict[str, tuple[type, Callable[[Any, ClusterTarget], Spec]]] = {
     "kill": (KillConfig, _kill), "crash": (CrashConfig, _crash), "hang": (HangConfig, _hang),
-    "node_loss": (NodeLossConfig, _node_loss), "throttle": (ThrottleConfig, _throttle),
+    "node_loss": (NodeLossConfig, _node_loss), "preempt": (PreemptConfig, _preempt), "throttle": (ThrottleConfig, _throttle),
     "partition": (PartitionConfig, _partition), "delay": (DelayConfig, _delay),
     "straggler": (StragglerConfig, _straggler), "slow_storage": (SlowStorageConfig, _slow_storage),
     "corrupt": (CorruptConfig, _corrupt), "disk_full": (DiskFullConfig, _disk_full), "jitter": (JitterConfig, _jitter),

@@ -33,6 +33,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str, str | None]] = {
     "crash": ({"rank": 1, "at_step": 3, "how": "segfault"}, "PodChaos", "container-kill"),
     "hang": ({"rank": 2, "at_step": 3}, "PodChaos", "pod-failure"),
     "node_loss": ({"node": 1, "at_step": 3}, "PodChaos", "pod-kill"),
+    "preempt": ({"node": 1, "at_step": 3, "grace_s": 20}, "PodChaos", "pod-kill"),
     "throttle": ({"link": ["node0", "node1"], "rate": "50mbit", "from_step": 5}, "NetworkChaos", "bandwidth"),
     "partition": ({"link": ["node0", "node1"], "from_step": 10, "duration": 8}, "NetworkChaos", "partition"),
     "delay": ({"link": [0, 1], "ms": 10, "from_step": 2}, "NetworkChaos", "delay"),
@@ -137,6 +138,21 @@ def test_ranks_share_a_pod_and_nodes_use_their_label() -> None:
     assert ClusterTarget(namespace="t", selector=JOB).node_label == IDX
 
 
+@needs_schema
+def test_a_preemption_deletes_the_pods_with_its_grace_period() -> None:
+    node, = build("preempt", node=2, at_step=1, grace_s=12.5)
+    assert node["spec"]["gracePeriod"] == 13  # whole seconds, never shorter than asked
+    assert node["spec"]["selector"]["labelSelectors"][IDX] == "2"
+    target = ClusterTarget(namespace="t", selector=JOB, ranks_per_pod=2)
+    one, = manifests("preempt", FAULTS["preempt"][0](ranks=[2, 3], at_step=1), 0, target, "r")
+    assert one["spec"]["selector"]["labelSelectors"][IDX] == "1" and one["spec"]["gracePeriod"] == 30
+    two, = manifests("preempt", FAULTS["preempt"][0](ranks=[0, 5], at_step=1, grace_s=0), 0, target, "r")
+    assert two["spec"]["selector"]["expressionSelectors"] == [{"key": IDX, "operator": "In", "values": ["0", "2"]}]
+    assert IDX not in two["spec"]["selector"]["labelSelectors"] and two["spec"]["gracePeriod"] == 0
+    for obj in (node, one, two):
+        validate(obj, CRDS)
+
+
 def test_window_duration_only_when_the_window_has_seconds() -> None:
     steps, = build("partition", link=[0, 1], from_step=2, to_step=9)
     assert "duration" not in steps["spec"]
@@ -152,6 +168,7 @@ def test_window_duration_only_when_the_window_has_seconds() -> None:
     ("jitter", {"from_step": 1}, "data loader"),
     ("kill", {"rank": 0, "at_step": 1, "signal": "SIGINT"}, "SIGINT"),
     ("node_loss", {"node": 1, "at_step": 1, "replacement": False}, "replacement"),
+    ("preempt", {"node": 1, "at_step": 1, "restart": False}, "restart"),
     ("corrupt", {"at_step": 1, "how": "truncate"}, "truncate"),
 ])
 def test_unmappable_faults_say_why(kind: str, fields: dict[str, Any], says: str) -> None:
@@ -202,6 +219,10 @@ FIELDS: dict[str, Any] = {
                        st.sampled_from(["segfault", "abort", "exit", "exception"]), points),
     "hang": st.builds(lambda r, p: {"rank": r, **p}, ranks, points),
     "node_loss": st.builds(lambda n, p: {"node": n, **p}, nodes, points),
+    "preempt": st.builds(lambda who, g, p: {**who, "grace_s": g, **p},
+                         st.one_of(nodes.map(lambda n: {"node": n}),
+                                   st.lists(ranks, min_size=1, max_size=6, unique=True).map(lambda r: {"ranks": r})),
+                         st.floats(0, 3600), points),
     "throttle": st.builds(lambda lk, r, b, w: {**lk, "rate": r, "burst": b, **w}, links(), rates,
                           st.one_of(st.none(), st.integers(1600, 10**9).map(str)), windows),
     "partition": st.builds(lambda lk, i, w: {**lk, "side": lk["link"][i], **w}, links(), st.integers(0, 1), windows),
@@ -383,7 +404,8 @@ def test_every_ci_scenario_fault_maps_or_says_why() -> None:
             try:
                 objs = manifests(kind, config, i, TARGET, path.stem[:40])
             except Unmappable as e:
-                assert kind == "jitter" or (kind == "node_loss" and not fields.get("replacement", True)), e
+                assert kind == "jitter" or (kind == "node_loss" and not fields.get("replacement", True)) \
+                    or (kind == "preempt" and not fields.get("restart", True)), e
                 continue
             for obj in objs:
                 validate(obj, CRDS)

@@ -56,6 +56,33 @@ def test_strategy_restores_its_last_persistent_checkpoint(tmp_path: Path, strate
     assert digest_components(fresh.capture()) == expected
 
 
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "none"])
+def test_a_flush_persists_the_state_now_and_only_once(tmp_path: Path, strategy: str) -> None:
+    """What a preempted job does in its grace: the state after the last step, between two due boundaries."""
+    cfg = CheckpointConfig(strategy=strategy, every=3, dir=str(tmp_path / "ckpt"), shm_dir=str(tmp_path / "shm"))
+    st = make_state(0)
+    ck = Checkpointer(cfg, st)
+    ck.attach(torch.nn.Identity())
+    ck.restore_latest()
+    train(st, ck, 5)
+    assert ck.flush() == 5 and persist.latest(tmp_path / "ckpt") == 5
+    assert ck.flush() is None  # nothing newer
+    train(st, ck, 1)  # step 6 is due: written by after_step (baft: at the end of the next iteration, which
+    ck.flush()        # seals it first; so the flush writes it)
+    assert persist.latest(tmp_path / "ckpt") == 6 and ck.flush() is None
+    train(st, ck, 1)
+    assert ck.flush() == 7
+    expected = digest_components(st.capture())
+    ck.close()
+    shutil.rmtree(tmp_path / "shm", ignore_errors=True)
+    fresh = make_state(1)
+    ck2 = Checkpointer(cfg, fresh)
+    ck2.attach(torch.nn.Identity())
+    assert ck2.restore_latest() == 7
+    ck2.close()
+    assert digest_components(fresh.capture()) == expected
+
+
 def test_baft_restores_from_shared_memory_first(tmp_path: Path) -> None:
     cfg = CheckpointConfig(strategy="baft", every=100, dir=str(tmp_path / "ckpt"), shm_dir=str(tmp_path / "shm"))
     st = make_state(0)

@@ -1,0 +1,90 @@
+"""The preempt fault end to end: SIGTERM to a node's agent and workers, the grace, SIGKILL, the node back or gone;
+the built-in workload's flush, and a plain script that saves in its SIGTERM handler, with a long and a short grace."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.journal import Journal
+
+from tests.e2e.conftest import ROOT, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+CI = ROOT / "scenarios" / "ci"
+DDP = ROOT / "examples" / "ddp_torchsave"
+
+
+def launcher_events(run_dir: Path, event: str) -> list[dict]:
+    return [e for e in Journal.load(run_dir).launcher if e["event"] == event]
+
+
+def test_a_preempted_node_flushes_in_its_grace_and_comes_back(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "baft-preempt.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"]
+    faulted = tmp_path / "out" / "faulted"
+    (sig,) = launcher_events(faulted, "preempt_signal")
+    assert sig["node"] == 1 and sig["ranks"] == [2, 3] and len(sig["pids"]) == 2 and sig["step"] == 14
+    outcomes = launcher_events(faulted, "preempt_outcome")
+    assert {(o["rank"], o["outcome"]) for o in outcomes} == {(2, "exited"), (3, "exited")}
+    assert all(o["seconds"] < 20 for o in outcomes)
+    # every rank (node 0's too: they agree at the boundary) persisted the state after step 14 together
+    flushes = Journal.load(faulted).events("preempt_flush")
+    assert sorted(f["rank"] for f in flushes) == [0, 1, 2, 3] and {f["persisted"] for f in flushes} == {15}
+    assert {f["rank"] for f in flushes if f["signaled"]} >= {2, 3}
+    # the node's store and memory went; a new agent joined the same rendezvous
+    assert any(e["node"] == "node1" and e["reason"] == "preempted" for e in launcher_events(faulted, "store_lost"))
+    starts = launcher_events(faulted, "agent_start")
+    assert [s["node"] for s in starts] == ["node0", "node1", "node1"] and starts[2]["reason"] == "preempted"
+    rec, = v["recoveries"]
+    assert rec["restored_step"] == 15 and rec["restored_tier"] == "persistent" and rec["lost_steps"] == 0
+    (p,) = v["preemptions"]
+    assert p["exited"] == [2, 3] and p["killed"] == [] and p["flushed"] == 15
+    assert "node 1 preempted at step 14 (grace 20 s): ranks 2, 3 exited by themselves" in out
+
+
+def test_preempting_the_rendezvous_host_restarts_every_agent(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "preempt-rendezvous-host.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and v["recoveries"][0]["lost_steps"] == 0
+    faulted = tmp_path / "out" / "faulted"
+    starts = launcher_events(faulted, "agent_start")
+    assert [s["node"] for s in starts] == ["node0", "node1", "node0", "node1"]
+    port = lambda s: s["cmd"][s["cmd"].index("--rdzv-endpoint") + 1]  # noqa: E731
+    assert port(starts[2]) == port(starts[3]) != port(starts[0])  # a new rendezvous, both nodes on it
+    assert {f["persisted"] for f in Journal.load(faulted).events("preempt_flush")} == {11}  # sync's flush
+
+
+def test_a_node_preempted_for_good_leaves_an_elastic_job(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "preempt-elastic.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["world_size"] == {"reference": 4, "final": 2}, v["world_size"]
+    rec, = v["recoveries"]
+    assert rec["restored_step"] == 13 and rec["lost_steps"] == 0
+    faulted = tmp_path / "out" / "faulted"
+    assert (faulted / "faults" / "node1.lost").exists()
+    assert [s["node"] for s in launcher_events(faulted, "agent_start")] == ["node0", "node1"]  # none came back
+    assert "the node stayed gone" in out
+
+
+def test_a_script_that_saves_on_sigterm_within_its_grace_resumes_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(DDP / "preempt.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec, = v["recoveries"]
+    assert rec["restored_step"] == 13 and rec["lost_steps"] == 0
+    (p,) = v["preemptions"]
+    assert p["exited"] == [0, 1] and p["killed"] == [] and 1.0 <= p["exit_seconds"] < 10
+    log = (tmp_path / "out" / "faulted" / "logs" / "node0.log").read_text()
+    assert "rank 0: preempted; saved micro-batch 13 (step 13)" in log
+
+
+def test_a_grace_shorter_than_the_scripts_save_leaves_a_torn_checkpoint(tmp_path: Path, ref_cache: Path) -> None:
+    rc, out, v = run_cli(DDP / "preempt-short.yaml", tmp_path / "out", ref_cache)
+    assert rc == 1, out
+    (p,) = v["preemptions"]
+    assert p["killed"] == [0, 1] and p["exited"] == []  # both still in the save (rank 0 writing, rank 1 waiting)
+    rec, = v["recoveries"]
+    assert rec["restored_step"] == 10
+    assert "model equals step 10, but rng equals step 13" in out
+    assert "ranks 0, 1 still alive at the end of the grace: killed" in out
