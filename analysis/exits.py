@@ -85,33 +85,48 @@ class Preemption(Record):
 
     fault: int
     """The fault's index in the scenario."""
+    occurrence: int = 0
+    """Which firing of the fault (a periodic or random trigger fires several)."""
     node: int | None
     """The node preempted (None: the ranks named)."""
     step: int
     """The step (or version, for a checkpoint phase) at which it fired."""
     grace_s: float
-    exited: list[int] = field(default_factory=list)
-    """Ranks that exited by themselves within the grace."""
-    exit_seconds: float | None = None
-    """From the SIGTERM to the last of them exiting."""
+    ended: list[int] = field(default_factory=list)
+    """Ranks whose process ended within the grace (it exited, or the signal's default action ended it)."""
+    end_seconds: float | None = None
+    """From the SIGTERM to the last of them ending."""
     killed: list[int] = field(default_factory=list)
     """Ranks still alive when the grace ended: SIGKILLed."""
+    flush_journaled: bool = False
+    """The job journaled its answer to the SIGTERM (the built-in workload does: ``preempt_flush``)."""
     flushed: int | None = None
-    """The step the job persisted in answer to the SIGTERM (the built-in workload journals it; None: not known)."""
+    """The step it persisted in the grace (None: none newer than its last checkpoint, or not journaled)."""
     flush_seconds: float | None = None
     restart: bool = True
     """Whether the node came back."""
 
+    @property
+    def flush_text(self) -> str:
+        if not self.flush_journaled:
+            return "not journaled by the job"
+        if self.flushed is None:
+            return "nothing newer than its last checkpoint"
+        return f"step {self.flushed} ({self.flush_seconds:.2f} s)"
+
     def describe(self) -> str:
-        who = f"node {self.node}" if self.node is not None else _ranks(sorted(self.exited + self.killed))
+        ranks = sorted(self.ended + self.killed)
+        who = f"node {self.node}" if self.node is not None else (_ranks(ranks) if ranks else "ranks")
         parts = []
-        if self.exited:
-            parts.append(f"{_ranks(self.exited)} exited by {'itself' if len(self.exited) == 1 else 'themselves'}"
-                         f" within {self.exit_seconds:.2f} s")
+        if self.ended:
+            parts.append(f"{_ranks(self.ended)} ended within {self.end_seconds:.2f} s of the SIGTERM")
         if self.killed:
             parts.append(f"{_ranks(self.killed)} still alive at the end of the grace: killed")
-        if self.flushed is not None:
-            parts.append(f"the job persisted step {self.flushed} in {self.flush_seconds:.2f} s")
+        if not ranks:
+            parts.append("no worker of it was running")
+        if self.flush_journaled:
+            parts.append(f"the job persisted step {self.flushed} in {self.flush_seconds:.2f} s" if self.flushed
+                         is not None else "the job had nothing newer than its last checkpoint to persist")
         back = "" if self.node is None else ("; the node came back" if self.restart else "; the node stayed gone")
         return f"{who} preempted at step {self.step} (grace {self.grace_s:g} s): " + "; ".join(parts) + back
 
@@ -124,23 +139,23 @@ def preemptions(run: Journal) -> list[Preemption]:
     """The preemptions of a run's launcher journal, with the workers' answers (``preempt_flush``)."""
     out = []
     flushes = sorted(run.events("preempt_flush"), key=lambda e: e["t"])
-    for sig in (e for e in run.launcher if e.get("event") == "preempt_signal"):
-        fid = sig.get("fault")
-        outcomes = [e for e in run.launcher if e.get("event") == "preempt_outcome" and e.get("fault") == fid
-                    and e["t"] >= sig["t"]]
-        end = next((e for e in run.launcher if e.get("event") == "preempt_end" and e.get("fault") == fid
-                    and e["t"] >= sig["t"]), None)
+    launcher = run.launcher
+    for sig in (e for e in launcher if e.get("event") == "preempt_signal"):
+        key = (sig.get("fault"), sig.get("occurrence", 0))
+        mine = [e for e in launcher if (e.get("fault"), e.get("occurrence", 0)) == key and e["t"] >= sig["t"]]
+        outcomes = [e for e in mine if e.get("event") == "preempt_outcome"]
+        end = next((e for e in mine if e.get("event") == "preempt_end"), None)
         until = end["t"] if end is not None else float("inf")
-        outcomes = [e for e in outcomes if e["t"] <= until + 1]
-        exited = [e for e in outcomes if e.get("outcome") == "exited"]
-        flush = [e for e in flushes if sig["t"] <= e["t"] <= until and e.get("persisted") is not None]
+        ended = [e for e in outcomes if e.get("outcome") in ("ended", "exited")]
+        answers = [e for e in flushes if sig["t"] <= e["t"] <= until]
+        done = [e for e in answers if e.get("persisted") is not None]
         out.append(Preemption(
-            fault=int(fid or 0), node=sig.get("node"), step=int(sig.get("step", -1)),
-            grace_s=float(sig.get("grace_s", 0.0)), exited=sorted(int(e["rank"]) for e in exited),
-            exit_seconds=max((float(e["seconds"]) for e in exited), default=None),
+            fault=int(key[0] or 0), occurrence=int(key[1] or 0), node=sig.get("node"), step=int(sig.get("step", -1)),
+            grace_s=float(sig.get("grace_s", 0.0)), ended=sorted(int(e["rank"]) for e in ended),
+            end_seconds=max((float(e["seconds"]) for e in ended), default=None),
             killed=sorted(int(e["rank"]) for e in outcomes if e.get("outcome") == "killed"),
-            flushed=max((int(e["persisted"]) for e in flush), default=None),
-            flush_seconds=max((float(e["seconds"]) for e in flush), default=None),
+            flush_journaled=bool(answers), flushed=max((int(e["persisted"]) for e in done), default=None),
+            flush_seconds=max((float(e["seconds"]) for e in done), default=None),
             restart=bool(end.get("restart", True)) if end is not None else True))
     return out
 

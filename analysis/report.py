@@ -190,11 +190,9 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
     if v.preemptions:
         blocks += [("h2", "Preemptions"), ("p", "SIGTERM to the node's torchrun agent and workers (or the ranks "
                    "named), a grace period, then SIGKILL to whatever was still alive; the node's memory went with it."),
-                   ("table", (["fault", "step", "grace (s)", "exited by itself", "killed", "persisted in the grace"], [
-                       [_fmt(p.fault), _fmt(p.step), _fmt(p.grace_s), ", ".join(map(str, p.exited)) or "none",
-                        ", ".join(map(str, p.killed)) or "none",
-                        f"step {p.flushed} ({p.flush_seconds:.2f} s)" if p.flushed is not None else "not journaled"]
-                       for p in v.preemptions]))]
+                   ("table", (["fault", "step", "grace (s)", "ended in the grace", "killed", "persisted in the grace"], [
+                       [_fmt(p.fault), _fmt(p.step), _fmt(p.grace_s), ", ".join(map(str, p.ended)) or "none",
+                        ", ".join(map(str, p.killed)) or "none", p.flush_text] for p in v.preemptions]))]
     for h in v.teardown_hangs:
         blocks += [("h2", f"Teardown hang: {h.run} run, rank {h.rank}"), ("p", h.describe()), ("pre", h.where)]
     lc = v.loss_curve

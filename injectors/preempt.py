@@ -78,7 +78,7 @@ class PreemptConfig(PointFault):
             if self.node == 0:
                 raise FaultConfigError("node", "a node other than 0 when restart is false (node 0 hosts the "
                                        "rendezvous; the job cannot outlive it)", self.node)
-            if self.every is not None or self.mtbf is not None:
+            if self.every is not None or self.every_seconds is not None or self.mtbf is not None:
                 raise FaultConfigError("restart", "true with a periodic or random trigger (a node can be lost "
                                        "for good only once)", self.restart)
 
@@ -153,6 +153,11 @@ class PreemptInjector(InWorkerInjector):
         deadline = time.monotonic() + ACK_TIMEOUT
         while not ack.exists():
             if time.monotonic() > deadline:
+                try:  # withdrawn, so that no harness acts on it later, at another point of the run
+                    os.replace(path, path.with_suffix(".abandoned"))
+                except FileNotFoundError:
+                    deadline += ACK_TIMEOUT  # taken meanwhile: its signals are on their way
+                    continue
                 raise InjectorError(f"preempt: no harness took the request {path} within {ACK_TIMEOUT:g} s (a "
                                     "preempt fault runs under `baft run`, which sends the signals)")
             time.sleep(0.005)

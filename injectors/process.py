@@ -128,7 +128,7 @@ class NodeLossConfig(PointFault):
             if self.node == 0:
                 raise FaultConfigError("node", "a node other than 0 when replacement is false (node 0 hosts the "
                                        "rendezvous; the job cannot outlive it)", self.node)
-            if self.every is not None or self.mtbf is not None:
+            if self.every is not None or self.every_seconds is not None or self.mtbf is not None:
                 raise FaultConfigError("replacement", "true with a periodic or random trigger (a node can be lost "
                                        "for good only once)", self.replacement)
 

@@ -200,7 +200,8 @@ def worker_spec(scenario: Scenario, cfg: DeployConfig) -> WorkerSpec:
                               for i in range(scenario.workload.nodes)] if stores else None,
                       node_memory=f"{SHM}/baft" if stores else None,
                       reference=f"{SHARED}/{cfg.reference_run}" if faulted else None,
-                      probe=scenario.probe if faulted else ProbeConfig())
+                      probe=scenario.probe if faulted else ProbeConfig(),
+                      flush_on_sigterm=True)  # pods are evicted and preempted: the built-in workload saves in the grace
 
 
 def _env(**values: str) -> list[dict[str, Any]]:

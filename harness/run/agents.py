@@ -104,14 +104,16 @@ class AgentSet:
             pass
         self.journal.write("agent_exit", node=f"node{node}", returncode=p.returncode, **why)
 
-    def restart_all(self, **why: Any) -> None:
-        """Every node's agent again, on a new rendezvous (the old one's store is gone with node 0's agent).
-        Each agent must have ended."""
+    def restart_all(self, skip: set[int] | frozenset[int] = frozenset(), **why: Any) -> None:
+        """Every node's agent again (but those in ``skip``: nodes lost for good), on a new rendezvous (the old
+        one's store is gone with node 0's agent). Each agent must have ended."""
         for node in range(len(self.procs)):
-            self.journal_exit(node, **why)
+            if node not in skip:
+                self.journal_exit(node, **why)
         self.rendezvous = Rendezvous.new(self.rendezvous.host)
         for node in range(len(self.procs)):
-            self.start(node, **why)
+            if node not in skip:
+                self.start(node, **why)
 
     def alive(self) -> bool:
         return any(p.poll() is None for p in self.procs)

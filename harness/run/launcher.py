@@ -20,13 +20,13 @@ from analysis.journal import JournalWriter, launcher_journal
 
 from harness.errors import Cancelled, LaunchError
 from harness.worker.spec import Placement
-from harness.run.agents import AgentSet
+from harness.run.agents import KEEP_ALIVE, AgentSet  # KEEP_ALIVE: importable here as before
 from harness.run.launchconfig import LaunchConfig
 from harness.run.preempt import PreemptController
 from harness.run.processes import new_token, stop_owned
 from harness.run.watchdog import Watchdog
 
-__all__ = ["LaunchConfig", "LaunchResult", "launch"]
+__all__ = ["KEEP_ALIVE", "LaunchConfig", "LaunchResult", "launch"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,13 +40,16 @@ class LaunchResult:
     """Nodes whose agent the harness ended after every rank had finished (a teardown hang, journaled as
     ``teardown_hang``): their return codes are no failure."""
 
+    errors: list[str] = field(default_factory=list)
+    """What went wrong in the harness's own part of the launch (a preemption it could not carry out)."""
+
     def failed_nodes(self) -> list[int]:
         """Nodes whose agent ended badly, those ended after the job finished left out."""
         return [n for n, rc in enumerate(self.returncodes) if rc != 0 and n not in self.ended_after_finish]
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and not self.failed_nodes()
+        return not self.timed_out and not self.failed_nodes() and not self.errors
 
 
 def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult:
@@ -80,6 +83,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
              if config.stores is not None else None)
     watchdog: Watchdog | None = None
     agents: AgentSet | None = None
+    preempt: PreemptController | None = None
     with contextlib.ExitStack() as undo:
         undo.callback(journal.close)
         undo.callback(lambda: agents is not None and _journal_exits(agents))
@@ -102,7 +106,6 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                                     config.exit_timeout)
                 undo.callback(watchdog.stop)
                 watchdog.start()
-            preempt: PreemptController | None = None
             if config.preemptions:
                 preempt = PreemptController(run_dir, agents, journal, token, fleet=fleet, watchdog=watchdog)
                 undo.callback(preempt.stop)
@@ -112,8 +115,10 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
                 undo.callback(controller.stop)  # rolls back every link fault still in place
                 controller.start()
             deadline = t0 + config.timeout
-            # until every agent ended and no preemption is bringing a node back
-            while agents.alive() or (preempt is not None and preempt.busy):
+            # until every agent ended and no preemption is bringing a node back (busy is read before and after
+            # the agents: it clears only once a replacement agent is up)
+            busy = (lambda: preempt is not None and preempt.busy and preempt.error is None)
+            while busy() or agents.alive() or busy():
                 if time.monotonic() > deadline:
                     timed_out = True
                     break
@@ -123,7 +128,9 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
             raise
     if agents is None or not agents.procs:
         raise LaunchError("no torchrun agent started")
+    errors = [f"preempt: {type(e).__name__}: {e}"] if preempt is not None and (e := preempt.error) is not None else []
     return LaunchResult(returncodes=[p.returncode for p in agents.procs], seconds=time.monotonic() - t0, timed_out=timed_out,
+                        errors=errors,
                         ended_after_finish=watchdog.ended_after_finish if watchdog is not None else [])
 
 

@@ -272,7 +272,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     launch_failures = ([f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else "")
                         + (f"; the last exception a worker printed: {cause}" if (cause := failure_line(faulted / "logs"))
                            else "")]
-                       if result.timed_out or any(rc != 0 for rc in survivors) else [])
+                       if result.timed_out or any(rc != 0 for rc in survivors) else []) + result.errors
     verdict = judge(
         Journal.load(out / "reference"), Journal.load(faulted), scenario.expect,
         steps=scenario.workload.steps, faults_declared=len(scenario.faults), launch_failures=launch_failures,

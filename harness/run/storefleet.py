@@ -111,9 +111,9 @@ class StoreFleet:
         else:
             self._start(node)  # the replacement node's store, with whatever memory is left
 
-    def lose(self, node: int, reason: str) -> None:
+    def lose(self, node: int, reason: str, replace: bool = True) -> None:
         """Node ``node`` is gone with its memory: kill its store, wipe the memory, and (unless the node is lost
-        for good) start the replacement node's store on empty memory."""
+        for good, or not ``replace``: the run is ending) start the replacement node's store on empty memory."""
         with self._lock:
             p = self.procs[node]
             if p is not None and p.poll() is None:
@@ -124,8 +124,10 @@ class StoreFleet:
                 p.wait()
             shutil.rmtree(self.node_dir(node), ignore_errors=True)
             self.journal.write("store_lost", node=f"node{node}", reason=reason)
-            if not self._stop.is_set():
+            if replace and not self._stop.is_set():
                 self._replace(node)
+            else:
+                self.procs[node] = None
 
     def stop_monitor(self) -> None:
         """Replace no store from now on (the run is ending: a store that exits stays gone)."""

@@ -40,12 +40,12 @@ class TermSignal:
 
 def flush_and_leave(ckpt: Any, session: Any, term: TermSignal, step: int) -> int:
     """Persist the state at boundary ``step`` now, journal it, release the checkpointer; the exit status."""
+    session.disarm()  # no fault fires inside the flush (a second preemption would wait for this one's grace)
     t0 = time.perf_counter()
     persisted = ckpt.flush()
     seconds = time.perf_counter() - t0
     session.probe.record("preempt_flush", step=step, persisted=persisted, seconds=round(seconds, 4),
                          since_signal=round(time.time() - term.at, 4) if term.at is not None else None,
                          signaled=term.at is not None)
-    session.disarm()
     ckpt.close()
     return PREEMPTED_EXIT

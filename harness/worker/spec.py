@@ -350,6 +350,14 @@ class WorkerSpec(Placement):
     """The faults (``faults:``); a worker arms those whose site is the worker."""
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     """How often the state is fingerprinted (``probe:``; the reference: every step)."""
+    flush_on_sigterm: bool = False
+    """The built-in workload answers SIGTERM by persisting at the next step boundary (a preemption;
+    ``harness.worker.preemption``): set for runs with a ``preempt`` fault, and always on a cluster."""
+
+    @property
+    def preemptible(self) -> bool:
+        """Whether the built-in workload should answer SIGTERM (``flush_on_sigterm``, or a preempt fault)."""
+        return self.flush_on_sigterm or any(f.kind == "preempt" for f in self.faults)
 
     @classmethod
     def from_plain(cls, data: Any, file: str) -> WorkerSpec:

@@ -268,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         state = trainer.state
         ckpt = session.checkpointer(state)
         trainer.attach(ckpt)
+        # a preemption's SIGTERM (also one during the restore) is obeyed at a step boundary, together
+        term = TermSignal() if session.spec.preemptible else None
         start = ckpt.restore_latest()
         session.restored(start, state)
-        # a preemption's SIGTERM is obeyed at a step boundary, together (harness.worker.preemption)
-        term = TermSignal() if any(f.kind == "preempt" for f in session.spec.faults) else None
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             loss = trainer.iteration(step, ckpt)  # announces the iteration phase itself

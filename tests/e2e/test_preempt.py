@@ -27,7 +27,7 @@ def test_a_preempted_node_flushes_in_its_grace_and_comes_back(tmp_path: Path, re
     (sig,) = launcher_events(faulted, "preempt_signal")
     assert sig["node"] == 1 and sig["ranks"] == [2, 3] and len(sig["pids"]) == 2 and sig["step"] == 14
     outcomes = launcher_events(faulted, "preempt_outcome")
-    assert {(o["rank"], o["outcome"]) for o in outcomes} == {(2, "exited"), (3, "exited")}
+    assert {(o["rank"], o["outcome"]) for o in outcomes} == {(2, "ended"), (3, "ended")}
     assert all(o["seconds"] < 20 for o in outcomes)
     # every rank (node 0's too: they agree at the boundary) persisted the state after step 14 together
     flushes = Journal.load(faulted).events("preempt_flush")
@@ -40,8 +40,8 @@ def test_a_preempted_node_flushes_in_its_grace_and_comes_back(tmp_path: Path, re
     rec, = v["recoveries"]
     assert rec["restored_step"] == 15 and rec["restored_tier"] == "persistent" and rec["lost_steps"] == 0
     (p,) = v["preemptions"]
-    assert p["exited"] == [2, 3] and p["killed"] == [] and p["flushed"] == 15
-    assert "node 1 preempted at step 14 (grace 20 s): ranks 2, 3 exited by themselves" in out
+    assert p["ended"] == [2, 3] and p["killed"] == [] and p["flushed"] == 15
+    assert "node 1 preempted at step 14 (grace 20 s): ranks 2, 3 ended within" in out
 
 
 def test_preempting_the_rendezvous_host_restarts_every_agent(tmp_path: Path, ref_cache: Path) -> None:
@@ -74,7 +74,7 @@ def test_a_script_that_saves_on_sigterm_within_its_grace_resumes_bit_for_bit(tmp
     rec, = v["recoveries"]
     assert rec["restored_step"] == 13 and rec["lost_steps"] == 0
     (p,) = v["preemptions"]
-    assert p["exited"] == [0, 1] and p["killed"] == [] and 1.0 <= p["exit_seconds"] < 10
+    assert p["ended"] == [0, 1] and p["killed"] == [] and 1.0 <= p["end_seconds"] < 10
     log = (tmp_path / "out" / "faulted" / "logs" / "node0.log").read_text()
     assert "rank 0: preempted; saved micro-batch 13 (step 13)" in log
 
@@ -83,8 +83,33 @@ def test_a_grace_shorter_than_the_scripts_save_leaves_a_torn_checkpoint(tmp_path
     rc, out, v = run_cli(DDP / "preempt-short.yaml", tmp_path / "out", ref_cache)
     assert rc == 1, out
     (p,) = v["preemptions"]
-    assert p["killed"] == [0, 1] and p["exited"] == []  # both still in the save (rank 0 writing, rank 1 waiting)
+    assert p["killed"] == [0, 1] and p["ended"] == []  # both still in the save (rank 0 writing, rank 1 waiting)
     rec, = v["recoveries"]
     assert rec["restored_step"] == 10
     assert "model equals step 10, but rng equals step 13" in out
     assert "ranks 0, 1 still alive at the end of the grace: killed" in out
+
+
+def test_two_nodes_preempted_at_once_are_signalled_together(tmp_path: Path, ref_cache: Path) -> None:
+    """The second request arrives while the first's grace runs: it is signalled at once too (its worker waits
+    for the ack, and its peers' collectives for it), and node 0's restart of every agent leaves node 1 on it."""
+    scenario = {"name": "preempt-two-nodes",
+                "workload": {"model": "gpt-tiny", "stages": 4, "microbatches": 8, "schedule": "1f1b", "steps": 20,
+                             "nodes": 2},
+                "checkpoint": {"strategy": "baft", "every": 50},
+                "faults": [{"preempt": {"node": 1, "at_step": 10, "grace_s": 8}},
+                           {"preempt": {"node": 0, "at_step": 10, "phase": "forward", "grace_s": 8}}],
+                "expect": {"bitwise": True, "max_lost_steps": 0}, "run": {"max_restarts": 4}}
+    rc, out, v = run_cli(scenario, tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    faulted = tmp_path / "out" / "faulted"
+    signals = launcher_events(faulted, "preempt_signal")
+    assert sorted(s["node"] for s in signals) == [0, 1]
+    ends = launcher_events(faulted, "preempt_end")
+    assert max(s["t"] for s in signals) < min(e["t"] for e in ends)  # both signalled before either grace ended
+    assert not launcher_events(faulted, "preempt_error")
+    assert all(p["killed"] == [] for p in v["preemptions"])
+    last = {}
+    for s in launcher_events(faulted, "agent_start"):
+        last[s["node"]] = s["cmd"][s["cmd"].index("--rdzv-endpoint") + 1]
+    assert last["node0"] == last["node1"]  # the agents that finished the job met on one rendezvous

@@ -17,6 +17,7 @@ from harness.cluster.deploy import HARNESS_KINDS, INDEX_LABEL, DeployConfig, dep
 from harness.errors import ConfigValueError
 from harness.scenario import load
 from harness.schema import build
+from harness.worker.spec import WorkerSpec
 from harness.worker.workload import WorkloadConfig
 from injectors import FAULTS
 from injectors.chaosmesh.manifests import ClusterTarget, manifests
@@ -209,6 +210,9 @@ def test_worker_spec_points_every_node_at_its_store_by_dns() -> None:
     scenario = load(ROOT / "scenarios" / "ci" / "baft-node-loss.yaml", host=False)
     spec = worker_spec(scenario, DeployConfig(namespace="ml", image="i", claim="c"))
     assert spec.stores == [f"baft-train-faulted-{i}.baft-train-faulted.ml.svc:29500" for i in range(2)]
+    # no faults in the pods (Chaos Mesh injects them), but an evicted pod's workload saves in its grace
+    assert spec.faults == [] and spec.preemptible
+    assert WorkerSpec.from_plain(json.loads(spec.dumps()), "spec.json").preemptible
 
 
 def test_pod_zero_hosts_the_rendezvous_and_no_other_pod_does(monkeypatch: pytest.MonkeyPatch,

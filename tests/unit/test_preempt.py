@@ -44,6 +44,7 @@ def test_bad_configs_name_their_field(fields: dict[str, Any], field: str) -> Non
     ({"node": 0, "at_step": 1, "restart": False}, "node"),  # the rendezvous host cannot stay gone
     ({"ranks": [1], "at_step": 1, "restart": False}, "restart"),
     ({"node": 1, "at_step": 1, "every": 3, "times": 2, "restart": False}, "restart"),
+    ({"node": 1, "at_time": 1, "every_seconds": 3, "times": 2, "restart": False}, "restart"),
 ])
 def test_configs_impossible_in_the_run_are_refused(fields: dict[str, Any], field: str) -> None:
     with pytest.raises(FaultConfigError) as info:
@@ -111,8 +112,8 @@ class Agents:
     def journal_exit(self, node: int, **why: Any) -> None:
         self.exits.append(node)
 
-    def restart_all(self, **why: Any) -> None:
-        self.started += [(n, why) for n in range(len(self.procs))]
+    def restart_all(self, skip: set[int] = set(), **why: Any) -> None:  # noqa: B006
+        self.started += [(n, why) for n in range(len(self.procs)) if n not in skip]
 
 
 def test_the_controller_signals_times_the_grace_kills_the_rest_and_brings_the_node_back(tmp_path: Path) -> None:
@@ -146,17 +147,17 @@ def test_the_controller_signals_times_the_grace_kills_the_rest_and_brings_the_no
         assert time.monotonic() - t0 >= 1.0  # the grace was waited out: one worker ignored SIGTERM
         events = [json.loads(line) for line in launcher_journal(tmp_path).read_text().splitlines()]
         outcome = {e["rank"]: e for e in events if e["event"] == "preempt_outcome"}
-        assert outcome[0]["outcome"] == "exited" and 0.25 < outcome[0]["seconds"] < 1.5
+        assert outcome[0]["outcome"] == "ended" and 0.25 < outcome[0]["seconds"] < 1.5
         assert outcome[1]["outcome"] == "killed" and outcome[1]["seconds"] == 1.5
         (sig,) = [e for e in events if e["event"] == "preempt_signal"]
         assert sig["ranks"] == [0, 1] and sig["pids"] == sorted(pids) and sig["agent_pid"] == agent.pid
         assert agents.started == [(0, {"reason": "preempted", "fault": 0})]  # node 0: every agent, anew
         assert controller.error is None
         (p,) = preemptions(Journal.load(tmp_path))
-        assert (p.exited, p.killed, p.step, p.grace_s) == ([0], [1], 5, 1.5)
-        assert p.describe() == ("node 0 preempted at step 5 (grace 1.5 s): rank 0 exited by itself within "
-                                f"{p.exit_seconds:.2f} s; rank 1 still alive at the end of the grace: killed; "
-                                "the node came back")
+        assert (p.ended, p.killed, p.step, p.grace_s, p.flush_journaled) == ([0], [1], 5, 1.5, False)
+        assert p.describe() == ("node 0 preempted at step 5 (grace 1.5 s): rank 0 ended within "
+                                f"{p.end_seconds:.2f} s of the SIGTERM; rank 1 still alive at the end of the grace: "
+                                "killed; the node came back")
     finally:
         agent.kill()
         agent.wait()
@@ -168,8 +169,28 @@ def test_the_controller_signals_times_the_grace_kills_the_rest_and_brings_the_no
 
 
 def test_a_preemption_reads_back_from_the_verdict_file() -> None:
-    p = Preemption(fault=1, node=None, step=9, grace_s=10.0, exited=[1], exit_seconds=0.2, flushed=10,
-                   flush_seconds=0.05)
+    p = Preemption(fault=1, node=None, step=9, grace_s=10.0, ended=[1], end_seconds=0.2, flush_journaled=True,
+                   flushed=10, flush_seconds=0.05)
     assert Preemption.from_json(json.loads(json.dumps(p.to_json()))) == p
-    assert p.describe() == ("rank 1 preempted at step 9 (grace 10 s): rank 1 exited by itself within 0.20 s; "
+    assert p.describe() == ("rank 1 preempted at step 9 (grace 10 s): rank 1 ended within 0.20 s of the SIGTERM; "
                             "the job persisted step 10 in 0.05 s")
+    assert p.flush_text == "step 10 (0.05 s)"
+    already = Preemption(fault=0, node=1, step=3, grace_s=5, ended=[2], end_seconds=0.1, flush_journaled=True)
+    assert already.flush_text == "nothing newer than its last checkpoint"
+    assert "nothing newer than its last checkpoint to persist" in already.describe()
+    assert Preemption(fault=0, node=1, step=3, grace_s=5).describe() == (
+        "node 1 preempted at step 3 (grace 5 s): no worker of it was running; the node came back")
+
+
+def test_a_request_nobody_takes_is_withdrawn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a harness the firing worker fails after the timeout, and its request can no longer be acted on."""
+    import injectors.preempt as mod
+    from injectors import WorkerContext
+    from injectors.errors import InjectorError
+
+    monkeypatch.setattr(mod, "ACK_TIMEOUT", 0.2)
+    inj = mod.PreemptInjector(PreemptConfig(node=0, at_step=1), 3, WorkerContext(
+        rank=0, fault_dir=tmp_path, record=lambda *a, **k: None))
+    with pytest.raises(InjectorError, match="no harness took the request"):
+        inj.inject({"step": 1, "phase": "iteration"})
+    assert not list(tmp_path.glob("*.request")) and len(list(tmp_path.glob("*.abandoned"))) == 1

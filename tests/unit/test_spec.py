@@ -55,7 +55,7 @@ def test_the_round_trip_gives_back_the_same_json(tmp_path: Path) -> None:
     spec = WorkerSpec.load(write(tmp_path, OLD_SPEC))
     again = json.loads(spec.dumps())
     # every key as before; the configs' defaults are now spelt out
-    assert [k for k in again if k in OLD_SPEC] == list(OLD_SPEC) and set(again) - set(OLD_SPEC) == {"probe"}
+    assert [k for k in again if k in OLD_SPEC] == list(OLD_SPEC) and set(again) - set(OLD_SPEC) == {"probe", "flush_on_sigterm"}
     for key in ("stores", "node_memory", "run_dir", "started_at"):
         assert again[key] == OLD_SPEC[key], key
     assert {k: again["workload"][k] for k in OLD_SPEC["workload"]} == OLD_SPEC["workload"]
