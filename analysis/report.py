@@ -187,6 +187,12 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
                    "step (the accumulated gradient restored): its loss covers only the backward calls it made and is "
                    "not compared; the state after the step is."), ("table", (["rank", "step", "incarnation", "what"], [
                        [_fmt(p.rank), _fmt(p.step), _fmt(p.incarnation), p.describe()] for p in v.partial_steps]))]
+    if v.diagnosis:
+        blocks += [("h2", "Likely cause"), ("p", "Named from the journals: where each rank's restored state matches "
+                   "the reference's history, component by component (analysis/diagnosis.py)."),
+                   ("table", (["cause", "restart", "what", "evidence", "usual fix"], [
+                       [c.code, _fmt(c.incarnation), c.summary, "; ".join(c.evidence[:4]), c.fix or "–"]
+                       for c in v.diagnosis]))]
     if v.preemptions:
         blocks += [("h2", "Preemptions"), ("p", "SIGTERM to the node's torchrun agent and workers (or the ranks "
                    "named), a grace period, then SIGKILL to whatever was still alive; the node's memory went with it."),
@@ -348,7 +354,8 @@ def suite_report(suite_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) ->
         passed += v.passed
         rows.append([link, "PASSED" if v.passed else "FAILED", _fmt(v.bitwise_equal),
                      f"{v.faults_fired}/{v.faults_declared}", _fmt(v.lost_steps),
-                     _fmt(v.recovery_seconds), "; ".join(v.failures)[:200]])
+                     _fmt(v.recovery_seconds), ", ".join(dict.fromkeys(c.code for c in v.diagnosis)) or "–",
+                     "; ".join(v.failures)[:200]])
     try:  # the scenario directory's name, as `baft suite` recorded it
         name = json.loads((suite_dir / "suite.json").read_text())["suite"]
     except (OSError, ValueError, KeyError):
@@ -356,7 +363,8 @@ def suite_report(suite_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) ->
     blocks: list[Block] = [
         ("h1", f"suite {name}: {'PASSED' if passed == len(runs) else 'FAILED'} ({passed} of {len(runs)} "
                "scenarios passed)"),
-        ("table", (["scenario", "verdict", "bitwise", "faults fired", "lost steps", "recovery s", "failures"], rows)),
+        ("table", (["scenario", "verdict", "bitwise", "faults fired", "lost steps", "recovery s", "likely cause",
+                    "failures"], rows)),
     ]
     return write(blocks, suite_dir, f"baft suite report: {suite_dir.name}", [])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .diagnosis import Cause
 from .metrics import fault_target
 from .verdict import ChaosFiring, NotRun, Verdict
 
@@ -101,13 +102,29 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
     for h in v.teardown_hangs:
         lines.append(f"  teardown hang    {h.describe()}")
     if v.caught is not None:
-        want = " / ".join(x for x in (v.caught.expected.component, v.caught.expected.failure) if x)
+        want = " / ".join(x for x in (v.caught.expected.component, v.caught.expected.failure,
+                                      v.caught.expected.cause) if x)
         lines.append(f"  planted bug      {'CAUGHT' if v.caught.caught else 'NOT CAUGHT'} (expected: {want})")
         lines += [f"    evidence: {f}" for f in v.caught.evidence]
+    lines += diagnosis_lines(v.diagnosis)
     lines += [f"  FAIL: {f}" for f in v.failures]
     lines.append(f"  verdict          {out / 'verdict.json'}")
     if (out / "report.html").is_file():
         lines.append(f"  report           {out / 'report.html'} (and report.md, plots *.png)")
+    return lines
+
+
+def diagnosis_lines(causes: list[Cause], evidence: int = 3) -> list[str]:
+    """The likely causes, each with up to ``evidence`` lines of evidence and its usual fix."""
+    lines = []
+    for c in causes:
+        at = f" (restart {c.incarnation})" if c.incarnation else ""
+        lines.append(f"  likely cause     {c.describe()}{at}")
+        lines += [f"    evidence: {e}" for e in c.evidence[:evidence]]
+        if len(c.evidence) > evidence:
+            lines.append(f"    ({len(c.evidence) - evidence} more in verdict.json)")
+        if c.fix:
+            lines.append(f"    usual fix: {c.fix}")
     return lines
 
 
@@ -124,13 +141,14 @@ def _firing(f: ChaosFiring) -> str:
 
 def format_table(results: list[Verdict | NotRun]) -> str:
     """The verdicts of a suite as a table for the terminal, a row per scenario."""
-    rows = [("scenario", "verdict", "bitwise", "lost", "recovery s", "why")]
+    rows = [("scenario", "verdict", "bitwise", "lost", "recovery s", "likely cause", "why")]
     for r in results:
         if isinstance(r, NotRun):
-            rows.append((r.scenario, "ERROR", "-", "-", "-", r.error[:60]))
+            rows.append((r.scenario, "ERROR", "-", "-", "-", "-", r.error[:60]))
             continue
         rec = r.recovery_seconds
         rows.append((r.scenario, "PASSED" if r.passed else "FAILED", "yes" if r.bitwise_equal else "NO",
-                     str(r.lost_steps), f"{rec:.1f}" if rec is not None else "-", "; ".join(r.failures)[:60]))
+                     str(r.lost_steps), f"{rec:.1f}" if rec is not None else "-",
+                     ", ".join(dict.fromkeys(c.code for c in r.diagnosis)) or "-", "; ".join(r.failures)[:60]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)

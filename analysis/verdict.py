@@ -12,6 +12,7 @@ from typing import Any
 
 from .compare import Divergence, PartialStep, compare
 from .errors import AnalysisError, ConfigFieldError
+from .diagnosis import Cause, diagnose
 from .exits import Preemption, TeardownHang, WorkerFailure, preemptions, teardown_hangs, unexplained, worker_failures
 from .journal import Journal
 from .losscurve import LossExpect, LossVerdict, compare_curves, loss_curve
@@ -29,10 +30,18 @@ class CaughtExpect(Record):
     """The start of the first divergence's key (e.g. ``generator.loader``), with ``component``."""
     failure: str | None = None
     """Text one of the verdict's failures must contain (e.g. ``lost`` or ``did not complete``)."""
+    cause: str | None = None
+    """The code the diagnosis must name (``rng-not-restored``, ``torn-checkpoint``, ...: ``analysis.diagnosis``)."""
 
     def __post_init__(self) -> None:
         if self.component is None and self.failure is None:
             raise ConfigFieldError("component", "a component or a failure text (how the bug shows)", None)
+
+    def to_json(self) -> dict[str, Any]:
+        out = Record.to_json(self)
+        if out["cause"] is None:
+            del out["cause"]  # files from before it read and write unchanged
+        return out
 
 
 @dataclass(kw_only=True, slots=True)
@@ -228,7 +237,7 @@ def reproducibility(reference: Journal, again: Journal) -> Reproducibility:
 
 #: Fields written only when set (a run without a failed worker, a local run has no cluster, a cluster run
 #: no agents); the value here (their default) means "not there".
-_WHEN_SET: dict[str, Any] = {"worker_failures": [], "teardown_hangs": [], "preemptions": [], "partial_steps": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
+_WHEN_SET: dict[str, Any] = {"worker_failures": [], "teardown_hangs": [], "preemptions": [], "diagnosis": [], "partial_steps": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
                              "cluster": None, "reproducibility": None}
 #: Fields a verdict without a comparison (``note``) has besides those.
 _UNCOMPARED = ("scenario", "passed", "failures")
@@ -301,6 +310,9 @@ class Verdict(Record):
     teardown_hangs: list[TeardownHang] = field(default_factory=list)
     """Workers of either run still alive ``run.exit_timeout`` after every rank had finished, ended by the
     harness: no failure, a finding about the job's stack."""
+    diagnosis: list[Cause] = field(default_factory=list)
+    """The likely causes of a failed resume, each with its evidence (:mod:`analysis.diagnosis`); none when
+    the run held every expectation."""
     preemptions: list[Preemption] = field(default_factory=list)
     """The preemptions of the faulted run: what each rank did between SIGTERM and the end of its grace."""
     metrics: Efficiency | None = None
@@ -356,6 +368,7 @@ class Verdict(Record):
             "worker_failures": [WorkerFailure.from_json(c) for c in data.get("worker_failures", [])],
             "teardown_hangs": [TeardownHang.from_json(c) for c in data.get("teardown_hangs", [])],
             "preemptions": [Preemption.from_json(c) for c in data.get("preemptions", [])],
+            "diagnosis": [Cause.from_json(c) for c in data.get("diagnosis", [])],
             "partial_steps": [PartialStep.from_json(c) for c in data.get("partial_steps", [])],
             "metrics": optional(Efficiency, data.get("metrics")),
             "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
@@ -465,17 +478,22 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     if expect.max_recovery_seconds is not None and worst is not None and worst > expect.max_recovery_seconds:
         failures.append(f"recovery took {worst:.2f} s, at most {expect.max_recovery_seconds} s allowed")
     first = cmp.first
+    diagnosis = diagnose(reference, run, cmp, failed=bool(failures), recoveries=recs,
+                         reproducible=repro.equal if repro is not None else None)
     caught = None
     if expect.caught is not None:
         c = expect.caught
         named = c.component is None or (first is not None and first.component == c.component
                                         and (c.key is None or first.key.startswith(c.key)))
         said = c.failure is None or any(c.failure in f for f in failures)
-        caught = Caught(expected=c, caught=bool(failures) and named and said, evidence=failures)
+        why = c.cause is None or any(d.code == c.cause for d in diagnosis)
+        caught = Caught(expected=c, caught=bool(failures) and named and said and why, evidence=failures)
         failures = [] if caught.caught else [
             "the planted bug was not caught as expected (" + (f"first divergence in {c.component}" if c.component else "")
             + (" and " if c.component and c.failure else "") + (f"a failure saying {c.failure!r}" if c.failure else "")
-            + "); the verdict said: " + ("; ".join(failures) or "nothing wrong")]
+            + (f", the cause diagnosed as {c.cause}" if c.cause else "")
+            + "); the verdict said: " + ("; ".join(failures) or "nothing wrong")
+            + (" (diagnosed: " + ", ".join(d.code for d in diagnosis) + ")" if diagnosis else "")]
     return Verdict(
         passed=not failures,
         failures=failures,
@@ -504,6 +522,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         partial_steps=cmp.partial,
         teardown_hangs=teardown_hangs(reference, "reference") + teardown_hangs(run, "faulted"),
         preemptions=preemptions(run),
+        diagnosis=diagnosis,
         metrics=efficiency(reference, run, steps),
         reproducibility=repro,
     )

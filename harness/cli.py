@@ -86,6 +86,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write report.html, report.md and plots for a run (or suite) directory")
     rep.add_argument("path", type=Path, help="a run directory of `baft run`, or a suite directory of `baft suite`")
     rep.add_argument("--mtbf", default="1,6,24", help="hours between failures for the interval advice (default 1,6,24)")
+    fnd = sub.add_parser("findings", help="a Markdown table of runs' resumes and their likely causes (README's "
+                         "findings), from their verdicts")
+    fnd.add_argument("paths", type=Path, nargs="+", help="run directories of `baft run`, or suite directories")
     adv = sub.add_parser("advise", help="checkpoint interval (Young/Daly) from a run's measured checkpoint cost")
     adv.add_argument("path", type=Path, help="a run directory of `baft run`")
     adv.add_argument("--mtbf", required=True, help="mean time between failures in hours (several: comma-separated)")
@@ -251,6 +254,17 @@ def _report(args: argparse.Namespace) -> int:
     except AnalysisError as e:
         raise UsageError(str(e)) from None
     print(f"{r.html}\n{r.markdown}" + "".join(f"\n{f}" for f in r.figures))
+    return 0
+
+
+def _findings(args: argparse.Namespace) -> int:
+    from analysis.errors import AnalysisError
+    from analysis.findings import table
+
+    try:
+        print(table(args.paths))
+    except AnalysisError as e:
+        raise UsageError(str(e)) from None
     return 0
 
 
@@ -473,6 +487,8 @@ def _command(args: argparse.Namespace) -> int:
         return _report(args)
     if args.command == "advise":
         return _advise(args)
+    if args.command == "findings":
+        return _findings(args)
     if args.command == "publish":
         return _publish(args.path, args.online, args.project, args.entity)
     if args.command == "suite":

@@ -24,6 +24,11 @@ def scenario(name: str, *flags: str) -> dict[str, Any]:
     return data
 
 
+def causes(v: dict[str, Any]) -> dict[str, str]:
+    """The verdict's diagnosis: each cause's code and its first piece of evidence."""
+    return {c["code"]: c["evidence"][0] for c in v.get("diagnosis", [])}
+
+
 def test_a_script_that_restores_itself_is_found_resumed_from_its_checkpoint(tmp_path: Path, ref_cache: Path) -> None:
     """Checkpoint at 10, killed at 13: resumed from 10, 3 steps lost, bit for bit (the script's loader has
     a generator of its own)."""
@@ -34,6 +39,7 @@ def test_a_script_that_restores_itself_is_found_resumed_from_its_checkpoint(tmp_
     assert rec["resume"] == "resumed from step 10 (every component equals the reference at step 10)"
     assert "resumed from step 10 (every component" in out
     assert v["reproducibility"]["equal"]  # the reference, run twice, equal: judged bit for bit
+    assert not v.get("diagnosis") and "likely cause" not in out  # a right resume gets no cause
     j = Journal.load(tmp_path / "out" / "faulted")
     # the steps, the losses of every rank and the state of every component, found by the hooks alone
     assert {e["step"] for e in j.events("step", 0)} == set(range(24))
@@ -53,6 +59,8 @@ def test_the_global_rng_a_new_dataloader_iterator_draws_from_is_named(tmp_path: 
     (rec,) = v["recoveries"]
     assert rec["restored_step"] == 10 and rec["lost_steps"] == 3
     assert rec["resume"] == "resumed at step 10: model equals step 10; rng matches no step of the reference"
+    assert causes(v) == {"rng-drawn-after-restore": "rank 0: model equals step 10, rng/torch equals no step"}
+    assert "likely cause     [rng-drawn-after-restore]" in out and "usual fix: give the DataLoader" in out
 
 
 def test_a_torn_checkpoint_is_named_torn(tmp_path: Path, ref_cache: Path) -> None:
@@ -62,6 +70,7 @@ def test_a_torn_checkpoint_is_named_torn(tmp_path: Path, ref_cache: Path) -> Non
     (rec,) = v["recoveries"]
     assert "torn: model equals step 10, optimizer equals step 11" in rec["resume"], rec
     assert v["first_divergence"]["component"] == "optimizer" and v["first_divergence"]["step"] == 10
+    assert causes(v) == {"torn-checkpoint": "rank 0: model equals step 10, optimizer equals step 11"}
 
 
 MISUSE = """\
@@ -121,6 +130,8 @@ def test_lightning_resumes_its_model_but_not_the_rng_or_the_epochs_batches(tmp_p
     assert rec["resume"] == "resumed at step 10: model equals step 10, but rng equals step 0, data equals step 0", rec
     d = v["first_divergence"]
     assert (d["step"], d["component"]) == (10, "rng"), d
+    assert causes(v) == {"rng-not-restored": "rank 0: model equals step 10, rng/torch equals step 0",
+                         "data-position-not-restored": "rank 0: model equals step 10, data equals step 0"}
 
 
 def test_the_hugging_face_trainer_resumes_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
@@ -132,6 +143,7 @@ def test_the_hugging_face_trainer_resumes_bit_for_bit(tmp_path: Path, ref_cache:
     (rec,) = v["recoveries"]
     assert (rec["restored_step"], rec["lost_steps"]) == (10, 3), rec
     assert rec["resume"] == "resumed from step 10 (every component equals the reference at step 10)"
+    assert not v.get("diagnosis")
 
 
 def test_a_kill_during_the_scripts_save_leaves_files_of_two_steps(tmp_path: Path, ref_cache: Path) -> None:
@@ -146,6 +158,7 @@ def test_a_kill_during_the_scripts_save_leaves_files_of_two_steps(tmp_path: Path
     assert rec["restored_step"] == 5 and rec["fault"]["phase"] == "save", rec
     assert rec["resume"] == ("rank 0: resumed from step 5 (every component equals the reference at step 5); "
                              "rank 1: resumed at step 5: model equals step 5, but rng equals step 10"), rec
+    assert causes(v) == {"torn-checkpoint": "rank 1: model equals step 5, rng/torch equals step 10"}
 
 
 NONDETERMINISTIC = """\
@@ -211,6 +224,8 @@ def test_accelerate_as_shipped_resumes_its_model_but_not_the_shuffle_order_or_th
                                     "step of the reference; accelerate restored acc/checkpoints/checkpoint_1"), rec
     d = v["first_divergence"]
     assert (d["step"], d["component"]) == (10, "rng"), d
+    assert causes(v) == {"rng-drawn-after-restore": "rank 0: model equals step 10, rng/torch equals no step",
+                         "data-position-not-restored": "rank 0: model equals step 10, data equals step 2"}
 
 
 def test_accelerate_with_a_seedable_sampler_and_a_loader_generator_resumes_bit_for_bit(tmp_path: Path,
@@ -221,6 +236,7 @@ def test_accelerate_with_a_seedable_sampler_and_a_loader_generator_resumes_bit_f
     (rec,) = v["recoveries"]
     assert rec["resume"] == ("resumed from step 10 (every component equals the reference at step 10; accelerate "
                              "restored acc/checkpoints/checkpoint_1)"), rec
+    assert not v.get("diagnosis")
 
 
 @pytest.mark.parametrize("adapters", [None, []], ids=["adapter", "no-adapter"])
@@ -269,3 +285,5 @@ def test_a_resume_between_two_micro_batches_is_judged_by_its_state_not_its_parti
     assert rc == 1 and not v["bitwise_equal"], out
     d = v["first_divergence"]
     assert (d["step"], d["component"]) == (8, "model"), d
+    assert causes(v) == {"accumulated-gradient-lost": "rank 0 resumed mid-step 7; the state after it differs first "
+                                                      "in model / module.0.bias"}

@@ -53,12 +53,15 @@ def test_the_mutant_is_caught(name: str, tmp_path: Path, ref_cache: Path) -> Non
     expected = v["caught"]["expected"]
     if expected["component"]:
         assert v["first_divergence"]["component"] == expected["component"], out
+    assert expected["cause"] in [d["code"] for d in v["diagnosis"]], out  # the cause named, with its evidence
+    assert "likely cause     [" + expected["cause"] + "]" in out
 
 
 @pytest.mark.parametrize("first", sorted(CONTROLS), ids=lambda n: "+".join(CONTROLS[n]))
 def test_the_correct_library_passes_where_the_mutants_are_caught(first: str, tmp_path: Path, ref_cache: Path) -> None:
     rc, out, v = run_cli(correct_library(first), tmp_path / "correct", ref_cache)
     assert rc == 0 and v["passed"] and v["bitwise_equal"], out
+    assert not v.get("diagnosis") and "likely cause" not in out  # a correct resume gets no diagnosis
 
 
 @pytest.mark.parametrize("strategy", ["baft"])  # sync: test_spine's and test_suite's negative controls

@@ -87,6 +87,8 @@ def test_a_grace_shorter_than_the_scripts_save_leaves_a_torn_checkpoint(tmp_path
     rec, = v["recoveries"]
     assert rec["restored_step"] == 10
     assert "model equals step 10, but rng equals step 13" in out
+    (c,) = v["diagnosis"]  # the RNG files of the new save beside the old last.pt
+    assert c["code"] == "torn-checkpoint" and c["evidence"][0] == "rank 0: model equals step 10, rng/torch equals step 13"
     assert "ranks 0, 1 still alive at the end of the grace: killed" in out
 
 
