@@ -43,7 +43,7 @@ def row(v: Verdict) -> list[str]:
     d = v.first_divergence
     first = f"step {d.step}, `{d.component} / {d.key}` (rank {d.rank})" if d is not None else "—"
     causes = list(dict.fromkeys(c.code for c in v.diagnosis))
-    evidence = next((c.evidence[0] for c in v.diagnosis if c.evidence), "")
+    evidence = "; ".join(dict.fromkeys(c.evidence[0] for c in v.diagnosis if c.evidence))  # each cause's first
     if not evidence and not v.passed:
         evidence = "; ".join(v.failures)[:200]
     return [v.scenario, resumed, "yes" if v.bitwise_equal else "no", first,

@@ -168,3 +168,25 @@ def test_one_changed_key_of_a_restored_component_is_a_corruption_not_a_lost_part
     assert list(found) == ["corrupt-restore"], found
     assert "optimizer/k1 equal no step of the reference while the other 2 keys of optimizer equal step 5" in \
         found["corrupt-restore"][0]
+
+
+def test_the_findings_table_comes_from_the_runs_verdicts(tmp_path: Path, capsys) -> None:
+    import shutil
+
+    from analysis.findings import table
+    from harness.cli import main
+
+    fixtures = Path(__file__).parent / "verdicts"
+    for name in ("mutant-caught", "kill-passed"):
+        (tmp_path / "suite" / name).mkdir(parents=True)
+        shutil.copy(fixtures / f"{name}.json", tmp_path / "suite" / name / "verdict.json")
+    text = table([tmp_path / "suite"])
+    lines = text.splitlines()
+    assert lines[0] == "| scenario | resumed | bit for bit? | first divergence | likely cause | evidence |"
+    assert len(lines) == 4
+    assert "| `rng-drawn-after-restore` | rank 0: model equals step 5, rng/torch equals no step |" in text
+    assert "| kill | step" in text and "| — | every component equals the reference |" in text
+    assert main(["findings", str(tmp_path / "suite" / "kill-passed"), str(tmp_path / "suite" / "mutant-caught")]) == 0
+    assert capsys.readouterr().out.count("\n") == 4
+    assert main(["findings", str(tmp_path / "nothing")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
