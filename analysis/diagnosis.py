@@ -155,7 +155,9 @@ def _restart_causes(inc: int, rank: int, point: ResumePoint, first: Mapping[str,
     eq, who = point.equal_at, f"rank {rank}"
     start = min(history, default=0)
     if point.step is None:
-        anchor = "model" if "model" in eq else "optimizer"
+        anchor = next((c for c in ("model", "optimizer") if c in eq), None)
+        if anchor is None:
+            return [("unexplained", f"{who}: no model or optimizer fingerprinted to place restart {inc}'s state")]
         keys = _key_steps(first, anchor, history)
         near = max((s for ss in keys.values() for s in ss), default=None)
         return [("corrupt-restore", f"{who}: {anchor} equals no step of the reference after restart {inc}"
@@ -177,6 +179,14 @@ def _restart_causes(inc: int, rank: int, point: ResumePoint, first: Mapping[str,
                         f"{len(keys) - len(nowhere)} keys of {comp} equal step {k}"))
             continue
         text = f"{who}: model equals step {k}, {comp} equals {_at(steps)}"
+        moved_keys = [key for key, s in keys.items() if k not in s]
+        same_keys = set(keys) == set(history.get(k, {}).get(comp, {}))  # a fresh optimizer has no state.* keys
+        if comp == "optimizer" and same_keys and moved_keys and all(key.startswith("param_groups")
+                                                                    for key in moved_keys):
+            # only the learning rate and its kin moved: the scheduler wrote them (its own cause names it)
+            if "scheduler" not in eq or k in eq["scheduler"]:
+                out.append(("unexplained", f"{text}: only its param_groups ({moved_keys[0]}) differ"))
+            continue
         if comp in ("optimizer",) and steps and start not in steps:
             out.append(("torn-checkpoint", text))
         elif comp == "optimizer":
@@ -187,6 +197,9 @@ def _restart_causes(inc: int, rank: int, point: ResumePoint, first: Mapping[str,
                         else "scheduler-not-restored" if not steps or start in steps else "torn-checkpoint", text))
         elif comp == "rng":
             moved = {key: s for key, s in keys.items() if k not in s}
+            if not moved:  # the same values, other keys: a generator one side has and the other not
+                out.append(("unexplained", f"{text}: its keys differ from the reference's"))
+                continue
             detail = "; ".join(f"rng/{key} equals {_at(s)}" for key, s in moved.items())
             if any(start in s and k > start for s in moved.values()):
                 out.append(("rng-not-restored", f"{who}: model equals step {k}, {detail}"))
@@ -214,10 +227,29 @@ def _history(reference: Journal, rank: int) -> dict[int, dict[str, dict[str, str
     return {int(e["step"]): e["digests"] for e in _states(reference, rank)}
 
 
+def _usable(digests: Any) -> bool:
+    return isinstance(digests, dict) and all(isinstance(v, dict) for v in digests.values())
+
+
+def diverged_before_restart(reference: Journal, run: Journal) -> tuple[int, int] | None:
+    """(rank, step) of the first state the run's first processes (incarnation 0) wrote that differs from the
+    reference's: the run had diverged before any restart, so no restore is to blame."""
+    for rank in sorted(run.ranks):
+        history = _history(reference, rank)
+        for e in _states(run, rank):
+            if e.get("incarnation", 0) == 0 and int(e["step"]) in history and _usable(e["digests"]) \
+                    and {c: dict(v) for c, v in e["digests"].items()} != {c: dict(v) for c, v in
+                                                                          history[int(e["step"])].items()}:
+                return rank, int(e["step"])
+    return None
+
+
 def diagnose(reference: Journal, run: Journal, cmp: Comparison, *, failed: bool, reproducible: bool | None,
              recoveries: list[Any]) -> list[Cause]:
-    """The likely causes of a failed resume (``failed``: the run broke an expectation), each with its evidence;
-    none when it did not fail. ``reproducible``: whether two uninterrupted runs agreed (None: not checked)."""
+    """The likely causes of a failed resume (``failed``: a record differs or work was lost beyond the
+    expectation), each with its evidence; none when it did not fail. ``reproducible``: whether two
+    uninterrupted runs agreed (None: not checked). A restart after one already diagnosed, or after the run had
+    diverged, is not diagnosed again: its state descends from the first cause."""
     if not failed:
         return []
     found: dict[tuple[str, int | None], list[str]] = {}
@@ -225,29 +257,40 @@ def diagnose(reference: Journal, run: Journal, cmp: Comparison, *, failed: bool,
     def add(code: str, evidence: str, inc: int | None) -> None:
         found.setdefault((code, inc), []).append(evidence)
 
-    same_world = run.world_size == reference.world_size
+    first = cmp.first
+    early = diverged_before_restart(reference, run)
+    if early is not None:
+        rank, step = early
+        where = f"rank {rank}'s state at step {step} differs from the reference's before any restart"
+        add("nondeterministic-job" if reproducible is False else "unexplained",
+            where + ("; two uninterrupted runs differ too" if reproducible is False else
+                     ": not a resume's doing (a fault that changed the computation, or non-determinism)"), None)
+        return [cause(code, sorted(set(ev)), inc) for (code, inc), ev in found.items()]
     exact_at: dict[int, dict[int, int]] = {}  # incarnation -> rank -> the step it resumed from exactly
+    skipped = 0
+    histories: dict[int, dict[int, dict[str, dict[str, str]]]] = {}
     for inc, firsts in sorted(first_states(run).items()):
+        if found:
+            break  # a later restart descends from the state the first cause left
         for rank, event in sorted(firsts.items()):
-            if not same_world and int(event.get("world_size") or run.world_size) != reference.world_size:
-                continue
-            history = _history(reference, rank)
-            if not history:
+            history = histories.setdefault(rank, _history(reference, rank))
+            world = event.get("world") or event.get("world_size")
+            if (world and int(world) != reference.world_size) or not history or not _usable(event["digests"]):
+                skipped += 1  # another world size (an elastic restart): the loss curve judges it
                 continue
             point = locate(event["digests"], history)
             for code, evidence in _restart_causes(inc, rank, point, event["digests"], history):
                 add(code, evidence, inc)
             if point.exact and point.step is not None:
                 exact_at.setdefault(inc, {})[rank] = point.step
-    first = cmp.first
-    if first is not None and first.component != "loss" and not any(inc for code, inc in found):
+    if first is not None and first.component != "loss" and not found and exact_at:
         # every rank resumed where all its components equal the reference: the divergence comes later
         partial = {(p.rank, p.step) for p in cmp.partial}
         resumed = sorted({s for ranks in exact_at.values() for s in ranks.values()})
         if any((r, s) in partial for r, s in ((first.rank, first.step - 1), (first.rank, first.step))):
             add("accumulated-gradient-lost", f"rank {first.rank} resumed mid-step {first.step - 1}; the state after "
                 f"it differs first in {first.component} / {first.key}", None)
-        elif resumed and first.step >= min(resumed):
+        elif first.step >= min(resumed):
             where = f"every component equal at step {', '.join(map(str, resumed))}; first divergence at step " \
                     f"{first.step}, {first.component} / {first.key} (rank {first.rank})"
             if reproducible is False:
@@ -259,9 +302,10 @@ def diagnose(reference: Journal, run: Journal, cmp: Comparison, *, failed: bool,
     if older:
         add("older-checkpoint-restored", older, None)
     if not found:
-        add("unexplained", f"first divergence at step {first.step}, {first.component} / {first.key} (rank "
-            f"{first.rank}); every rank's restored state matched the reference" if first is not None
-            else "the run broke an expectation, but no record differs from the reference", None)
+        checked = "every restored state the diagnosis could compare matched the reference" + (
+            f" ({skipped} at another world size or unfingerprinted, not compared)" if skipped else "")
+        add("unexplained", (f"first divergence at step {first.step}, {first.component} / {first.key} (rank "
+                            f"{first.rank}); " if first is not None else "") + checked, None)
     return [cause(code, sorted(set(ev)), inc) for (code, inc), ev in found.items()]
 
 
@@ -269,8 +313,8 @@ def _older_checkpoint(run: Journal, recoveries: list[Any]) -> str | None:
     """Evidence that a recovery restored an older checkpoint than the newest committed before its fault."""
     for rec in recoveries:
         inc = rec.fault.get("incarnation") if isinstance(rec.fault, dict) else None
-        if inc is None:
-            continue
+        if inc is None or rec.recovery_seconds is None:
+            continue  # journaled by the launcher, or never recovered: no restore to judge
         # committed by the processes that ran until the fault (those of its incarnation died with it)
         committed = [int(e["step"]) for e in run.events("checkpoint_saved")
                      if e.get("tier") == "persistent" and e["incarnation"] <= inc and isinstance(e.get("step"), int)]

@@ -34,10 +34,14 @@ def _cell(text: str) -> str:
 def row(v: Verdict) -> list[str]:
     """One run's row."""
     recs = v.recoveries
-    if recs:
-        r = recs[-1]
-        mid = any(p.incarnation and p.step == r.restored_step for p in v.partial_steps)
-        resumed = f"{'mid-step ' if mid else 'step '}{r.restored_step}, {r.lost_steps} lost"
+    if recs and any(r.recovery_seconds is None for r in recs):
+        resumed = "never recovered"
+    elif recs:
+        parts = []
+        for r in recs:
+            mid = any(p.incarnation and p.step == r.restored_step for p in v.partial_steps)
+            parts.append(f"{'mid-step ' if mid else 'step '}{r.restored_step}, {r.lost_steps} lost")
+        resumed = "; ".join(parts)
     else:
         resumed = "no restart" if v.completed else "never recovered"
     d = v.first_divergence
@@ -46,8 +50,11 @@ def row(v: Verdict) -> list[str]:
     evidence = "; ".join(dict.fromkeys(c.evidence[0] for c in v.diagnosis if c.evidence))  # each cause's first
     if not evidence and not v.passed:
         evidence = "; ".join(v.failures)[:200]
+    if not evidence:
+        evidence = "every component equals the reference" if v.bitwise_equal else "judged by the loss curve" \
+            if v.loss_curve is not None else ""
     return [v.scenario, resumed, "yes" if v.bitwise_equal else "no", first,
-            ", ".join(f"`{c}`" for c in causes) or "—", evidence or "every component equals the reference"]
+            ", ".join(f"`{c}`" for c in causes) or "—", evidence]
 
 
 def table(paths: list[Path]) -> str:

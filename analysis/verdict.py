@@ -34,8 +34,8 @@ class CaughtExpect(Record):
     """The code the diagnosis must name (``rng-not-restored``, ``torn-checkpoint``, ...: ``analysis.diagnosis``)."""
 
     def __post_init__(self) -> None:
-        if self.component is None and self.failure is None:
-            raise ConfigFieldError("component", "a component or a failure text (how the bug shows)", None)
+        if self.component is None and self.failure is None and self.cause is None:
+            raise ConfigFieldError("component", "a component, a failure text or a cause (how the bug shows)", None)
 
     def to_json(self) -> dict[str, Any]:
         out = Record.to_json(self)
@@ -478,8 +478,14 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     if expect.max_recovery_seconds is not None and worst is not None and worst > expect.max_recovery_seconds:
         failures.append(f"recovery took {worst:.2f} s, at most {expect.max_recovery_seconds} s allowed")
     first = cmp.first
-    diagnosis = diagnose(reference, run, cmp, failed=bool(failures), recoveries=recs,
-                         reproducible=repro.equal if repro is not None else None)
+    try:
+        # only a run whose records differ or which lost more than allowed has a resume to explain
+        lost_too_many = expect.max_lost_steps is not None and lost > expect.max_lost_steps
+        diagnosis = diagnose(reference, run, cmp, failed=not cmp.equal or lost_too_many, recoveries=recs,
+                             reproducible=repro.equal if repro is not None else None)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a journal it cannot read: the verdict stands
+        diagnosis = [Cause(code="unexplained", summary=f"the diagnosis could not read the journals ({type(e).__name__}: "
+                           f"{e})", evidence=[])]
     caught = None
     if expect.caught is not None:
         c = expect.caught

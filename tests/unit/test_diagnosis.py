@@ -190,3 +190,50 @@ def test_the_findings_table_comes_from_the_runs_verdicts(tmp_path: Path, capsys)
     assert capsys.readouterr().out.count("\n") == 4
     assert main(["findings", str(tmp_path / "nothing")]) == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_an_optimizer_whose_learning_rate_alone_moved_is_left_to_the_scheduler(tmp_path: Path) -> None:
+    """A scheduler stepped after loading rewrites param_groups' lr: the optimizer's state came back, only the
+    scheduler is to blame; a fresh optimizer (no state keys at all) was not restored."""
+    def journal(name: str, restart: dict | None) -> Journal:
+        w = JournalWriter(rank_journal(tmp_path / name, 0), rank=0, attempt=0)
+        w.write("start", node="node0", world_size=1)
+        for s in range(9 if restart is not None else STEPS + 1):
+            w.write("state", step=s, digests={"model": {"w": f"w{s}"}, "scheduler": {"last": f"s{s}"},
+                                              "optimizer": {"state.0.exp_avg": f"m{s}", "param_groups.0.lr": f"lr{s}"}})
+            w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0))
+        if restart is not None:
+            w.write("fault", fault="kill", id=0, step=9, phase="iteration", fatal=True)
+            w.write("start", node="node0", world_size=1)
+            w.write("state", step=5, digests=restart)
+        w.close()
+        return Journal.load(tmp_path / name)
+
+    ref = journal("ref", None)
+    ahead = journal("ahead", {"model": {"w": "w5"}, "scheduler": {"last": "s6"},
+                              "optimizer": {"state.0.exp_avg": "m5", "param_groups.0.lr": "lr6"}})
+    assert list(codes(ref, ahead)) == ["scheduler-stepped-after-load"]
+    fresh = journal("fresh", {"model": {"w": "w5"}, "scheduler": {"last": "s5"},
+                              "optimizer": {"param_groups.0.lr": "lr0"}})
+    assert list(codes(ref, fresh)) == ["optimizer-not-restored"]
+
+
+def test_a_run_that_differed_before_any_restart_blames_no_restore(tmp_path: Path) -> None:
+    ref = write(tmp_path / "ref")
+    root = tmp_path / "run"
+    w = JournalWriter(rank_journal(root, 0), rank=0, attempt=0)
+    w.write("start", node="node0", world_size=1)
+    for s in range(7):
+        d = state(s)
+        if s >= 3:
+            d["model"] = {"k0": f"drift{s}"}  # non-determinism before the fault
+        w.write("state", step=s, digests=d)
+        w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0))
+    w.write("fault", fault="kill", id=0, step=7, phase="iteration", fatal=True)
+    w.write("start", node="node0", world_size=1)
+    w.write("state", step=5, digests={**state(5), "model": {"k0": "drift5"}})  # its own checkpoint
+    w.close()
+    run = Journal.load(root)
+    found = codes(ref, run, reproducible=False)
+    assert list(found) == ["nondeterministic-job"] and "before any restart" in found["nondeterministic-job"][0]
+    assert list(codes(ref, run)) == ["unexplained"]  # no reproducibility check: not a resume's doing, said so
