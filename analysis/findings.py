@@ -1,6 +1,6 @@
 """The findings table: what each run's resume did and why, from the runs' verdicts (``baft findings``).
 
-README's table of framework findings is this table for the shipped examples, not written by hand: one row per
+The findings table in docs/scripts.md is this table for the shipped examples, not written by hand: one row per
 run — where it resumed and what it lost, whether it went on bit for bit, the first divergence, and the likely
 cause the diagnosis named with its first piece of evidence.
 """

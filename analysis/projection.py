@@ -46,7 +46,7 @@ ASSUMPTIONS = (
     "every rank writes or reads its share at once: the persistent store's aggregate bandwidth is the bottleneck of a "
     "persist and of a restore from it; a node's network carries its replicas and a peer restore",
     "background work (a persist, a replication) does not slow training; only the stall does (on this 2-core machine "
-    "it did: see README's measured overheads)",
+    "it did: see docs/bench.md, the measured overheads)",
     "CheckFreq and async DCP are modelled alike: a copy to host memory on the training thread, a background persist",
     "a strategy with peer memory also persists, from its host copy (no second stall) as often as a persist allows, "
     "for losses that take every copy",

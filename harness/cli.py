@@ -86,7 +86,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write report.html, report.md and plots for a run (or suite) directory")
     rep.add_argument("path", type=Path, help="a run directory of `baft run`, or a suite directory of `baft suite`")
     rep.add_argument("--mtbf", default="1,6,24", help="hours between failures for the interval advice (default 1,6,24)")
-    fnd = sub.add_parser("findings", help="a Markdown table of runs' resumes and their likely causes (README's "
+    fnd = sub.add_parser("findings", help="a Markdown table of runs' resumes and their likely causes (the docs' "
                          "findings), from their verdicts")
     fnd.add_argument("paths", type=Path, nargs="+", help="run directories of `baft run`, or suite directories")
     adv = sub.add_parser("advise", help="checkpoint interval (Young/Daly) from a run's measured checkpoint cost")

@@ -27,7 +27,7 @@ prints them as YAML for ``kubectl apply -f -``. The layout, one pod per scenario
   ``baft run /etc/baft/scenario.yaml --target k8s ...`` in the cluster, following
   ``/shared/{run}`` and judging it against ``/shared/{reference_run}``.
 
-Unverified: no cluster has run these (see README). Tests check every object against the
+Unverified: no cluster has run these (see docs/clusters.md). Tests check every object against the
 kubernetes client's models (an unknown or misspelt field fails), the spec against the
 harness's own schema, and the Role and ClusterRole against the requests the harness makes.
 """

@@ -26,7 +26,7 @@ Limits, said plainly: triggers fire at step boundaries read from the journal, so
 lands a poll interval plus Chaos Mesh's injection time after its step (both journaled);
 phases inside an iteration cannot be targeted; time triggers count from the job's first
 ``start`` event. Nothing here has run against a real API server: the client path is tested
-against a local stand-in (see README).
+against a local stand-in (see docs/clusters.md).
 """
 from __future__ import annotations
 
