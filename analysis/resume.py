@@ -57,7 +57,9 @@ def locate(first: Digests, reference: Mapping[int, Digests]) -> ResumePoint:
         what = f"{anchor} state differs from every recorded step" if anchor else "no component to anchor on"
         return ResumePoint(step=None, exact=False, description=f"matches no step of the reference ({what})",
                            equal_at=equal_at)
-    k = max(equal_at[anchor])
+    # the anchor may equal several steps (frozen weights, lr 0, an fp16 step the scaler skipped): take the one
+    # most other components agree with, the latest of those
+    k = max(equal_at[anchor], key=lambda s: (sum(s in v for c, v in equal_at.items() if c != anchor), s))
     elsewhere = {c: min(v, key=lambda s: (abs(s - k), -s)) for c, v in equal_at.items() if c != anchor and v and k not in v}
     lost = [c for c, v in equal_at.items() if not v]
     parts = [f"{anchor} equals step {k}"] + [f"{c} equals step {s}" for c, s in elsewhere.items()]

@@ -56,3 +56,14 @@ def test_an_unchanging_component_does_not_hide_the_step() -> None:
         ref[k]["scheduler"] = {"x": "constant"}
     p = locate({**ref[4]}, ref)
     assert (p.step, p.exact) == (4, True) and p.equal_at["scheduler"] == list(range(6))
+
+
+def test_a_model_equal_at_several_steps_anchors_where_the_other_components_agree() -> None:
+    """Frozen weights (or an fp16 step the scaler skipped) make the model equal steps 5 and 6: the resume is
+    where the optimizer and the data agree (5), and only the RNG, which did move, is named."""
+    ref = {s: {"model": {"w": "w5" if s in (5, 6) else f"w{s}"}, "optimizer": {"m": f"m{s}"},
+               "data": {"i": f"d{s}"}, "rng": {"t": f"r{s}"}} for s in range(10)}
+    first = {"model": {"w": "w5"}, "optimizer": {"m": "m5"}, "data": {"i": "d5"}, "rng": {"t": "r0"}}
+    point = locate(first, ref)
+    assert point.step == 5 and not point.exact
+    assert point.description == "model equals step 5, but rng equals step 0"
