@@ -129,6 +129,23 @@ class Session:
             self.probe.state(state.step, state)
         self._step = step + 1
 
+    def preemption(self) -> Any:
+        """Note SIGTERM from now on instead of dying of it (a preemption; call it from the main thread):
+        returns a ``harness.worker.preemption.TermSignal`` whose ``agreed()`` every rank calls at the same
+        point of each step (one small collective) and which says whether any rank got the signal — then save
+        and leave, together, as the built-in workload does::
+
+            term = run.preemption()
+            for step in range(start, run.steps):
+                ...
+                if term.agreed():
+                    ckpt.flush()     # or the script's own save
+                    break
+        """
+        from harness.worker.preemption import TermSignal
+
+        return TermSignal()
+
     def disarm(self) -> None:
         for inj in self.injectors:
             inj.disarm()  # rolls back window faults, also on the way out of a crash

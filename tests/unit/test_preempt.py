@@ -194,3 +194,20 @@ def test_a_request_nobody_takes_is_withdrawn(tmp_path: Path, monkeypatch: pytest
     with pytest.raises(InjectorError, match="no harness took the request"):
         inj.inject({"step": 1, "phase": "iteration"})
     assert not list(tmp_path.glob("*.request")) and len(list(tmp_path.glob("*.abandoned"))) == 1
+
+
+def test_a_sigterm_is_noted_not_obeyed_and_agreed_on(tmp_path: Path) -> None:
+    """What a script gets from ``Session.preemption()``: the signal no longer kills the process; ``agreed``
+    says it came (a single process: its own word)."""
+    import signal as sig
+
+    from harness.worker.session import Session
+
+    previous = sig.getsignal(sig.SIGTERM)
+    try:
+        term = Session.preemption(None)  # needs nothing of the session
+        assert not term.agreed() and term.at is None
+        os.kill(os.getpid(), sig.SIGTERM)
+        assert term.agreed() and term.at is not None and time.time() - term.at < 5
+    finally:
+        sig.signal(sig.SIGTERM, previous)
