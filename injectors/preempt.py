@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from .base import RunShape
 from .errors import FaultConfigError, InjectorError
-from .process import STEP_PHASES
+from .process import STEP_PHASES, check_lost_for_good
 from .trigger import PointFault
 from .worker import InWorkerInjector
 
@@ -75,12 +75,7 @@ class PreemptConfig(PointFault):
         if not self.restart:
             if self.node is None:
                 raise FaultConfigError("restart", "true with ranks (only a node can stay gone)", self.restart)
-            if self.node == 0:
-                raise FaultConfigError("node", "a node other than 0 when restart is false (node 0 hosts the "
-                                       "rendezvous; the job cannot outlive it)", self.node)
-            if self.every is not None or self.every_seconds is not None or self.mtbf is not None:
-                raise FaultConfigError("restart", "true with a periodic or random trigger (a node can be lost "
-                                       "for good only once)", self.restart)
+            check_lost_for_good(self, self.node, "restart")
 
     def targets(self, rank: int, node: int, local_rank: int) -> bool:
         if self.ranks is not None:

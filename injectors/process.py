@@ -125,12 +125,17 @@ class NodeLossConfig(PointFault):
     def check(self, run: RunShape) -> None:
         PointFault.check(self, run)
         if not self.replacement:
-            if self.node == 0:
-                raise FaultConfigError("node", "a node other than 0 when replacement is false (node 0 hosts the "
-                                       "rendezvous; the job cannot outlive it)", self.node)
-            if self.every is not None or self.every_seconds is not None or self.mtbf is not None:
-                raise FaultConfigError("replacement", "true with a periodic or random trigger (a node can be lost "
-                                       "for good only once)", self.replacement)
+            check_lost_for_good(self, self.node, "replacement")
+
+
+def check_lost_for_good(fault: PointFault, node: int, flag: str) -> None:
+    """A node lost for good (``flag`` false): never node 0, only once."""
+    if node == 0:
+        raise FaultConfigError("node", f"a node other than 0 when {flag} is false (node 0 hosts the "
+                               "rendezvous; the job cannot outlive it)", node)
+    if fault.every is not None or fault.every_seconds is not None or fault.mtbf is not None:
+        raise FaultConfigError(flag, "true with a periodic or random trigger (a node can be lost "
+                               "for good only once)", False)
 
     def targets(self, rank: int, node: int, local_rank: int) -> bool:
         return node == self.node and local_rank == 0

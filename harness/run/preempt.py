@@ -31,7 +31,7 @@ from analysis.journal import JournalWriter
 from injectors.preempt import PreemptRequest, ack_path
 from injectors.process import agent_of, is_resource_tracker, lost_marker, workers_of
 
-from harness.run.processes import owned
+from harness.run.processes import owned, signal_all
 from harness.run.progress import JournalProgress
 
 if TYPE_CHECKING:
@@ -67,14 +67,6 @@ class _Signaled:
     """The node's agent (dead or alive) at the time of the signals: the one a replacement takes the place of."""
     exited: dict[int, float] = field(default_factory=dict)
     """pid -> seconds from the SIGTERM to its end, for the targets that ended so far."""
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 class PreemptController:
@@ -151,7 +143,7 @@ class PreemptController:
             signaled_at = time.time()
             if agent is not None:
                 agent.send_signal(signal.SIGTERM)
-            _signal(list(targets) + unknown, signal.SIGTERM)
+            signal_all(list(targets) + unknown, signal.SIGTERM)
         except Exception as e:  # journaled; the launch ends with it as a failure
             self._fail(path.name, e)
             return None
@@ -230,7 +222,7 @@ class PreemptController:
             # whatever of the node left the agent's tree (orphans carry the launch's token)
             victims += [p for p in owned(self.token, node=req.node) if p not in spare]
         # multiprocessing's resource tracker outlives its processes by a moment to unlink their semaphores
-        _signal([p for p in dict.fromkeys(victims) if not is_resource_tracker(p)], signal.SIGKILL)
+        signal_all([p for p in dict.fromkeys(victims) if not is_resource_tracker(p)], signal.SIGKILL)
         if req.node is not None and self.fleet is not None:
             self.fleet.lose(req.node, reason="preempted", replace=not self._stop.is_set())
         return sorted(rank for pid, rank in targets.items() if pid not in exited)
@@ -250,7 +242,7 @@ class PreemptController:
             # (their memory and stores stay: those nodes were not preempted) and start the job again
             for node in range(1, len(self.agents.procs)):
                 spare = {self.fleet.procs[node].pid} if self.fleet is not None and self.fleet.procs[node] else set()
-                _signal([p for p in owned(self.token, node=node) if p not in spare and not is_resource_tracker(p)],
+                signal_all([p for p in owned(self.token, node=node) if p not in spare and not is_resource_tracker(p)],
                         signal.SIGKILL)
             self.agents.restart_all(skip=lost | in_grace, **why)
         elif self.agents.procs[req.node] is not pre.replaced:

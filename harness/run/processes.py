@@ -118,7 +118,8 @@ def orphaned(proc: Path = _PROC) -> dict[str, list[int]]:
     return out
 
 
-def _signal_all(pids: list[int], sig: int) -> None:
+def signal_all(pids: list[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids``; those already gone are skipped."""
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -135,8 +136,8 @@ def stop_owned(token: str, grace: float = 2.0) -> list[int]:
     pids = owned(token)
     if not pids:
         return []
-    _signal_all(pids, signal.SIGCONT)
-    _signal_all(pids, signal.SIGTERM)
+    signal_all(pids, signal.SIGCONT)
+    signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         pids = owned(token)
@@ -147,13 +148,13 @@ def stop_owned(token: str, grace: float = 2.0) -> list[int]:
     # multiprocessing's resource tracker (it ignores SIGTERM) unlinks the semaphores and shared memory its
     # processes leaked once the last of them is gone; killed with them, it leaves /dev/shm/sem.mp-* behind
     trackers = [pid for pid in killed if is_resource_tracker(pid)]
-    _signal_all([pid for pid in killed if pid not in trackers], signal.SIGKILL)
+    signal_all([pid for pid in killed if pid not in trackers], signal.SIGKILL)
     deadline = time.monotonic() + 5
     while (left := owned(token)) and time.monotonic() < deadline:
         if set(left) <= set(trackers) and time.monotonic() > deadline - 2:
             break  # 3 s for a tracker to see its processes gone and clean up; then it is killed too
         time.sleep(0.05)
-    _signal_all([pid for pid in trackers if pid in owned(token)], signal.SIGKILL)
+    signal_all([pid for pid in trackers if pid in owned(token)], signal.SIGKILL)
     return killed
 
 
