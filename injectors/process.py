@@ -127,6 +127,9 @@ class NodeLossConfig(PointFault):
         if not self.replacement:
             check_lost_for_good(self, self.node, "replacement")
 
+    def targets(self, rank: int, node: int, local_rank: int) -> bool:
+        return node == self.node and local_rank == 0
+
 
 def check_lost_for_good(fault: PointFault, node: int, flag: str) -> None:
     """A node lost for good (``flag`` false): never node 0, only once."""
@@ -136,9 +139,6 @@ def check_lost_for_good(fault: PointFault, node: int, flag: str) -> None:
     if fault.every is not None or fault.every_seconds is not None or fault.mtbf is not None:
         raise FaultConfigError(flag, "true with a periodic or random trigger (a node can be lost "
                                "for good only once)", False)
-
-    def targets(self, rank: int, node: int, local_rank: int) -> bool:
-        return node == self.node and local_rank == 0
 
 
 #: What the command line of multiprocessing's own helper processes runs: the fork server (torchrun's

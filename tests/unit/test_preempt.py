@@ -59,6 +59,10 @@ def test_who_fires_it_and_what_the_scenario_reads() -> None:
     assert [r for r in range(4) if ranks.targets(r, r // 2, r % 2)] == [1]  # the lowest rank named
     assert FAULTS["preempt"][0] is PreemptConfig
     assert PreemptConfig(node=1, at_step=3, restart=False).replacement is False  # a lost node for the elastic checks
+    from injectors.process import NodeLossConfig
+
+    lost = NodeLossConfig(node=1, at_step=3)  # its twin: the same worker fires it
+    assert [r for r in range(4) if lost.targets(r, r // 2, r % 2)] == [2]
 
 
 @settings(max_examples=50, deadline=None)
