@@ -24,7 +24,7 @@ from typing import Any
 from .journal import Journal
 from .record import Record
 
-#: Mirrors ``baft.state.COMPONENTS`` (analysis reads journals, it does not import baft);
+#: Mirrors ``baft.components.COMPONENTS`` (analysis reads journals, it does not import baft);
 #: unknown components sort after these.
 COMPONENT_ORDER = ("model", "optimizer", "scheduler", "rng", "data", "scaler", "step")
 

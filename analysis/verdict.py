@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .compare import Divergence, PartialStep, compare
-from .errors import AnalysisError, ConfigFieldError
 from .diagnosis import Cause, diagnose
+from .errors import AnalysisError, ConfigFieldError
 from .exits import Preemption, TeardownHang, WorkerFailure, preemptions, teardown_hangs, unexplained, worker_failures
 from .journal import Journal
 from .losscurve import LossExpect, LossVerdict, compare_curves, loss_curve

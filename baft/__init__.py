@@ -3,49 +3,46 @@
 Public API: :class:`Checkpointer` and :class:`CheckpointConfig` (save/restore),
 :class:`TrainState` (what a checkpoint holds), :mod:`baft.events` (hooks).
 
+The rooms: :mod:`baft.strategies` (each strategy, baft's snapshotter, the shared restores),
+:mod:`baft.bubbles` (profiler, planner, copier), :mod:`baft.snapshot` (the shared-memory slots),
+:mod:`baft.store` (the node store, torch-free), :mod:`baft.persist` (the persistent tier),
+:mod:`baft.state` (what a checkpoint holds), :mod:`baft.mesh` (where a rank stands).
+
 The names are resolved on first use (PEP 562), so a process that needs only a torch-free part
 (the node store ``python -m baft.store``, the harness reading a config) does not import torch.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from baft import _moved
+from baft._lazy import exports
 
 if TYPE_CHECKING:
-    from . import events
-    from .checkpointer import Checkpointer
-    from .config import STRATEGIES, CheckpointConfig
-    from .components import COMPONENTS
-    from .errors import BaftConfigError, BaftError, CheckpointCorrupt
-    from .state import TrainState, digest_components
+    from baft import events
+    from baft.checkpointer import Checkpointer
+    from baft.components import COMPONENTS
+    from baft.config import STRATEGIES, CheckpointConfig
+    from baft.errors import BaftConfigError, BaftError, CheckpointCorrupt
+    from baft.state.fingerprint import digest_components
+    from baft.state.train import TrainState
 
 #: Public name -> the submodule that defines it.
 _EXPORTS = {
-    "events": ".events",
-    "Checkpointer": ".checkpointer",
-    "CheckpointConfig": ".config",
-    "STRATEGIES": ".config",
-    "BaftConfigError": ".errors",
-    "BaftError": ".errors",
-    "CheckpointCorrupt": ".errors",
-    "COMPONENTS": ".components",
-    "TrainState": ".state",
-    "digest_components": ".state",
+    "events": "baft.events",
+    "Checkpointer": "baft.checkpointer",
+    "CheckpointConfig": "baft.config",
+    "STRATEGIES": "baft.config",
+    "BaftConfigError": "baft.errors",
+    "BaftError": "baft.errors",
+    "CheckpointCorrupt": "baft.errors",
+    "COMPONENTS": "baft.components",
+    "TrainState": "baft.state.train",
+    "digest_components": "baft.state.fingerprint",
 }
 
 __all__ = ["COMPONENTS", "STRATEGIES", "BaftConfigError", "BaftError", "CheckpointConfig", "CheckpointCorrupt",
            "Checkpointer", "TrainState", "digest_components", "events"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'baft' has no attribute {name!r}")
-    mod = importlib.import_module(module, __name__)
-    value = mod if name == "events" else getattr(mod, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+_moved.install()  # the module paths before the rooms still import, with a warning
+__getattr__, __dir__ = exports(__name__, _EXPORTS)

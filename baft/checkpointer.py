@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import STRATEGIES, CheckpointConfig, StrategyName
-from .state import TrainState
-from .strategies import REGISTRY, Strategy
+from baft.config import STRATEGIES, CheckpointConfig, StrategyName
+from baft.state.train import TrainState
+from baft.strategies import REGISTRY, Strategy
 
 __all__ = ["STRATEGIES", "CheckpointConfig", "Checkpointer", "StrategyName"]
 
@@ -38,7 +38,7 @@ class Checkpointer:
     def attach(self, stage: Any, *, mesh: Any = None, replica: int = 0, replicas: int = 1,
                replica_group: Any = None) -> None:
         """The pipeline stage (profiled by ``baft``) and this rank's place in the job: its ``DeviceMesh``
-        (:mod:`baft.topology`), or its ``replica`` among ``replicas`` identical copies of the stage."""
+        (:mod:`baft.mesh.topology`), or its ``replica`` among ``replicas`` identical copies of the stage."""
         self.strategy.attach(stage, mesh=mesh, replica=replica, replicas=replicas, replica_group=replica_group)
 
     def restore_latest(self) -> int:

@@ -5,16 +5,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import BaftConfigError
-from .planner import PlannerConfig
-from .priority import PRIORITIES
-from .profiler import ProfilerConfig
-from .storage import check_url, is_url
-from .storeconfig import ReplicationConfig
+from baft.bubbles.planner import PlannerConfig
+from baft.bubbles.profiler import ProfilerConfig
+from baft.errors import BaftConfigError
+from baft.persist.storage import check_url, is_url
+from baft.priority import PRIORITIES
+from baft.store.config import ReplicationConfig
 
 StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
 STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
-#: The section's replication keys -> the fields of the stores' :class:`~baft.store.ReplicationConfig`.
+#: The section's replication keys -> the fields of the stores' :class:`~baft.store.config.ReplicationConfig`.
 REPLICATION_KEYS = {"replicas": "replicas", "replication_rate": "rate", "replication_yield": "yield_to_training",
                     "placement": "placement", "domain_nodes": "domain_nodes",
                     "replication_max_slowdown": "max_slowdown", "store_priority": "priority"}
@@ -37,7 +37,7 @@ class CheckpointConfig:
     """The job's mean time between failures. Set, the persistent interval adapts: at each persist
     boundary the ranks agree on the measured cost of a persist and the iteration time, and the interval
     becomes Daly's optimum for them in whole iterations, within ``every_min``..``every_max``
-    (:mod:`baft.interval`; an ``interval_changed`` event says when and why). Unset: every ``every``."""
+    (:mod:`baft.persist.interval`; an ``interval_changed`` event says when and why). Unset: every ``every``."""
     every_min: int = 1
     """With ``mtbf_hours``: the shortest interval it may adapt to, in steps."""
     every_max: int = 10_000
@@ -57,8 +57,8 @@ class CheckpointConfig:
     persist_writer: Literal["process", "thread", "dcp"] = "process"
     """``baft``: how the persister writes the DCP checkpoint. ``process``: each rank's file straight from
     its sealed shared-memory slot, by a writer process of the rank's own (stdlib only, at the
-    ``persist_nice`` priority: off the training process's interpreter lock; :mod:`baft.writerproc`),
-    and rank 0 writes DCP's metadata from what every rank wrote (one exchange; :mod:`baft.dcpwrite`);
+    ``persist_nice`` priority: off the training process's interpreter lock; :mod:`baft.persist.writer`),
+    and rank 0 writes DCP's metadata from what every rank wrote (one exchange; :mod:`baft.persist.dcpwrite`);
     on an fsspec ``dir`` as ``thread``. ``thread``: the same, written by the persister thread.
     ``dcp``: ``dcp.save`` of a private copy (for comparison). Stock ``dcp.load`` reads each."""
     dcp_async: Literal["thread", "process"] = "thread"
@@ -76,7 +76,7 @@ class CheckpointConfig:
     placement: str = _REPLICATION.placement
     """``baft``: which peers: ``ring`` (the next ``replicas`` nodes) or ``group`` (groups of
     ``replicas + 1`` nodes replicating inside the group, Gemini's placement: fewer losses of k
-    nodes at once lose a state; :mod:`baft.placement`)."""
+    nodes at once lose a state; :mod:`baft.store.placement`)."""
     domain_nodes: int = _REPLICATION.domain_nodes
     """``baft``: nodes per failure domain (rack), consecutive node indices sharing one; replicas then go
     to other domains first, so a rack's loss leaves its nodes' copies in peer memory (0: no domains)."""

@@ -1,5 +1,7 @@
-"""The root exception of the ``baft`` library and its configuration error."""
+"""The root exception of the ``baft`` library, its configuration error, and the warning of a moved name."""
 from __future__ import annotations
+
+import warnings
 
 
 class BaftError(Exception):
@@ -23,3 +25,22 @@ class BaftConfigError(BaftError, ValueError):
 
 class CheckpointCorrupt(BaftError):
     """A checkpoint file does not match the checksum its manifest recorded."""
+
+
+class BaftDeprecationWarning(FutureWarning):
+    """A public name moved (a module path, a class, a key, a flag): the old one still works for one release. A
+    ``FutureWarning``, so Python shows it to a script's user by default (a plain ``DeprecationWarning`` is
+    hidden outside ``__main__``)."""
+
+
+_warned: set[str] = set()
+
+
+def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn once per process that ``old`` moved to ``new`` (and keeps working until the next release);
+    ``stacklevel`` 3 points at the line that called the caller."""
+    if old in _warned:
+        return
+    _warned.add(old)
+    warnings.warn(f"{old} is deprecated and will be removed in the next release: use {new}",
+                  BaftDeprecationWarning, stacklevel=stacklevel)

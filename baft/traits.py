@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .events import PHASES
+from baft.events import PHASES
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class Traits:
     """Whether its checkpoints restore on a different number of data-parallel replicas (what the
     job needs when a node is lost for good and it goes on with fewer)."""
     node_stores: bool = False
-    """Whether its ranks use a checkpoint store on their node (``baft.store``: peers' replicas and
+    """Whether its ranks use a checkpoint store on their node (``baft.store.server``: peers' replicas and
     restores; the harness starts one next to every node's agent and names them in the worker spec)."""
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from baft import TrainState
+
 from harness import Session
 
 

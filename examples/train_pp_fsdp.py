@@ -22,6 +22,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from baft import TrainState
+
 from harness import Session
 
 WIDTH, LAYERS, CLASSES = 64, 4, 4

@@ -328,12 +328,11 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
     against the job on the cluster (:mod:`harness.cluster.run`)."""
-    from injectors.chaosmesh.manifests import ClusterTarget, CrdUnavailable, Crds, Unmappable, to_yaml, validate
-    from injectors.chaosmesh.schema import ManifestInvalid
     from analysis.summary import format_summary
-    from injectors.errors import InjectorError
-
     from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
+    from injectors.chaosmesh.manifests import ClusterTarget, Crds, CrdUnavailable, Unmappable, to_yaml, validate
+    from injectors.chaosmesh.schema import ManifestInvalid
+    from injectors.errors import InjectorError
 
     if not args.namespace or not args.selector:
         raise UsageError("--target k8s needs --namespace and --selector k=v[,k=v]")
@@ -415,11 +414,10 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from injectors.chaosmesh.manifests import to_yaml
-
     from harness.cluster.deploy import DeployConfig, deployment
     from harness.errors import ConfigValueError
     from harness.scenario import load
+    from injectors.chaosmesh.manifests import to_yaml
 
     scenario = load(args.scenario, host=False)
     cfg = config_from_args(DeployConfig, args)
@@ -433,7 +431,6 @@ def _deploy(args: argparse.Namespace) -> int:
 
 def _suite(args: argparse.Namespace) -> int:
     from analysis.summary import format_table
-
     from harness.campaign.suite import run_suite
 
     out = args.out or Path("runs") / f"suite-{args.directory.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -515,7 +512,6 @@ def _command(args: argparse.Namespace) -> int:
     if args.target == "k8s":
         return _k8s(scenario, args)
     from analysis.summary import format_summary
-
     from harness.run.runner import run_scenario
 
     out = args.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -2,7 +2,8 @@
 and the warning for a moved name (an import path, a YAML key, a flag) that still works for one release."""
 from __future__ import annotations
 
-import warnings
+from baft.errors import BaftDeprecationWarning
+from baft.errors import deprecated as deprecated  # the one function that warns of a moved name
 
 
 class HarnessError(Exception):
@@ -60,18 +61,5 @@ class Cancelled(KeyboardInterrupt):
         return 128 + self.signum
 
 
-class HarnessDeprecationWarning(FutureWarning):
-    """A public name moved: the old one still works for one release. A ``FutureWarning``, so Python shows it to
-    a script's user by default (a plain ``DeprecationWarning`` is hidden outside ``__main__``)."""
-
-
-_warned: set[str] = set()
-
-
-def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
-    """Warn once per process that ``old`` moved to ``new`` (and keeps working until the next release)."""
-    if old in _warned:
-        return
-    _warned.add(old)
-    warnings.warn(f"{old} is deprecated and will be removed in the next release: use {new}",
-                  HarnessDeprecationWarning, stacklevel=stacklevel)
+#: The warning of a moved public name, and the one function that gives it (baft's: one for the whole tool).
+HarnessDeprecationWarning = BaftDeprecationWarning

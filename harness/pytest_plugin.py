@@ -72,7 +72,6 @@ class ScenarioItem(pytest.Item):
         if self.error is not None:
             raise ScenarioUnusable(self.error)
         from analysis.summary import format_summary
-
         from harness.errors import HarnessError
         from harness.run.runner import run_scenario
 

@@ -19,15 +19,14 @@ from typing import Any, Literal
 
 import yaml
 
-from analysis.verdict import ExpectConfig
 from baft import CheckpointConfig
 from baft.traits import CHECKPOINT_PHASES, TRAITS
-from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
+from analysis.verdict import ExpectConfig
 from harness.errors import ConfigValueError, ScenarioError
 from harness.schema import build, found_repr
 from harness.worker.spec import FaultSpec, ProbeConfig, WorkloadConfig
-
+from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
 #: Seconds a worker may take to exit once every rank journaled its last step (``run.exit_timeout``).
 EXIT_TIMEOUT = 30.0

@@ -9,11 +9,25 @@ from .compute import StragglerConfig, StragglerInjector
 from .data import JitterConfig, JitterInjector
 from .errors import FaultConfigError, HostUnsupported, InjectorError
 from .link import DelayConfig, LinkInjector, PartitionConfig, ThrottleConfig
-from .process import (CrashConfig, CrashInjector, HangConfig, HangInjector, KillConfig, KillInjector, NodeLossConfig,
-                      NodeLossInjector)
 from .preempt import PreemptConfig, PreemptInjector
-from .storage import (CorruptConfig, CorruptInjector, DiskFullConfig, DiskFullInjector, SlowStorageConfig,
-                      SlowStorageInjector)
+from .process import (
+                      CrashConfig,
+                      CrashInjector,
+                      HangConfig,
+                      HangInjector,
+                      KillConfig,
+                      KillInjector,
+                      NodeLossConfig,
+                      NodeLossInjector,
+)
+from .storage import (
+                      CorruptConfig,
+                      CorruptInjector,
+                      DiskFullConfig,
+                      DiskFullInjector,
+                      SlowStorageConfig,
+                      SlowStorageInjector,
+)
 from .trigger import PointFault, WindowFault
 from .worker import InWorkerInjector, WindowInjector, WorkerInjector
 

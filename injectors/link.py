@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from .base import Recorder, RunShape
 from .errors import FaultConfigError
 from .linkprobe import measure_throttle
-from .network import Topology, format_rate, parse_rate, require_netem, require_network_privileges
+from .network import NetworkTopology, format_rate, parse_rate, require_netem, require_network_privileges
 from .trigger import WindowFault
 
 NodeRef = int | str
@@ -113,9 +113,9 @@ class DelayConfig(LinkFault):
 
 
 class LinkInjector:
-    """Applies one link fault to a :class:`Topology`; ``record`` journals what happened."""
+    """Applies one link fault to a :class:`NetworkTopology`; ``record`` journals what happened."""
 
-    def __init__(self, config: Any, fault_id: int, topo: Topology, record: Recorder) -> None:
+    def __init__(self, config: Any, fault_id: int, topo: NetworkTopology, record: Recorder) -> None:
         self.config, self.fault_id, self.topo, self.record = config, fault_id, topo, record
 
     def inject(self) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 
 from .errors import FaultConfigError
-from .network import NetworkError, Topology
+from .network import NetworkError, NetworkTopology
 
 
 class Unreachable(NetworkError):
@@ -74,7 +74,7 @@ def _read_line(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, b
     return line, rest
 
 
-def _transfer(topo: Topology, src: int, dst: int, nbytes: int, timeout: float) -> tuple[int, float]:
+def _transfer(topo: NetworkTopology, src: int, dst: int, nbytes: int, timeout: float) -> tuple[int, float]:
     """Send ``nbytes`` over TCP from node src's namespace to node dst's; (bytes received, seconds at the receiver)."""
     if src == dst:
         raise FaultConfigError("dst", "a node other than src", dst)
@@ -112,7 +112,7 @@ def _transfer(topo: Topology, src: int, dst: int, nbytes: int, timeout: float) -
                 pipe.close()
 
 
-def measure_rate(topo: Topology, src: int, dst: int, nbytes: int = 2_000_000, timeout: float = 10.0) -> float:
+def measure_rate(topo: NetworkTopology, src: int, dst: int, nbytes: int = 2_000_000, timeout: float = 10.0) -> float:
     """Measure the TCP goodput from node src to node dst in bits/s, timed at the receiver.
 
     A real transfer through the namespaces, veths, qdiscs and bridge: the proof that
@@ -127,7 +127,7 @@ def measure_rate(topo: Topology, src: int, dst: int, nbytes: int = 2_000_000, ti
     return got * 8 / max(seconds, 1e-9)
 
 
-def reachable(topo: Topology, src: int, dst: int, timeout: float = 2.0) -> bool:
+def reachable(topo: NetworkTopology, src: int, dst: int, timeout: float = 2.0) -> bool:
     """Whether node src can open a TCP connection to node dst within ``timeout`` seconds."""
     try:
         _transfer(topo, src, dst, 1, timeout)
@@ -136,6 +136,6 @@ def reachable(topo: Topology, src: int, dst: int, timeout: float = 2.0) -> bool:
     return True
 
 
-def measure_throttle(topo: Topology, src: int, dst: int, rate_bit: int) -> float:
+def measure_throttle(topo: NetworkTopology, src: int, dst: int, rate_bit: int) -> float:
     """Measure a throttled link with a transfer sized to take ~1 s at ``rate_bit`` (0.2-4 MB)."""
     return measure_rate(topo, src, dst, nbytes=max(200_000, min(4_000_000, rate_bit // 8)), timeout=10.0)

@@ -1,12 +1,12 @@
 """Checkpointing strategies, selected by ``CheckpointConfig.strategy`` and compared by the same harness."""
 from __future__ import annotations
 
-from ..traits import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
-from .base import Strategy
-from .baft import BaftStrategy
-from .checkfreq import CheckFreqStrategy
-from .dcp import AsyncDCPStrategy
-from .sync import SyncStrategy
+from baft.strategies.baft import BaftStrategy
+from baft.strategies.base import Strategy
+from baft.strategies.checkfreq import CheckFreqStrategy
+from baft.strategies.dcp import AsyncDCPStrategy
+from baft.strategies.sync import SyncStrategy
+from baft.traits import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
 
 REGISTRY: dict[str, type[Strategy]] = {
     "none": Strategy,

@@ -29,16 +29,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import dcpformat, dcpwrite, events, persist
-from ..background import OneInFlight
-from ..bubble import BubbleSnapshotter
-from ..idlegate import IdleGate
-from ..slotfile import SLOTS, slot_of
-from ..writerproc import WriterProcess
-from ..state import local_view
-from ..collective import all_gather, all_gather_ints, all_min, rank_world
-from .base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
-from .dcp import checkpoint_group, place_map, restore_dcp
+from baft import events
+from baft.bubbles.idlegate import IdleGate
+from baft.mesh.collective import all_gather, all_gather_ints, all_min, rank_world
+from baft.persist import commits as persist
+from baft.persist import dcpformat, dcpwrite
+from baft.persist.background import OneInFlight
+from baft.persist.writer import WriterProcess
+from baft.snapshot.slotfile import SLOTS, slot_of
+from baft.state.dtensor import local_view
+from baft.strategies.base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
+from baft.strategies.restore import checkpoint_group, place_map, restore_dcp
+from baft.strategies.snapshotter import BubbleSnapshotter
 
 
 def persistent_floor(root: Any) -> int:

@@ -16,16 +16,15 @@ from typing import Any, ClassVar
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .. import events
-from ..collective import all_gather, all_min, rank_world
-from ..errors import CheckpointCorrupt
-from ..interval import AdaptiveInterval
-from ..config import CheckpointConfig
-from ..state import TrainState
-from ..traits import TRAITS
-from ..topology import Topology, of, shard_key, stage_key
-from ..storage import at
-
+from baft import events
+from baft.config import CheckpointConfig
+from baft.errors import CheckpointCorrupt
+from baft.mesh.collective import all_gather, all_min, rank_world
+from baft.mesh.topology import Topology, of, shard_key, stage_key
+from baft.persist.interval import AdaptiveInterval
+from baft.persist.storage import at
+from baft.state.train import TrainState
+from baft.traits import TRAITS
 
 #: What a failed write to the persistent tier raises: the OS (a full disk, an I/O error) or
 #: DCP, which gathers every rank's write errors into one exception raised on all ranks.
@@ -74,7 +73,7 @@ class Strategy:
         self.topology = Topology()
         self.stage_key = f"rank{rank_world()[0]}"
         self.interval = AdaptiveInterval(config)
-        """When to persist (:mod:`baft.interval`): every ``config.every`` steps, or adapting to the measured
+        """When to persist (:mod:`baft.persist.interval`): every ``config.every`` steps, or adapting to the measured
         cost with ``config.mtbf_hours``. A strategy charges it what a persist costs its training thread and
         sets ``interval.background`` to what its background work's CPU time is."""
         self._flushed: int | None = None
@@ -89,14 +88,14 @@ class Strategy:
                replica_group: Any = None) -> None:
         """The pipeline stage(s) of this rank and its place among the ranks that hold the stage's state:
         the job's ``DeviceMesh`` (dimensions named ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``; see
-        :mod:`baft.topology`) or, without one, this rank's ``replica`` of ``replicas`` identical copies."""
+        :mod:`baft.mesh.topology`) or, without one, this rank's ``replica`` of ``replicas`` identical copies."""
         self.topology = of(mesh, replica=replica, replicas=replicas, replica_group=replica_group)
         self.stage_key = stage_key(stage, rank_world()[0], self.topology)
         self.attached(stage)
 
     @property
     def shard_key(self) -> str:
-        """Where this rank's plain tensors go in the persistent tier (:func:`baft.topology.shard_key`)."""
+        """Where this rank's plain tensors go in the persistent tier (:func:`baft.mesh.topology.shard_key`)."""
         return shard_key(self.stage_key, self.topology)
 
     def attached(self, stage: Any) -> None:

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from .. import events, persist
-from ..background import OneInFlight
-from ..collective import rank_world
-from .base import WRITE_ERRORS, Strategy, persist_failed
-from .sync import restore_shards
+from baft import events
+from baft.mesh.collective import rank_world
+from baft.persist import commits as persist
+from baft.persist.background import OneInFlight
+from baft.strategies.base import WRITE_ERRORS, Strategy, persist_failed
+from baft.strategies.restore import restore_shards
 
 COMMIT_TIMEOUT = 300.0
 

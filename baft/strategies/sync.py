@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import time
 
-from .. import events, persist
-from ..collective import all_gather, rank_world
-from ..errors import CheckpointCorrupt
-from .base import Strategy, commit_agreed, restore_agreed
+from baft import events
+from baft.mesh.collective import all_gather, rank_world
+from baft.persist import commits as persist
+from baft.strategies.base import Strategy, commit_agreed
+from baft.strategies.restore import restore_shards
 
 
 class SyncStrategy(Strategy):
@@ -55,29 +56,3 @@ class SyncStrategy(Strategy):
 
     def restore(self) -> int | None:
         return restore_shards(self)
-
-
-def restore_shards(strategy: Strategy) -> int | None:
-    """Restore the newest shard checkpoint in ``config.dir`` (a directory or a URL) that every rank can verify."""
-    root = strategy.root
-    rank, world = rank_world()
-    t0 = time.perf_counter()
-    verified: dict[int, bytes] = {}
-    bad: set[int] = set()
-
-    def verify(step: int) -> bool:
-        if step not in verified and step not in bad:
-            try:
-                verified[step] = persist.read_shard(root, step, rank, world)
-            except (CheckpointCorrupt, OSError, KeyError, ValueError) as e:
-                bad.add(step)
-                events.emit("checkpoint_rejected", step=step, tier="persistent", reason=str(e))
-        return step in verified
-
-    def load(step: int) -> None:
-        events.emit("phase", phase="restore", step=step, tier="persistent")
-        strategy.state.restore(persist.deserialize(verified[step]))
-        events.emit("checkpoint_restored", step=step, tier="persistent",
-                    seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))
-
-    return restore_agreed(persist.committed_steps(root), verify, load)

@@ -40,7 +40,7 @@ from baft import STRATEGIES
 
 from harness.errors import ConfigValueError
 from harness.worker.shapes import PRESETS
-from harness.worker.spec import Placement
+from harness.worker.spec import LaunchFacts
 
 ALL = list(STRATEGIES)
 SNAPSHOT_ARMS = {"baft": "baft:snapshot", "checkfreq": "checkfreq:snapshot", "async-dcp": "async-dcp:staging"}
@@ -134,7 +134,7 @@ class BenchConfig:
     """With 2+ nodes: copies of a replica the floor (a plain sendfile loop on loopback, both sides' CPU) moves
     in each of its three measurements, after the job (0: no floor)."""
     baft_copier: Literal["inline", "thread"] = "inline"
-    """``baft`` only: who does the snapshot work inside the waits (see ``baft.engine``)."""
+    """``baft`` only: who does the snapshot work inside the waits (see ``baft.bubbles.copier``)."""
     restore_repeats: int = 3
     """Timed restores per tier."""
     seed: int = 0
@@ -215,7 +215,7 @@ class BenchConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class BenchSpec(Placement):
+class BenchSpec(LaunchFacts):
     """What every rank of the benchmark job is told (its ``worker-spec.json``)."""
 
     bench: BenchConfig
@@ -227,9 +227,8 @@ class BenchSpec(Placement):
 def worker(spec_path: Path) -> int:
     """One rank of the benchmark job."""
     from baft import CheckpointConfig, Checkpointer, events
-    from baft.planner import PlannerConfig
-    from baft.strategies.dcp import restore_dcp
-    from baft.strategies.sync import restore_shards
+    from baft.bubbles.planner import PlannerConfig
+    from baft.strategies.restore import restore_dcp, restore_shards
 
     from harness.worker.session import place_on_node
     from harness.worker.workload import PipelineTrainer, WorkloadConfig, set_determinism
@@ -383,7 +382,7 @@ def _time_restores(cfg: BenchConfig, ckpts: dict[str, Any], restore_shards: Any,
 
 def _restore_without_own_memory(snap: Any) -> int | None:
     """Delete this rank's own slots (its memory is gone), then restore: from a peer's replica."""
-    from baft.slotfile import SLOTS
+    from baft.snapshot.slotfile import SLOTS
 
     snap.buffer.close()
     for k in range(SLOTS):
@@ -531,9 +530,13 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     import shutil
     import uuid
 
-    from baft.storeconfig import ReplicationConfig
+    from baft.store.config import ReplicationConfig
 
-    from harness.bench.replstats import floor_replicator_stats, floor_stats, replication_stats
+    from harness.bench.replstats import (
+        floor_replicator_stats,
+        floor_stats,
+        replication_stats,
+    )
     from harness.errors import LaunchError
     from harness.run.launcher import LaunchConfig, launch
     from harness.run.storefleet import StoreSpec
@@ -550,9 +553,9 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
         topology = None
         if cfg.link_rate is not None:
             from injectors.linkprobe import measure_throttle
-            from injectors.network import Topology, parse_rate
+            from injectors.network import NetworkTopology, parse_rate
 
-            topology = stack.enter_context(Topology(cfg.nodes))
+            topology = stack.enter_context(NetworkTopology(cfg.nodes))
             rate = parse_rate(cfg.link_rate)
             for n in range(cfg.nodes):
                 topology.throttle(n, rate, classes=cfg.link_classes)

@@ -3,7 +3,7 @@
 The probe fingerprints every component at every step boundary, so on a large
 model the bitwise comparison is only affordable if hashing runs at memory speed.
 This benchmark builds a model-like state of float32 tensors, times
-:func:`baft.state.fingerprint_components` with norms (what the probe does) and
+:func:`baft.state.fingerprint.fingerprint_components` with norms (what the probe does) and
 without, and times the blake2b hashing the digests used before (the 'before'
 number), all in one process, one intra-op thread (as the workers run), medians
 of ``repeats`` passes. The speedup is a ratio measured in the same run.
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from baft.state import fingerprint_components, flatten
+from baft.state.fingerprint import fingerprint_components, flatten
 
 from harness.errors import ConfigValueError
 

@@ -46,8 +46,8 @@ class FloorLink:
     """A rank's handle of its replicator (started at once, in the ``priority`` class: ``idle`` or ``normal``)."""
 
     def __init__(self, host: str, directory: Path, token: bytes, priority: str) -> None:
-        from baft.peerlink import FILLER_PRIORITY, LOWER_EFFORT_TOS
         from baft.priority import apply
+        from baft.store.peerlink import FILLER_PRIORITY, LOWER_EFFORT_TOS
 
         directory.mkdir(parents=True, exist_ok=True)
         self._proc = subprocess.Popen([sys.executable, "-S", __file__, host, str(directory), token.hex(),
@@ -82,7 +82,7 @@ class FloorLink:
 
     def close(self) -> None:
         """End the process: the end of its input, then wait (kill it after 10 s)."""
-        from baft.writerproc import end_child
+        from baft.persist.writer import end_child
 
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             try:
@@ -106,7 +106,7 @@ def join(nodes: int, priority: str, stores: list[str] | None, directory: Path, s
 
     import torch.distributed as dist
 
-    from baft.layout import layout, split, total_bytes
+    from baft.state.layout import layout, split, total_bytes
 
     rank = dist.get_rank()
     node = int(os.environ.get("BAFT_NODE_INDEX", "0"))

@@ -17,9 +17,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from analysis.journal import Journal
 from baft import CheckpointConfig
 
+from analysis.journal import Journal
 from harness.bench.digest import digest_benchmark
 from harness.run.launcher import LaunchConfig, launch
 from harness.run.runner import script_command, work_dir

@@ -14,9 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from baft.store.placement import domain_recovery_probability, recovery_probability
+
 from analysis.profile import Profile
 from analysis.projection import ASSUMPTIONS, STRATEGIES, Projection, Target, project
-from baft.placement import domain_recovery_probability, recovery_probability
 
 #: How far the plots sweep each parameter around the target's value.
 SCALES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)

@@ -25,13 +25,13 @@ import yaml
 
 from baft.config import CheckpointConfig
 from baft.traits import TRAITS, Traits
-from injectors.trigger import ALL_PHASES
 
 from harness.campaign.layouts import LAYOUTS
 from harness.errors import HarnessError, ScenarioError
 from harness.scenario import parse
 from harness.schema import build
 from harness.worker.spec import WorkloadConfig
+from injectors.trigger import ALL_PHASES
 
 
 @dataclass(slots=True)

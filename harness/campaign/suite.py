@@ -16,7 +16,6 @@ from pathlib import Path
 
 from analysis.junit import write_junit
 from analysis.verdict import NotRun, Verdict
-
 from harness.errors import HarnessError, ScenarioError
 from harness.scenario import Scenario, load
 
@@ -54,7 +53,6 @@ def run_suite(directory: Path, out: Path, cache: Path | None = None,
               report: bool = True) -> list[Verdict | NotRun]:
     """Run the suite; returns one entry per scenario: its verdict, or why it could not run."""
     from analysis.report import suite_report
-
     from harness.run.runner import run_scenario
 
     scenarios = load_all(discover(directory))

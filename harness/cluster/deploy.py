@@ -38,13 +38,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from baft.store.wire import SECRET_VARIABLE, new_secret
 from baft.traits import TRAITS
-from baft.wire import SECRET_VARIABLE, new_secret
-from injectors.chaosmesh.crds import GROUP, PLURALS, crd_name
 
 from harness.errors import ConfigValueError
 from harness.scenario import Scenario
 from harness.worker.spec import ProbeConfig, WorkerSpec, WorkloadConfig
+from injectors.chaosmesh.crds import GROUP, PLURALS, crd_name
 
 #: Pod label of an Indexed Job's pod: its completion index, here the scenario node.
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"

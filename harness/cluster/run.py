@@ -41,15 +41,14 @@ from typing import Any
 
 from analysis.journal import Journal, JournalWriter, launcher_journal, read_events
 from analysis.verdict import ChaosFiring, ClusterFacts, Verdict, WallSeconds, judge
+from harness.errors import HarnessError
+from harness.run.progress import JournalProgress, Progress
+from harness.scenario import Scenario
 from injectors.chaosmesh.client import Cancelled
-from injectors.chaosmesh.manifests import ClusterTarget, Crds, Unmappable, manifests, validate
 from injectors.chaosmesh.formats import parse_go_duration
+from injectors.chaosmesh.manifests import ClusterTarget, Crds, Unmappable, manifests, validate
 from injectors.trigger import PointFault, WindowFault
 from injectors.worker import describe
-
-from harness.run.progress import JournalProgress, Progress
-from harness.errors import HarnessError
-from harness.scenario import Scenario
 
 
 class ClusterRunError(HarnessError):

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analysis.journal import JournalWriter, agent_journal
-
 from harness.run.agent import JOURNAL_VARIABLE
 from harness.run.nodeenv import free_port, worker_env
 from harness.worker.spec import SPEC_VARIABLE

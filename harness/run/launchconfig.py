@@ -9,10 +9,9 @@ from harness.errors import ConfigValueError
 from harness.scenario import EXIT_TIMEOUT
 
 if TYPE_CHECKING:
-    from injectors import FaultConfig
-    from injectors.network import Topology
-
     from harness.run.storefleet import StoreSpec
+    from injectors import FaultConfig
+    from injectors.network import NetworkTopology
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,7 +42,7 @@ class LaunchConfig:
     exit_timeout: float | None = EXIT_TIMEOUT
     """Seconds a worker may live once every rank journaled ``finish``; then the harness ends the job (a
     teardown hang, journaled; None: wait for it)."""
-    topology: Topology | None = None
+    topology: NetworkTopology | None = None
     """The nodes' network namespaces (None: every node on the host's loopback); node 0's address
     hosts the rendezvous."""
     harness_faults: list[tuple[int, FaultConfig]] = field(default_factory=list)

@@ -17,14 +17,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from analysis.journal import JournalWriter, launcher_journal
-
 from harness.errors import Cancelled, LaunchError
-from harness.worker.spec import Placement
-from harness.run.agents import KEEP_ALIVE, AgentSet  # KEEP_ALIVE: importable here as before
+from harness.run.agents import (  # KEEP_ALIVE: importable here as before
+    KEEP_ALIVE,
+    AgentSet,
+)
 from harness.run.launchconfig import LaunchConfig
 from harness.run.preempt import PreemptController
 from harness.run.processes import new_token, stop_owned
 from harness.run.watchdog import Watchdog
+from harness.worker.spec import LaunchFacts
 
 __all__ = ["KEEP_ALIVE", "LaunchConfig", "LaunchResult", "launch"]
 
@@ -52,7 +54,7 @@ class LaunchResult:
         return not self.timed_out and not self.failed_nodes() and not self.errors
 
 
-def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult:
+def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResult:
     """Start the node stores (if any), write the worker spec (``spec`` placed: the stores' addresses,
     the run directory, the start time), start one torchrun agent per node, wait for all of them;
     stop the stores.
@@ -61,9 +63,9 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
     namespace and rendezvous on node 0's address; ``harness_faults`` (fault id, config)
     are then driven on its links by a :class:`~harness.run.linkfaults.FaultController`.
     """
-    from harness.run.linkfaults import FaultController
-    from baft.wire import SECRET_VARIABLE, new_secret
+    from baft.store.wire import SECRET_VARIABLE, new_secret
 
+    from harness.run.linkfaults import FaultController
     from harness.run.storefleet import StoreFleet
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +78,7 @@ def launch(run_dir: Path, spec: Placement, config: LaunchConfig) -> LaunchResult
     # Undone in reverse order whatever happens (an error, a timeout, SIGINT/SIGTERM): link faults
     # rolled back, watchdog and store fleet stopped, then every process of the launch, wherever
     # it went; one step that fails does not skip the others.
-    # The stores answer only processes that prove this secret (baft.wire): this launch's workers and stores.
+    # The stores answer only processes that prove this secret (baft.store.wire): this launch's workers and stores.
     secret = {SECRET_VARIABLE: new_secret()} if config.stores is not None else {}
     fleet = (StoreFleet(config.stores, config.nodes, run_dir, journal, config.topology, token=token,
                         secret=secret[SECRET_VARIABLE], world_size=config.world_size)

@@ -16,17 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from analysis.journal import JournalWriter
-from injectors.link import LinkInjector
-from injectors.network import Topology
-from injectors.worker import describe
-
 from harness.run.progress import JournalProgress
+from injectors.link import LinkInjector
+from injectors.network import NetworkTopology
+from injectors.worker import describe
 
 
 class FaultController:
     """Opens and closes harness-side fault windows as the job progresses."""
 
-    def __init__(self, run_dir: Path, faults: list[tuple[int, Any]], topo: Topology, journal: JournalWriter,
+    def __init__(self, run_dir: Path, faults: list[tuple[int, Any]], topo: NetworkTopology, journal: JournalWriter,
                  started_at: float) -> None:
         self.journal, self.started_at = journal, started_at
         self.progress = JournalProgress(run_dir)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from harness.run.processes import NODE_VARIABLE, OWNER_VARIABLE, TOKEN_VARIABLE, owner_value
 
 if TYPE_CHECKING:
-    from injectors.network import Topology
+    from injectors.network import NetworkTopology
 
 
 #: Where :func:`free_port` picks from when the kernel's ephemeral range is the default one.
@@ -54,7 +54,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_env(node: int, topology: Topology | None = None, token: str | None = None) -> dict[str, str]:
+def worker_env(node: int, topology: NetworkTopology | None = None, token: str | None = None) -> dict[str, str]:
     """The environment of node ``node``'s processes; ``token`` marks them as one launch's (see
     :mod:`harness.run.processes`)."""
     env = dict(os.environ)

@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analysis.journal import JournalWriter
-from injectors.preempt import PreemptRequest, ack_path
-from injectors.process import agent_of, is_resource_tracker, lost_marker, workers_of
-
 from harness.run.processes import owned, signal_all
 from harness.run.progress import JournalProgress
+from injectors.preempt import PreemptRequest, ack_path
+from injectors.process import agent_of, is_resource_tracker, lost_marker, workers_of
 
 if TYPE_CHECKING:
     from harness.run.agents import AgentSet

@@ -22,9 +22,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from injectors.process import is_resource_tracker
-
 from harness.errors import Cancelled
+from injectors.process import is_resource_tracker
 
 #: Environment variable holding the token of the launch that started a process.
 TOKEN_VARIABLE = "BAFT_RUN_TOKEN"

@@ -26,24 +26,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from baft import CheckpointConfig
+from baft.traits import TRAITS
+
 from analysis.errors import AnalysisError
 from analysis.journal import Journal, JournalWriter, launcher_journal, read_events
 from analysis.report import run_report
 from analysis.verdict import Verdict, WallSeconds, judge
-
-from baft import CheckpointConfig
-from baft.traits import TRAITS
-
-from injectors.network import Topology
-from injectors.storage import DiskFullConfig, mount_private, unmount_private
-
 from harness.errors import Cancelled, LaunchError
 from harness.run.launcher import LaunchConfig, launch
 from harness.run.leftovers import claim_shm
-from harness.scenario import EXIT_TIMEOUT, RunConfig, Scenario
 from harness.run.storefleet import StoreSpec
+from harness.scenario import EXIT_TIMEOUT, RunConfig, Scenario
 from harness.schema import to_plain
 from harness.worker.spec import WorkerSpec, WorkloadConfig
+from injectors.network import NetworkTopology
+from injectors.storage import DiskFullConfig, mount_private, unmount_private
 
 #: The code that determines a reference run's journal: all a worker runs (the worker room, the
 #: checkpointing library, the spec's schema) and the journal writer; folders are hashed file by file.
@@ -251,7 +249,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     t0 = time.monotonic()
     stack = contextlib.ExitStack()
     try:
-        topology = stack.enter_context(Topology(scenario.workload.nodes)) if scenario.uses_netns else None
+        topology = stack.enter_context(NetworkTopology(scenario.workload.nodes)) if scenario.uses_netns else None
         result = launch(faulted, spec, LaunchConfig(
             nodes=scenario.workload.nodes, world_size=scenario.workload.world_size,
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,

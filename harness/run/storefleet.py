@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from baft.store.config import ReplicationConfig
+from baft.store.wire import SECRET_VARIABLE, request
+
 from analysis.journal import JournalWriter
-from baft.storeconfig import ReplicationConfig
-from baft.wire import SECRET_VARIABLE, request
+from harness.run.nodeenv import free_port, worker_env
 from injectors.process import lost_marker
 
-from harness.run.nodeenv import free_port, worker_env
-
 if TYPE_CHECKING:
-    from injectors.network import Topology
+    from injectors.network import NetworkTopology
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,7 +43,7 @@ class StoreFleet:
     """One store per node, monitored."""
 
     def __init__(self, spec: StoreSpec, nodes: int, run_dir: Path, journal: JournalWriter,
-                 topology: Topology | None = None, *, token: str | None = None, secret: str, world_size: int = 0) -> None:
+                 topology: NetworkTopology | None = None, *, token: str | None = None, secret: str, world_size: int = 0) -> None:
         self.spec, self.nodes, self.run_dir, self.journal, self.topology = spec, nodes, run_dir, journal, topology
         self.token = token
         """The launch's process token, in every store's environment."""
@@ -61,7 +61,7 @@ class StoreFleet:
         return self.spec.base / f"node{node}"
 
     def command(self, node: int) -> list[str]:
-        """The store process of ``node`` (its arguments are ``baft.store.StoreConfig``'s)."""
+        """The store process of ``node`` (its arguments are ``baft.store.config.StoreConfig``'s)."""
         return [sys.executable, "-m", "baft.store", "--root", str(self.node_dir(node)), "--node", str(node),
                 "--addresses", ",".join(self.addresses), "--replication", self.spec.replication.to_json(),
                 "--journal", str(self.run_dir / "journal" / f"store-node{node}.jsonl"),

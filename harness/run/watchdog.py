@@ -28,11 +28,9 @@ import time
 from pathlib import Path
 
 from analysis.journal import JournalWriter
-
-from injectors.process import is_resource_tracker, workers_of
-
 from harness.run.processes import where_stuck
 from harness.run.progress import JournalProgress
+from injectors.process import is_resource_tracker, workers_of
 
 #: Seconds a job may take from launch (or a restart) to its first completed step.
 STARTUP_TIMEOUT = 60.0

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from baft.state import local_view
+from baft.state.dtensor import local_view
 
 
 class StageScaler(torch.amp.GradScaler):

@@ -38,11 +38,11 @@ from typing import Any
 
 import torch
 
+from baft import events
+from baft.state.train import rng_state
+
 from analysis.journal import Journal
 from analysis.resume import ResumePoint, locate
-from baft import events
-from baft.state import rng_state
-
 
 _ACTIVE: ScriptProbe | None = None
 
@@ -88,7 +88,10 @@ class ScriptProbe:
         global _ACTIVE
         _ACTIVE = self
         self._undo.append(_deactivate)
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
         self._undo += [register_optimizer_step_pre_hook(self._pre_step), register_optimizer_step_post_hook(self._post_step)]
         self._patch(torch.Tensor, "backward", self._backward)
@@ -252,7 +255,7 @@ class ScriptProbe:
 
     def _locate(self, components: dict[str, Any], names: dict[int, str]) -> None:
         """The first step of a process of the faulted run: where did the script resume?"""
-        from baft.state import digest_components
+        from baft.state.fingerprint import digest_components
 
         rank = self.probe.rank
         reference = {e["step"]: e["digests"] for e in Journal.load(self.reference).events("state", rank)}

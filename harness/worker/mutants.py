@@ -43,7 +43,7 @@ MUTANTS: dict[str, str] = {
 
 
 def _rng(skip_processes: bool) -> None:
-    from baft import state as st
+    from baft.state import train as st
 
     original = st.set_rng_state
 
@@ -72,7 +72,7 @@ def _loader_generator_lost() -> None:
 
 
 def _drop_on_restore(component: str) -> None:
-    from baft.state import TrainState
+    from baft.state.train import TrainState
 
     original = TrainState.restore
 
@@ -115,8 +115,9 @@ def _torn() -> None:
 
 
 def _latest_before_durable() -> None:
-    from baft import persist, storage
-    from baft.collective import rank_world
+    from baft.mesh.collective import rank_world
+    from baft.persist import commits as persist
+    from baft.persist import storage
     from baft.strategies.sync import SyncStrategy
 
     original_save = SyncStrategy.save
@@ -145,7 +146,8 @@ def _stale_replica() -> None:
 
 
 def _silent_bitflip() -> None:
-    from baft import persist, storage
+    from baft.persist import commits as persist
+    from baft.persist import storage
 
     def read_shard(root: Any, step: int, rank: int, world_size: int) -> bytes:
         rec = persist.read_manifest(root, step)["shards"][str(rank)]

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from baft.collective import all_gather
+from baft.mesh.collective import all_gather
 
 #: The exit status of a worker that left because of a preemption (128 + SIGTERM).
 PREEMPTED_EXIT = 128 + signal.SIGTERM

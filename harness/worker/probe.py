@@ -14,10 +14,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from analysis.journal import JournalWriter, float_bits, rank_journal
 from baft import events
-from baft.state import TrainState, fingerprint_components
+from baft.state.fingerprint import fingerprint_components
+from baft.state.train import TrainState
 
+from analysis.journal import JournalWriter, float_bits, rank_journal
 
 #: ``baft`` events copied into the journal.
 JOURNALED = ("checkpoint_saved", "checkpoint_restored", "checkpoint_rejected", "checkpoint_failed", "restore_candidates", "snapshot",

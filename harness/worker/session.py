@@ -34,7 +34,7 @@ from typing import Any
 from baft import CheckpointConfig
 
 from harness.errors import ScenarioError
-from harness.worker.spec import SPEC_VARIABLE, Placement, WorkerSpec
+from harness.worker.spec import SPEC_VARIABLE, LaunchFacts, WorkerSpec
 
 __all__ = ["Session", "place_on_node"]
 
@@ -79,9 +79,9 @@ class Session:
         """Join the process group (gloo, unless the script already did; not at all without
         ``join_group``: an unmodified script forms its own), open the journal, arm the faults."""
         import torch.distributed as dist
-        from injectors import FAULTS, WorkerContext
 
         from harness.worker.probe import Probe
+        from injectors import FAULTS, WorkerContext
 
         init_seconds = 0.0
         if join_group and not dist.is_initialized():
@@ -170,7 +170,7 @@ class Session:
             self.disarm()
 
 
-def place_on_node(ckpt_cfg: CheckpointConfig, spec: Placement) -> tuple[int, Path | None]:
+def place_on_node(ckpt_cfg: CheckpointConfig, spec: LaunchFacts) -> tuple[int, Path | None]:
     """This worker's node index and shared-memory directory; points a baft config at them.
 
     The launcher sets ``BAFT_NODE_INDEX`` and, when it runs node stores, puts their

@@ -7,7 +7,7 @@ and names the file in ``BAFT_SPEC`` for every worker it starts; on a cluster the
     spec = WorkerSpec.load(Path(os.environ[SPEC_VARIABLE]))
     spec.workload.steps, spec.checkpoint.strategy, spec.faults[0].config, spec.stores
 
-The file is the spec's plain form (:meth:`Placement.plain`): each section is the plain data of
+The file is the spec's plain form (:meth:`LaunchFacts.plain`): each section is the plain data of
 its config dataclass, keys as in the scenario, so a file written before these types existed loads.
 The workload's config, :class:`WorkloadConfig`, lives here too: the scenario, the worker and the
 runner's reference cache all read it.
@@ -22,16 +22,16 @@ from typing import Any, Literal, TypeVar
 
 from baft import CheckpointConfig
 from baft.components import COMPONENTS
-from injectors import FAULTS, FaultConfig, FaultConfigError
 
 from harness.errors import ConfigValueError, ScenarioError, deprecated
 from harness.schema import build, found_repr, to_plain
 from harness.worker.shapes import PRESETS
+from injectors import FAULTS, FaultConfig, FaultConfigError
 
 #: The environment variable naming the worker spec file.
 SPEC_VARIABLE = "BAFT_SPEC"
 
-P = TypeVar("P", bound="Placement")
+P = TypeVar("P", bound="LaunchFacts")
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 
@@ -268,7 +268,7 @@ def build_fault(item: Any, file: str, path: str) -> FaultSpec:
 
 
 @dataclass(kw_only=True, slots=True)
-class Placement:
+class LaunchFacts:
     """What the launcher tells every worker it starts, whatever the worker runs: where the run
     lives, when it started, and the node stores. The specs of what workers run derive from it."""
 
@@ -292,7 +292,7 @@ class Placement:
     def plain(self) -> dict[str, Any]:
         """The spec as plain data (what the file holds): the fields of the subclass first, then
         those of the placement; a field that is None is left out (it is None when read back)."""
-        own = {f.name for f in dataclasses.fields(Placement)}
+        own = {f.name for f in dataclasses.fields(LaunchFacts)}
         names = [f.name for f in dataclasses.fields(self)]
         ordered = [n for n in names if n not in own] + [n for n in names if n in own]
         return {n: to_plain(getattr(self, n)) for n in ordered if getattr(self, n) is not None}
@@ -338,7 +338,7 @@ class Placement:
 
 
 @dataclass(kw_only=True, slots=True)
-class WorkerSpec(Placement):
+class WorkerSpec(LaunchFacts):
     """Everything a worker of a scenario run is told: the built-in workload or a user's script
     (``harness.worker.session.Session`` reads it), on its node."""
 
@@ -369,3 +369,10 @@ class WorkerSpec(Placement):
         spec = build(cls, {k: v for k, v in data.items() if k != "faults"}, file)
         spec.faults = [build_fault(item, file, f"faults[{i}]") for i, item in enumerate(items)]
         return spec
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Placement":  # renamed: baft.state has a Placement of its own (a DTensor's)
+        deprecated("harness.worker.spec.Placement", "harness.worker.spec.LaunchFacts")
+        return LaunchFacts
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

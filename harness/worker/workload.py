@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from baft import TrainState
 from baft.components import COMPONENTS
 
@@ -105,12 +106,21 @@ class PipelineTrainer:
     """
 
     def __init__(self, cfg: WorkloadConfig) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-
-        from harness.worker.data import ResumableBatchSampler, make_dataset, make_loader, mix
-        from harness.worker.models import build_stage, loss_fn, stage_io
-
         from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
+
+        from harness.worker.data import (
+            ResumableBatchSampler,
+            make_dataset,
+            make_loader,
+            mix,
+        )
+        from harness.worker.models import build_stage, loss_fn, stage_io
 
         self.cfg = cfg
         self.rank = dist.get_rank()
@@ -206,7 +216,7 @@ class PipelineTrainer:
         else:
             self.schedule.step()
         if cfg.data_parallel > 1 and cfg.dp_shard == 1:  # FSDP2 reduces its own gradients
-            from baft.state import local_view
+            from baft.state.dtensor import local_view
 
             for p in self.module.parameters():
                 grad = local_view(p.grad)  # a tensor-parallel parameter's gradient: its shard

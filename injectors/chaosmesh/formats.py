@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-
 # --- names and labels (Kubernetes ObjectMeta rules) ---------------------------------------------
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -54,9 +54,15 @@ from typing import Any, cast
 
 import yaml
 
-from injectors.chaosmesh.formats import (chaos_rate_bytes, format_chaos_rate, is_dns_label, is_label_key, is_label_value,
-                           parse_go_duration)
-from injectors.chaosmesh.crds import CrdUnavailable, Crds
+from injectors.chaosmesh.crds import Crds, CrdUnavailable
+from injectors.chaosmesh.formats import (
+    chaos_rate_bytes,
+    format_chaos_rate,
+    is_dns_label,
+    is_label_key,
+    is_label_value,
+    parse_go_duration,
+)
 from injectors.chaosmesh.schema import API_VERSION, SCHEDULE_EMBEDS, ManifestInvalid, validate
 from injectors.clock import ClockSkewConfig
 from injectors.compute import StragglerConfig

@@ -41,8 +41,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from injectors.chaosmesh.crds import API_VERSION, GROUP, PLURALS, VERSION, Crds
-from injectors.chaosmesh.formats import (chaos_rate_bytes, check_cron, is_dns_label, is_dns_subdomain, is_label_key,
-                           is_label_value, parse_go_duration)
+from injectors.chaosmesh.formats import (
+    chaos_rate_bytes,
+    check_cron,
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_key,
+    is_label_value,
+    parse_go_duration,
+)
 from injectors.errors import HostUnsupported, InjectorError
 
 __all__ = ["API_VERSION", "CLOCK_IDS", "GROUP", "IO_METHODS", "PLURALS", "SCHEDULE_EMBEDS", "VERSION", "WORKFLOW_EMBEDS",

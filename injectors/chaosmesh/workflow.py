@@ -42,8 +42,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from injectors.chaosmesh.manifests import MANAGED_BY, ClusterTarget, Unmappable, go_duration, manifests, object_name
 from injectors.chaosmesh.formats import is_dns_label, parse_go_duration
+from injectors.chaosmesh.manifests import MANAGED_BY, ClusterTarget, Unmappable, go_duration, manifests, object_name
 from injectors.chaosmesh.schema import API_VERSION, WORKFLOW_EMBEDS
 from injectors.errors import FaultConfigError
 from injectors.process import LOOP_PHASES

@@ -16,8 +16,8 @@ import yaml
 
 from analysis.journal import Journal
 from harness.cli import main as cli_main
-from tests.k8s_standin import StandIn
 from tests.crds import needs_schema
+from tests.k8s_standin import StandIn
 
 from .conftest import ROOT
 

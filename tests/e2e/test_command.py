@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from analysis.journal import Journal
-
 from tests.e2e.conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -19,10 +19,18 @@ from typing import Any
 import pytest
 import yaml
 
+from baft.store.wire import request
+
 from analysis.journal import Journal, JournalWriter, launcher_journal
 from analysis.verdict import judge
-from baft.wire import request
-from harness.cluster.deploy import CHECKPOINTS, SHARED, SHM, SPEC_DIR, DeployConfig, deployment
+from harness.cluster.deploy import (
+    CHECKPOINTS,
+    SHARED,
+    SHM,
+    SPEC_DIR,
+    DeployConfig,
+    deployment,
+)
 from harness.run.nodeenv import free_port
 from harness.run.runner import ensure_reference
 from harness.scenario import load

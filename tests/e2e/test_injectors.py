@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from baft.persist import commits as persist
+from baft.persist.interval import every_for
+
 from analysis.journal import Journal
-from baft import persist
-from baft.interval import every_for
 from injectors.process import KillConfig
 
 from .conftest import ROOT, delivered, run_cli

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
+from baft.persist import commits as persist
+
 from analysis.journal import Journal
-from baft import persist
 
 from .conftest import ROOT, delivered, run_cli
 
@@ -97,7 +98,7 @@ def test_tp_then_fsdp_in_each_stage_resumes_bit_for_bit(tmp_path: Path, ref_cach
     stage0, mlp = _stage0_bytes(md), _stage0_bytes(md, ".mlp.")
     # Each rank holds its quarter of the MLPs (2-D shards) and its shard's half of the rest (1-D shards of
     # the dp_shard mesh, alike on both tensor-parallel peers). The first TP rank of a shard copies both,
-    # the second only its MLP quarter (and its buffers): the rest is the first's (baft.tpshared).
+    # the second only its MLP quarter (and its buffers): the rest is the first's (baft.mesh.tpshared).
     for r0, r1 in ((0, 1), (2, 3)):
         (c0,), (c1,) = copied[r0], copied[r1]
         assert abs(c0 - (mlp / 4 + (stage0 - mlp) / 2)) < 0.02 * stage0, (copied, stage0, mlp)

@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from harness.worker.mutants import MUTANTS
-
 from tests.e2e.conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -18,7 +18,7 @@ import pytest
 
 from injectors import network
 from injectors.linkprobe import measure_rate, reachable
-from injectors.network import CommandFailed, NetworkUnavailable, Topology
+from injectors.network import CommandFailed, NetworkTopology, NetworkUnavailable
 
 pytestmark = [
     pytest.mark.e2e,
@@ -42,8 +42,8 @@ def leftovers(tag: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def topo() -> Iterator[Topology]:
-    t = Topology(3)
+def topo() -> Iterator[NetworkTopology]:
+    t = NetworkTopology(3)
     try:
         yield t
     finally:
@@ -52,7 +52,7 @@ def topo() -> Iterator[Topology]:
 
 
 @pytest.fixture
-def net(topo: Topology) -> Iterator[Topology]:
+def net(topo: NetworkTopology) -> Iterator[NetworkTopology]:
     """The module topology, with every fault rolled back after the test whatever happened."""
     try:
         yield topo
@@ -62,7 +62,7 @@ def net(topo: Topology) -> Iterator[Topology]:
             topo.unthrottle(i)
 
 
-def test_topology_namespaces_exist_and_nodes_connect(net: Topology) -> None:
+def test_topology_namespaces_exist_and_nodes_connect(net: NetworkTopology) -> None:
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     for i in range(net.nodes):
         assert net.namespace(i) in names
@@ -75,7 +75,7 @@ def test_topology_namespaces_exist_and_nodes_connect(net: Topology) -> None:
         assert reachable(net, src, dst), f"node {src} cannot reach node {dst}"
 
 
-def test_throttle_limits_rate_and_unthrottle_restores_it(net: Topology) -> None:
+def test_throttle_limits_rate_and_unthrottle_restores_it(net: NetworkTopology) -> None:
     assert measure_rate(net, 0, 1, nbytes=20_000_000) > FAST
     shaping = net.throttle(0, network.parse_rate("100mbit"))
     assert shaping.rate_bit == 100_000_000
@@ -90,14 +90,14 @@ def test_throttle_limits_rate_and_unthrottle_restores_it(net: Topology) -> None:
     assert measure_rate(net, 0, 1, nbytes=20_000_000) > FAST
 
 
-def qdiscs(net: Topology, i: int) -> list[tuple[str, str]]:
+def qdiscs(net: NetworkTopology, i: int) -> list[tuple[str, str]]:
     """(kind, parent) of every qdisc on node i's interface."""
     out = subprocess.run([*net.exec_prefix(i), "tc", "-j", "qdisc", "show", "dev", net.interface(i)],
                          capture_output=True, text=True, check=True).stdout
     return [(q["kind"], q.get("parent", "root") if not q.get("root") else "root") for q in json.loads(out)]
 
 
-def test_a_throttled_link_serves_packets_by_priority_unless_told_not_to(net: Topology) -> None:
+def test_a_throttled_link_serves_packets_by_priority_unless_told_not_to(net: NetworkTopology) -> None:
     """The stores mark replicas as filler (SO_PRIORITY 1); under the throttle a pfifo_fast queue sends
     band 2 (filler) only when bands 0 and 1 are empty. ``classes=False`` leaves tbf's own FIFO."""
     rate = network.parse_rate("20mbit")
@@ -109,7 +109,7 @@ def test_a_throttled_link_serves_packets_by_priority_unless_told_not_to(net: Top
     assert [k for k, _ in qdiscs(net, 0)] == ["tbf"]
 
 
-def test_partition_cuts_both_ways_and_heal_restores(net: Topology) -> None:
+def test_partition_cuts_both_ways_and_heal_restores(net: NetworkTopology) -> None:
     net.partition(1)
     assert net.egress_qdisc(1) == "blackhole"
     start = time.monotonic()
@@ -124,7 +124,7 @@ def test_partition_cuts_both_ways_and_heal_restores(net: Topology) -> None:
     assert reachable(net, 0, 1) and reachable(net, 1, 2)
 
 
-def test_heal_keeps_a_throttle_set_before_the_partition(net: Topology) -> None:
+def test_heal_keeps_a_throttle_set_before_the_partition(net: NetworkTopology) -> None:
     net.throttle(2, 50_000_000)
     net.partition(2)
     assert net.egress_qdisc(2) == "blackhole"
@@ -134,7 +134,7 @@ def test_heal_keeps_a_throttle_set_before_the_partition(net: Topology) -> None:
 
 
 def test_close_removes_everything_and_is_idempotent() -> None:
-    t = Topology(2)
+    t = NetworkTopology(2)
     try:
         assert len(leftovers(t.tag)) == 2 + 2 + 1  # namespaces, host veths, bridge
     finally:
@@ -155,7 +155,7 @@ def test_setup_failure_midway_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(network, "_run", failing)
     try:
         with pytest.raises(CommandFailed, match="injected failure"):
-            Topology(2, tag=tag)
+            NetworkTopology(2, tag=tag)
     finally:
         monkeypatch.undo()
         left = leftovers(tag)
@@ -165,10 +165,10 @@ def test_setup_failure_midway_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_cleanup_stale_removes_a_crashed_topology_but_not_a_live_one() -> None:
     tag = secrets.token_hex(3)
-    code = f"from injectors.network import Topology; t = Topology(2, tag={tag!r}); print('up', flush=True); input()"
+    code = f"from injectors.network import NetworkTopology; t = NetworkTopology(2, tag={tag!r}); print('up', flush=True); input()"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
-    live = Topology(1)
+    live = NetworkTopology(1)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
         proc.kill()
@@ -190,7 +190,7 @@ def test_cleanup_stale_removes_a_crashed_topology_but_not_a_live_one() -> None:
         live.close()
 
 
-def test_the_netem_probe_tells_the_truth_about_this_kernel(net: Topology, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_netem_probe_tells_the_truth_about_this_kernel(net: NetworkTopology, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real probe, on whichever kernel this is (both answers, and what follows from each, are tested
     with a faked tc in tests/unit/test_network_parse.py): it leaves no namespace behind, and a real node
     agrees with it: with netem a delay installs it, without netem tc refuses it as the probe found."""
@@ -218,19 +218,19 @@ def test_failed_commands_name_the_command_and_its_stderr() -> None:
     assert "Cannot find device" in str(e.value)
 
 
-def test_bad_arguments_fail_before_anything_is_created(topo: Topology) -> None:
+def test_bad_arguments_fail_before_anything_is_created(topo: NetworkTopology) -> None:
     with pytest.raises(network.FaultConfigError):
-        Topology(0)
+        NetworkTopology(0)
     with pytest.raises(network.FaultConfigError):
-        Topology(2, tag="Bad-Tag")
+        NetworkTopology(2, tag="Bad-Tag")
     with pytest.raises(network.FaultConfigError):
         topo.throttle(topo.nodes, 1_000_000)
     with pytest.raises(network.FaultConfigError):
         topo.throttle(0, 0)
 
 
-def test_a_taken_tag_is_refused_without_touching_the_existing_topology(topo: Topology) -> None:
+def test_a_taken_tag_is_refused_without_touching_the_existing_topology(topo: NetworkTopology) -> None:
     before = leftovers(topo.tag)
     with pytest.raises(network.NetworkError, match="already exists"):
-        Topology(1, tag=topo.tag)
+        NetworkTopology(1, tag=topo.tag)
     assert leftovers(topo.tag) == before

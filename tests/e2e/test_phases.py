@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from baft.persist import commits as persist
+
 from analysis.journal import Journal
-from baft import persist
 
 from .conftest import ROOT, delivered, run_cli
 

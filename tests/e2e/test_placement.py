@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from baft.store.placement import holders, survives
+
 from analysis.journal import Journal
-from baft.placement import holders, survives
 
 from .conftest import ROOT, run_cli
 

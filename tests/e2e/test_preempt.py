@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from analysis.journal import Journal
-
 from tests.e2e.conftest import ROOT, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from baft.wire import connect, recv, send
+from baft.store.wire import connect, recv, send
 
 from .conftest import ROOT, run_cli
 

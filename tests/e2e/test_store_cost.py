@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from baft.slotfile import slot_of
-from baft.snapshot import SnapshotBuffer
-from baft.storeclient import StoreClient
-from baft.storeconfig import ReplicationConfig
-from baft.wire import SECRET_VARIABLE, new_secret
-from baft.wire import request as ask
+from baft.snapshot.slotfile import slot_of
+from baft.snapshot.slots import SnapshotBuffer
+from baft.store.client import StoreClient
+from baft.store.config import ReplicationConfig
+from baft.store.wire import SECRET_VARIABLE, new_secret
+from baft.store.wire import request as ask
+
 from harness.bench.floor import measure
 from harness.run.nodeenv import free_port
 

@@ -9,7 +9,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 import yaml
 
 from tests.e2e.conftest import ROOT, kill_pair

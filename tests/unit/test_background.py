@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from baft.background import OneInFlight
+from baft.persist.background import OneInFlight
 
 
 def _nice() -> int:

@@ -1,4 +1,4 @@
-"""baft's direct persister (``persist_writer: direct``, :mod:`baft.dcpwrite`) on two real gloo ranks: each
+"""baft's direct persister (``persist_writer: direct``, :mod:`baft.persist.dcpwrite`) on two real gloo ranks: each
 rank writes its file from its slot, rank 0 the metadata. A write that fails on one rank commits nothing
 and every rank journals why; the next persist commits; what is committed is what the job held, read
 with stock DCP; and ``persist_writer: dcp`` (``dcp.save``) writes a checkpoint that loads the same."""
@@ -18,7 +18,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from baft import CheckpointConfig, TrainState, dcpwrite, events, persist
+from baft import CheckpointConfig, TrainState, events
+from baft.persist import dcpwrite
+from baft.persist import commits as persist
 from baft.strategies import BaftStrategy
 from tests.rank_step import train_step
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from baft import CheckpointConfig, TrainState, digest_components, events
-from baft.bubble import BubbleSnapshotter
-from baft.layout import rebuild, split, layout, total_bytes
-from baft.profiler import BubbleProfiler, ProfilerConfig
-from baft.slotfile import COMPLETE, HEAD, HEADER, SLOTS, WRITING, own_slot
-from baft.snapshot import SnapshotBuffer
+from baft.bubbles.profiler import BubbleProfiler, ProfilerConfig
+from baft.snapshot.slotfile import COMPLETE, HEAD, HEADER, SLOTS, WRITING, own_slot
+from baft.snapshot.slots import SnapshotBuffer
+from baft.state.layout import layout, rebuild, split, total_bytes
+from baft.strategies.snapshotter import BubbleSnapshotter
 
 BAFT = CheckpointConfig(strategy="baft")
 
@@ -170,7 +170,7 @@ def test_snapshotter_version_matches_live_state(tmp_path: Path) -> None:
 
 
 def test_the_snapshotter_takes_its_policy_from_the_checkpoint_config(tmp_path: Path) -> None:
-    from baft.planner import PlannerConfig
+    from baft.bubbles.planner import PlannerConfig
 
     st = make_state(3)
     config = CheckpointConfig(strategy="baft", planner=PlannerConfig(chunk_bytes=4096))
@@ -307,7 +307,7 @@ def test_a_relayout_waits_for_a_reader_of_the_slots(tmp_path: Path, monkeypatch:
     # re-lay the slots out (the state's layout changed): the remap unmapped the slots under the reader.
     import threading
 
-    import baft.bubble as bubble
+    import baft.strategies.snapshotter as bubble
 
     st = make_state(0)
     snap = BubbleSnapshotter(st, BAFT, tmp_path, rank=0)
@@ -409,7 +409,7 @@ def test_a_due_snapshot_waits_for_the_persist_that_holds_its_slot_instead_of_ski
     # skipped and a hang at step 9 restored 7 (two steps lost).
     import threading
 
-    from baft.slotfile import slot_of
+    from baft.snapshot.slotfile import slot_of
 
     st = make_state(2)
     snap = BubbleSnapshotter(st, BAFT, tmp_path, rank=0)

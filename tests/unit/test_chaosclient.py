@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from injectors import FAULTS, HostUnsupported
-from injectors.process import KillConfig
 from injectors.chaosmesh.client import ChaosApiError, ChaosClient, NotInjected, injection_problems
-from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, manifests
 from injectors.chaosmesh.crds import CrdUnavailable
+from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, manifests
+from injectors.process import KillConfig
 from tests.crds import CRDS, needs_schema
 from tests.k8s_standin import CRD_PREFIX, PREFIX, StandIn, connected
 from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE

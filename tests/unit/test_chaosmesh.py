@@ -12,9 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, HostUnsupported, RunShape, WorkerContext
-from injectors.chaosmesh.manifests import (ClusterTarget, ManifestInvalid, Unmappable, manifests, object_name, schedule_manifest,
-                                 to_yaml, validate)
 from injectors.chaosmesh.formats import check_cron, is_dns_label
+from injectors.chaosmesh.manifests import (
+    ClusterTarget,
+    ManifestInvalid,
+    Unmappable,
+    manifests,
+    object_name,
+    schedule_manifest,
+    to_yaml,
+    validate,
+)
 from injectors.chaosmesh.schema import CLOCK_IDS
 from injectors.clock import ClockSkewInjector
 from tests.crds import CRDS, needs_schema

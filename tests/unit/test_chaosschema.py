@@ -14,10 +14,18 @@ from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, HostUnsupported
 from injectors.chaosmesh import schema as chaosschema
-from injectors.chaosmesh.crds import CRDS_ENV, CrdUnavailable, Crds, crd_name
-from injectors.chaosmesh.manifests import (ManifestInvalid, chaos_rate, go_duration, go_millis, schedule_manifest,
-                                 straggler_workers, tc_rate, validate)
+from injectors.chaosmesh.crds import CRDS_ENV, Crds, CrdUnavailable, crd_name
 from injectors.chaosmesh.formats import chaos_rate_bytes, parse_go_duration
+from injectors.chaosmesh.manifests import (
+    ManifestInvalid,
+    chaos_rate,
+    go_duration,
+    go_millis,
+    schedule_manifest,
+    straggler_workers,
+    tc_rate,
+    validate,
+)
 from injectors.network import parse_rate
 from tests.crds import CRDS, SHARED_CRDS, needs_crds, needs_schema, shared_documents, stricter_podchaos, write_crds
 from tests.unit.test_chaosmesh import TARGET, build, problems

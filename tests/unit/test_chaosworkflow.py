@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from injectors import FAULTS, FaultConfigError, WindowFault
-from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, Unmappable, object_name, validate
 from injectors.chaosmesh.formats import is_dns_label, parse_go_duration
+from injectors.chaosmesh.manifests import ClusterTarget, ManifestInvalid, Unmappable, object_name, validate
 from injectors.chaosmesh.schema import WORKFLOW_EMBEDS
 from injectors.chaosmesh.workflow import ENTRY, MAX_TEMPLATE_NAME, POINT_DEADLINE, workflow_manifest
 from tests.crds import CRDS, needs_crds, needs_schema

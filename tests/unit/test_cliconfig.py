@@ -68,7 +68,7 @@ def parsed(cls: type, argv: list[str]) -> Any:
 def test_docstrings_are_read_from_the_source() -> None:
     docs = field_docs(Toy)
     assert docs["rate"] == "Parts per second (100% is 1)." and docs["count"] == "How many (required)."
-    assert field_docs(BenchConfig)["baft_copier"] == "baft only: who does the snapshot work inside the waits (see baft.engine)."
+    assert field_docs(BenchConfig)["baft_copier"] == "baft only: who does the snapshot work inside the waits (see baft.bubbles.copier)."
 
 
 def test_defaults_live_in_the_config() -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.codec import decode, encode
-from baft.state import digest_components
+from baft.state.codec import decode, encode
+from baft.state.fingerprint import digest_components
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=5))
 tensors = st.builds(

@@ -1,4 +1,4 @@
-"""baft.collective: every rank's few ints, or a small object, in one fixed-size collective."""
+"""baft.mesh.collective: every rank's few ints, or a small object, in one fixed-size collective."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from baft import collective
-from baft.collective import all_gather_ints, all_max
+from baft.mesh import collective
+from baft.mesh.collective import all_gather_ints, all_max
+
 from tests.gloo_ranks import run_ranks
 
 
@@ -22,8 +23,8 @@ def test_without_a_process_group_it_is_the_values_and_it_refuses_what_does_not_f
 RANK = """
 import json, os, sys
 import torch.distributed as dist
-from baft import collective
-from baft.collective import all_gather, all_gather_ints, all_max
+from baft.mesh import collective
+from baft.mesh.collective import all_gather, all_gather_ints, all_max
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 got = all_gather_ints([[4, 7, 9], [], [0]][rank], 3)

@@ -13,7 +13,9 @@ from tests.gloo_ranks import run_ranks
 PRELUDE = """
 import json, os, sys
 import torch, torch.distributed as dist
-from baft import CheckpointConfig, TrainState, dcpformat, events, persist
+from baft import CheckpointConfig, TrainState, events
+from baft.persist import dcpformat
+from baft.persist import commits as persist
 from baft.strategies import AsyncDCPStrategy, CheckFreqStrategy, SyncStrategy
 
 dist.init_process_group("gloo")

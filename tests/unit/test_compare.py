@@ -141,6 +141,7 @@ def test_probe_journals_norms_that_size_the_divergence(tmp_path: Path) -> None:
     import torch
 
     from baft import TrainState
+
     from harness.worker.probe import Probe
 
     def journal(root: Path, scale: float) -> Journal:

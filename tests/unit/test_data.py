@@ -7,9 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from baft.persist.commits import deserialize, serialize
+
 from harness.worker.data import ResumableBatchSampler, make_dataset
 from harness.worker.shapes import PRESETS
-from baft.persist import deserialize, serialize
 
 
 def batches(sampler: ResumableBatchSampler, n: int) -> list[list[tuple[int, int]]]:

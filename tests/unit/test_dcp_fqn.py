@@ -11,7 +11,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from baft import dcpformat, persist
+from baft.persist import commits as persist
+from baft.persist import dcpformat
+
 from harness.worker.models import build_stage
 from harness.worker.shapes import PRESETS
 from tests.gloo_ranks import run_ranks

@@ -12,8 +12,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from baft import CheckpointConfig, TrainState, persist
+from baft import CheckpointConfig, TrainState
+from baft.persist import commits as persist
 from baft.strategies import BaftStrategy
+
 from tests.gloo_ranks import run_ranks
 
 RANK = """

@@ -28,7 +28,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from baft import CheckpointConfig, TrainState, persist
+from baft import CheckpointConfig, TrainState
+from baft.persist import commits as persist
 from baft.strategies import BaftStrategy
 from tests.rank_step import train_step
 

@@ -1,4 +1,4 @@
-"""baft.dcpwrite: a DCP checkpoint written from tensors' bytes reads back with stock DCP as if
+"""baft.persist.dcpwrite: a DCP checkpoint written from tensors' bytes reads back with stock DCP as if
 ``dcp.save`` had written it."""
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint import FileSystemReader
 
-from baft import dcpwrite, persist
 from baft.errors import CheckpointCorrupt
+from baft.persist import commits as persist
+from baft.persist import dcpwrite
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8,
           torch.bool, torch.int8]

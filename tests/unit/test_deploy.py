@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from baft import CheckpointConfig
+
 from harness.cli import _parser
 from harness.cli import main as cli_main
 from harness.cluster.deploy import HARNESS_KINDS, INDEX_LABEL, DeployConfig, deployment, pod_workload, worker_spec
@@ -22,8 +23,8 @@ from harness.worker.workload import WorkloadConfig
 from injectors import FAULTS
 from injectors.chaosmesh.manifests import ClusterTarget, manifests
 from injectors.chaosmesh.schema import GROUP
-from tests.k8s_standin import CORE, CRD_PREFIX, PREFIX, StandIn, connected
 from tests.crds import needs_schema
+from tests.k8s_standin import CORE, CRD_PREFIX, PREFIX, StandIn, connected
 from tests.unit.test_chaosmesh import EXAMPLES, MAPPABLE
 
 kubernetes = pytest.importorskip("kubernetes", reason="needs the kubernetes client (pip install 'baft-harness[k8s]')")

@@ -14,10 +14,19 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from baft import STRATEGIES, BaftConfigError, CheckpointConfig, Checkpointer, CheckpointCorrupt
-from baft import dcpformat, digest_components, persist, storage
+from baft import (
+    STRATEGIES,
+    BaftConfigError,
+    CheckpointConfig,
+    CheckpointCorrupt,
+    Checkpointer,
+    digest_components,
+)
+from baft.persist import commits as persist
+from baft.persist import dcpformat, storage
 
 from .test_strategies import make_state, train
+
 
 @pytest.fixture(params=["file", "memory"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:

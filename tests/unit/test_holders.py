@@ -1,5 +1,5 @@
-"""Who held a place in a recorded world (``baft.topology.holders``) and whose persistent record a rank of a
-resized world loads (``baft.strategies.dcp.meta_rank``): by place and replica index, never by rank number."""
+"""Who held a place in a recorded world (``baft.mesh.topology.holders``) and whose persistent record a rank of a
+resized world loads (``baft.strategies.restore.meta_rank``): by place and replica index, never by rank number."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.strategies.dcp import meta_rank
-from baft.topology import holders
+from baft.mesh.topology import holders
+from baft.strategies.restore import meta_rank
 
 
 def world(stages: int, shards: int, replicas: int, stage_major: bool) -> list[list]:

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from baft import events
+
 from harness.worker.hooks import ScriptProbe, active
 
 

@@ -1,4 +1,4 @@
-"""The persister's gate (``baft.idlegate``): open exactly while the training thread waits in a long enough window
+"""The persister's gate (``baft.bubbles.idlegate``): open exactly while the training thread waits in a long enough window
 or waits for the persister itself; a pass never waits past its bound, and never at all without long windows."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.idlegate import IdleGate
+from baft.bubbles.idlegate import IdleGate
 
 LONG, SHORT = 0.004, 0.0005
 

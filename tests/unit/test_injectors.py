@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baft import events
+
 from injectors import FAULTS, FaultConfigError, RunShape, WorkerContext
 from injectors.compute import StragglerConfig
 from injectors.data import JitterConfig, JitterInjector

@@ -1,4 +1,4 @@
-"""baft.interval: Daly's interval in whole iterations, and the persistent interval adapting to the measured
+"""baft.persist.interval: Daly's interval in whole iterations, and the persistent interval adapting to the measured
 cost (``checkpoint.mtbf_hours``): agreed by every rank (the largest cost any measured), journaled when it
 changes, within its bounds."""
 from __future__ import annotations
@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from baft import CheckpointConfig, events
 from baft.errors import BaftConfigError
+from baft.persist.interval import AdaptiveInterval, daly, every_for
+
 from analysis import advisor
-from baft.interval import AdaptiveInterval, daly, every_for
 from tests.gloo_ranks import run_ranks
 
 costs = st.floats(1e-4, 100.0)
@@ -108,7 +109,8 @@ def test_bad_interval_settings_are_refused_by_key(bad: dict) -> None:
 RANK = """
 import json, os, sys, time
 import torch, torch.distributed as dist
-from baft import CheckpointConfig, TrainState, events, persist
+from baft import CheckpointConfig, TrainState, events
+from baft.persist import commits as persist
 from baft.strategies import SyncStrategy
 
 dist.init_process_group("gloo")

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main as cli_main
-from harness.run.processes import start_time as _start_time
 from harness.run.leftovers import OWNER, UNOWNED_AGE, claim_shm, owner_alive, stale_shm, sweep
+from harness.run.processes import start_time as _start_time
 
 
 def _dead_pid() -> tuple[int, str]:

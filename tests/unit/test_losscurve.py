@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.benchstats import bootstrap_ci
-from analysis.journal import Journal, JournalWriter, float_bits, rank_journal
 from analysis.errors import ConfigFieldError
+from analysis.journal import Journal, JournalWriter, float_bits, rank_journal
 from analysis.losscurve import LossExpect, compare_curves, loss_curve
 from analysis.verdict import ExpectConfig, WorldSize, judge
 

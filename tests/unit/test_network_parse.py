@@ -13,7 +13,15 @@ from harness.errors import ScenarioError
 from harness.scenario import parse
 from injectors import link, network
 from injectors.link import DelayConfig, LinkInjector
-from injectors.network import _RATE_UNITS, IFNAME, CommandFailed, NetworkUnavailable, Topology, format_rate, parse_rate
+from injectors.network import (
+    _RATE_UNITS,
+    IFNAME,
+    CommandFailed,
+    NetworkTopology,
+    NetworkUnavailable,
+    format_rate,
+    parse_rate,
+)
 
 
 @pytest.mark.parametrize(("text", "bits"), [
@@ -136,9 +144,9 @@ def host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Fak
     return fake_host(monkeypatch, request.param)
 
 
-def fake_topology(nodes: int = 2) -> Topology:
-    """A Topology's state without creating one (its setup is tested as root in tests/e2e/test_network.py)."""
-    t = object.__new__(Topology)
+def fake_topology(nodes: int = 2) -> NetworkTopology:
+    """A NetworkTopology's state without creating one (its setup is tested as root in tests/e2e/test_network.py)."""
+    t = object.__new__(NetworkTopology)
     t.nodes, t.tag, t.subnet, t._shaping, t._partitioned = nodes, "t0", None, {}, set()
     return t
 

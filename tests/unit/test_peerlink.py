@@ -1,4 +1,4 @@
-"""How replicas travel (baft.peerlink, baft.linkmeter, baft.traffic): one kept connection per peer, whole replicas
+"""How replicas travel (baft.store.peerlink, baft.store.linkmeter, baft.store.traffic): one kept connection per peer, whole replicas
 where the link keeps up and paced pieces where it is the bottleneck, a new connection (journaled) when the peer's
 store was replaced, and a wait for training traffic that sleeps until woken instead of polling."""
 from __future__ import annotations
@@ -9,13 +9,18 @@ import threading
 import time
 from pathlib import Path
 
-from baft.linkmeter import FAST_RATE, PACE_HOLD, WHOLE, WINDOW, LinkMeter
-from baft.storeclient import StoreClient
-from baft.storeconfig import ReplicationConfig
-from baft.traffic import TRAFFIC_FILE, TrafficFlag, TrafficFlags
+from baft.store.client import StoreClient
+from baft.store.config import ReplicationConfig
+from baft.store.linkmeter import FAST_RATE, PACE_HOLD, WHOLE, WINDOW, LinkMeter
+from baft.store.traffic import TRAFFIC_FILE, TrafficFlag, TrafficFlags
 
-from .test_store import replicas_of, seal, stores, wait_for
-from .test_store import _the_runs_secret  # noqa: F401 - the autouse fixture, for these tests too
+from .test_store import (
+    _the_runs_secret,  # noqa: F401 - the autouse fixture, for these tests too
+    replicas_of,
+    seal,
+    stores,
+    wait_for,
+)
 
 
 class Clock:

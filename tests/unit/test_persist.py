@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from baft import CheckpointConfig, Checkpointer, CheckpointCorrupt, TrainState, persist
+from baft import CheckpointConfig, CheckpointCorrupt, Checkpointer, TrainState
+from baft.persist import commits as persist
 
 
 def state_with(value: float) -> TrainState:

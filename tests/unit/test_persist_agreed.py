@@ -8,14 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from baft import persist
+from baft.persist import commits as persist
+
 from tests.gloo_ranks import run_ranks
 
 RANK = """
 import json, os, sys
 import torch, torch.distributed as dist
 from baft import CheckpointConfig, TrainState, events
-from baft.slotfile import slot_of
+from baft.snapshot.slotfile import slot_of
 from baft.strategies import BaftStrategy
 from tests.rank_step import train_step
 

@@ -9,8 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.placement import (DOMAIN_LAYOUTS, PLACEMENTS, domain_recovery_probability, domains, enumerate_probability,
-                            groups, holders, recovery_probability, simulate, spread_order, survives, targets)
+from baft.store.placement import (
+    DOMAIN_LAYOUTS,
+    PLACEMENTS,
+    domain_recovery_probability,
+    domains,
+    enumerate_probability,
+    groups,
+    holders,
+    recovery_probability,
+    simulate,
+    spread_order,
+    survives,
+    targets,
+)
 
 shapes = st.integers(2, 11).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, 3), st.integers(0, n)))
 

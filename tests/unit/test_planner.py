@@ -6,7 +6,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.planner import PlannerConfig, make_chunks, owned, plan
+from baft.bubbles.planner import PlannerConfig, make_chunks, owned, plan
 
 sizes = st.lists(st.integers(0, 5000), min_size=0, max_size=30)
 windows = st.lists(st.floats(0, 0.01, allow_nan=False), min_size=0, max_size=12)

@@ -16,11 +16,10 @@ from hypothesis import strategies as st
 
 from analysis.exits import Preemption, preemptions
 from analysis.journal import Journal, JournalWriter, launcher_journal
+from harness.run.preempt import PreemptController
 from injectors import FAULTS, RunShape
 from injectors.errors import FaultConfigError
 from injectors.preempt import PreemptConfig, PreemptRequest, ack_path, write_request
-
-from harness.run.preempt import PreemptController
 
 SHAPE = RunShape(world_size=4, steps=20, nodes=2)
 

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.errors import ConfigFieldError
 from analysis.projection import STRATEGIES, Target, expected_waste, plan, simulate

@@ -1,13 +1,22 @@
-"""Which versions a store replicates (baft.replstride): the stride follows the link, and replication stops
+"""Which versions a store replicates (baft.store.stride): the stride follows the link, and replication stops
 when a replica could no longer beat the persistent tier, then resumes after a probe."""
 from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from baft.replstride import (DEGRADE_HOLD, DEGRADE_ROUNDS, MAX_HOLD, MAX_STRIDE, QUIET_EVERY, QUIET_VERSIONS,
-                             RESUME_SHARE, Stride)
+from baft.store.stride import (
+    DEGRADE_HOLD,
+    DEGRADE_ROUNDS,
+    MAX_HOLD,
+    MAX_STRIDE,
+    QUIET_EVERY,
+    QUIET_VERSIONS,
+    RESUME_SHARE,
+    Stride,
+)
 
 
 class Clock:

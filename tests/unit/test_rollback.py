@@ -13,8 +13,8 @@ RANK = """
 import json, os, sys
 import torch, torch.distributed as dist
 from baft import CheckpointConfig, TrainState, events
-from baft.slotfile import COMPLETE
-from baft.snapshot import SnapshotBuffer
+from baft.snapshot.slotfile import COMPLETE
+from baft.snapshot.slots import SnapshotBuffer
 from baft.strategies import BaftStrategy
 from tests.rank_step import train_step
 

@@ -1,4 +1,4 @@
-"""baft.slotmeta: a sealed slot's components decode the same each time, the static part once per layout."""
+"""baft.snapshot.slotmeta: a sealed slot's components decode the same each time, the static part once per layout."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,9 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from baft import CheckpointConfig, codec, digest_components, slotmeta
-from baft.bubble import BubbleSnapshotter
-from baft.slotfile import HEADER
+from baft import CheckpointConfig, digest_components
+from baft.snapshot import slotmeta
+from baft.snapshot.slotfile import HEADER
+from baft.state import codec
+from baft.strategies.snapshotter import BubbleSnapshotter
+
 from tests.unit.test_bubbles import make_state, step
 
 

@@ -1,4 +1,4 @@
-"""baft.slotring: a store's ring of slot files, written in place. A copy interrupted anywhere is never taken for a
+"""baft.store.ring: a store's ring of slot files, written in place. A copy interrupted anywhere is never taken for a
 whole one, a complete file holds exactly its version's bytes, the newest whole copy is always kept, and the files
 are rewritten in place (no fresh shared-memory pages per copy)."""
 from __future__ import annotations
@@ -7,10 +7,21 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from baft.slotfile import COMPLETE, HEAD, HEADER, MAGIC, SLOTS, WRITING, copies, replica_slot, slot_header
-from baft.slotring import SlotRing
+from baft.snapshot.slotfile import (
+    COMPLETE,
+    HEAD,
+    HEADER,
+    MAGIC,
+    SLOTS,
+    WRITING,
+    copies,
+    replica_slot,
+    slot_header,
+)
+from baft.store.ring import SlotRing
 
 DATA = 3 * 4096 + 100
 

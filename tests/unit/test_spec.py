@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from baft import CheckpointConfig
+
 from harness.bench.bench import BenchConfig, BenchSpec
 from harness.errors import ScenarioError
 from harness.scenario import load
@@ -124,10 +125,12 @@ def test_the_probe_apis_old_import_and_key_paths_work_with_one_warning_each(
     import sys
     import warnings
 
+    from baft import errors as baft_errors
+
     import harness
     from harness import errors
 
-    monkeypatch.setattr(errors, "_warned", set())
+    monkeypatch.setattr(baft_errors, "_warned", set())
     monkeypatch.delitem(sys.modules, "harness.session", raising=False)
     assert harness.Session is Session  # the stable path, no warning
     with pytest.warns(errors.HarnessDeprecationWarning, match=r"harness\.session .*from harness import Session"):

@@ -12,9 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baft import TrainState, digest_components
-from baft import state as state_mod
-from baft.persist import deserialize, serialize
-from baft.state import BLOCK_BYTES, digest_leaf, fingerprint_components, fingerprint_leaf, flatten
+from baft.persist.commits import deserialize, serialize
+from baft.state import fingerprint as state_mod
+from baft.state.fingerprint import (
+    BLOCK_BYTES,
+    digest_leaf,
+    fingerprint_components,
+    fingerprint_leaf,
+    flatten,
+)
 
 
 def make(widths: list[int], opt: str, seed: int) -> tuple[TrainState, torch.Generator]:

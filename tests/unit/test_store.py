@@ -9,17 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-import torch
 
-from baft.slotfile import COMPLETE, copies, slot_header, slot_of
-from baft.snapshot import SnapshotBuffer
-from baft.store import ReplicationConfig, Store, StoreConfig, _Handler, _Server
-from baft.storeclient import StoreClient
-from baft.wire import request
+from baft.snapshot.slotfile import COMPLETE, copies, slot_header, slot_of
+from baft.snapshot.slots import SnapshotBuffer
+from baft.store.client import StoreClient
+from baft.store.config import ReplicationConfig, StoreConfig
+from baft.store.server import Store, _Handler, _Server
+from baft.store.wire import request
+
 from harness.run.nodeenv import free_port
-
 
 SECRET = "test-secret-" + "0123456789abcdef" * 2
 
@@ -152,7 +153,7 @@ def test_replica_sockets_are_marked_as_the_lowest_class_of_traffic(two_stores, m
     go after every training packet: SO_PRIORITY filler (1) and DSCP Lower Effort."""
     import socket
 
-    from baft import peerlink
+    from baft.store import peerlink
 
     socks: list[socket.socket] = []
     real = peerlink.connect
@@ -176,8 +177,8 @@ def test_replicas_wait_for_training_traffic_to_pause(two_stores, monkeypatch: py
     """A piece waits while a local rank's pipeline transfer is in flight (up to MAX_DEFER), and not at all
     when none is. The flag is held until the replica has arrived, so the wait is certain, not a race
     between this thread's sleep and the store's."""
-    from baft import peerlink
-    from baft.traffic import TRAFFIC_FILE, TrafficFlag
+    from baft.store import peerlink
+    from baft.store.traffic import TRAFFIC_FILE, TrafficFlag
 
     monkeypatch.setattr(peerlink, "MAX_DEFER", 0.5)
     root, addresses = two_stores
@@ -209,7 +210,7 @@ def test_a_link_too_slow_to_beat_the_persistent_tier_stops_replication_until_a_p
     ~0.5 s (about 50 versions): the store stops replicating, journals why, keeps probing while the link is
     slow, and resumes once a probe round is fast (the newest replica at most 5 versions old at a failure,
     half the persistent tier's 10)."""
-    from baft import replstride
+    from baft.store import stride as replstride
 
     monkeypatch.setattr(replstride, "DEGRADE_HOLD", 0.6)
     with stores(tmp_path, ReplicationConfig(replicas=1, rate=8_000, yield_to_training=False)) as (addresses, nodes):
@@ -328,7 +329,7 @@ def store_args(root: Path, *extra: str) -> list[str]:
 
 
 def test_the_store_command_line_parses_into_its_config(tmp_path: Path) -> None:
-    from baft.store import parse_args
+    from baft.store.cli import parse_args
 
     replication = ReplicationConfig(replicas=2, rate=5e6, yield_to_training=False)
     cfg = parse_args(store_args(tmp_path, "--replication", replication.to_json(), "--listen", "10.0.0.7",
@@ -352,7 +353,7 @@ def test_the_store_command_line_parses_into_its_config(tmp_path: Path) -> None:
 ])
 def test_a_bad_store_config_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      extra: list[str], says: str) -> None:
-    from baft.store import parse_args
+    from baft.store.cli import parse_args
 
     with pytest.raises(SystemExit) as info:
         parse_args(store_args(tmp_path, *extra))
@@ -362,7 +363,7 @@ def test_a_bad_store_config_exits_2_naming_the_field(tmp_path: Path, capsys: pyt
 def test_the_store_help_documents_every_replication_key(capsys: pytest.CaptureFixture[str]) -> None:
     import dataclasses
 
-    from baft.store import parse_args
+    from baft.store.cli import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--help"])
@@ -385,9 +386,10 @@ def test_the_checkpoint_section_maps_onto_the_replication_config() -> None:
 
 
 def test_the_fleet_hands_each_store_the_scenarios_replication_config(tmp_path: Path) -> None:
-    from analysis.journal import JournalWriter
     from baft import CheckpointConfig
-    from baft.store import parse_args
+    from baft.store.cli import parse_args
+
+    from analysis.journal import JournalWriter
     from harness.run.storefleet import StoreFleet, StoreSpec
 
     ckpt = CheckpointConfig(strategy="baft", replicas=2, replication_rate=3e6, replication_yield=False)
@@ -482,8 +484,8 @@ def test_a_discard_forgets_a_ranks_newer_copies_on_every_node(two_stores) -> Non
 
 
 def test_a_kept_copy_is_the_slots_bytes_copied_file_to_file_in_place(tmp_path: Path) -> None:
-    from baft.slotfile import kept_slot
-    from baft.slotring import SlotRing
+    from baft.snapshot.slotfile import kept_slot
+    from baft.store.ring import SlotRing
 
     src = seal(tmp_path / "a", rank=1, version=4, fill=9)
     ring = SlotRing([kept_slot(tmp_path, 1, k) for k in range(3)])

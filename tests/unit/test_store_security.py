@@ -15,10 +15,20 @@ from pathlib import Path
 
 import pytest
 
-import baft.store
+import baft.store.cli
+import baft.store.server
 from baft.errors import BaftConfigError
-from baft.storeclient import StoreClient
-from baft.wire import MAX_HEADER, Refused, client_handshake, connect, recv, request, send
+from baft.store.client import StoreClient
+from baft.store.wire import (
+    MAX_HEADER,
+    Refused,
+    client_handshake,
+    connect,
+    recv,
+    request,
+    send,
+)
+
 from harness.run.nodeenv import free_port
 
 from .test_store import SECRET, seal, wait_for
@@ -27,13 +37,13 @@ from .test_store import SECRET, seal, wait_for
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("BAFT_STORE_SECRET", SECRET)
-    monkeypatch.setattr(baft.store, "HANDSHAKE_TIMEOUT", 0.5)  # a quiet peer is dropped quickly in tests
-    monkeypatch.setattr(baft.store, "FRAME_TIMEOUT", 0.5)
+    monkeypatch.setattr(baft.store.server, "HANDSHAKE_TIMEOUT", 0.5)  # a quiet peer is dropped quickly in tests
+    monkeypatch.setattr(baft.store.server, "FRAME_TIMEOUT", 0.5)
     address = f"127.0.0.1:{free_port()}"
-    st = baft.store.Store(baft.store.StoreConfig(root=tmp_path / "node0", node=0, addresses=[address],
+    st = baft.store.server.Store(baft.store.config.StoreConfig(root=tmp_path / "node0", node=0, addresses=[address],
                                                  journal=tmp_path / "j.jsonl", secret=SECRET, world_size=4,
                                                  max_payload=1 << 20))
-    server = baft.store._Server(("127.0.0.1", int(address.rsplit(":", 1)[1])), baft.store._Handler)
+    server = baft.store.server._Server(("127.0.0.1", int(address.rsplit(":", 1)[1])), baft.store.server._Handler)
     server.store = st
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield address, tmp_path / "j.jsonl"
@@ -180,7 +190,7 @@ def test_without_the_secret_nothing_starts(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(BaftConfigError, match="BAFT_STORE_SECRET"):
         StoreClient("127.0.0.1:1")
     with pytest.raises(SystemExit) as info:
-        baft.store.parse_args(["--root", str(tmp_path), "--node", "0", "--addresses", "127.0.0.1:1"])
+        baft.store.cli.parse_args(["--root", str(tmp_path), "--node", "0", "--addresses", "127.0.0.1:1"])
     assert info.value.code == 2 and "secret: expected the run's store secret" in capsys.readouterr().err
     with pytest.raises(Refused, match="BAFT_STORE_SECRET is not set"):
         request("127.0.0.1:1", {"op": "ping"})

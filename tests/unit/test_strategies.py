@@ -9,7 +9,14 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from baft import STRATEGIES, CheckpointConfig, Checkpointer, TrainState, digest_components, persist
+from baft import (
+    STRATEGIES,
+    CheckpointConfig,
+    Checkpointer,
+    TrainState,
+    digest_components,
+)
+from baft.persist import commits as persist
 
 
 def make_state(seed: int) -> TrainState:

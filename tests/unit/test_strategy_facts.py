@@ -13,6 +13,7 @@ from baft.config import StrategyName
 from baft.events import PHASES
 from baft.strategies import CHECKPOINT_PHASES, REGISTRY, STEP_CHECKPOINT_PHASES
 from baft.traits import TRAITS, Traits
+
 from harness.campaign.fuzz import schedules
 from harness.errors import ScenarioError
 from harness.scenario import parse

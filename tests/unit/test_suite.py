@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import ScenarioError
 from harness.campaign.suite import bar, discover, load_all
+from harness.errors import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[2]
 

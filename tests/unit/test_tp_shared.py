@@ -17,7 +17,7 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from baft import CheckpointConfig, TrainState, events
-from baft.state import local_view
+from baft.state.dtensor import local_view
 from baft.strategies import BaftStrategy
 from tests.rank_step import train_step
 

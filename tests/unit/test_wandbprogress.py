@@ -16,8 +16,8 @@ import yaml
 from analysis.journal import launcher_journal, read_events
 from harness.cli import main as cli_main
 from harness.cluster.run import ClusterConfig, ClusterRunError, run_on_cluster
-from harness.scenario import parse
 from harness.cluster.wandbprogress import WandbProgress, check_run_path
+from harness.scenario import parse
 from injectors.chaosmesh.client import ChaosClient
 from tests.k8s_standin import StandIn
 from tests.unit import test_cluster

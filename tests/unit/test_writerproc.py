@@ -1,4 +1,4 @@
-"""baft.writerproc: the writer process writes a DCP data file from slot ranges and bytes, durably, says
+"""baft.persist.writer: the writer process writes a DCP data file from slot ranges and bytes, durably, says
 what failed, and goes when its parent closes it or dies."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from baft import dcpwrite
-from baft.snapshot import Slot
-from baft.writerproc import WriterProcess
+from baft.persist import dcpwrite
+from baft.persist.writer import WriterProcess
+from baft.snapshot.slots import Slot
 
 
 def _records(slot: Slot) -> tuple[list, list[torch.Tensor]]:
@@ -86,7 +86,7 @@ def test_a_writer_whose_process_died_says_so(tmp_path: Path) -> None:
 
 PARENT = """
 import sys, time
-from baft.writerproc import WriterProcess
+from baft.persist.writer import WriterProcess
 w = WriterProcess()
 print(w.pid, flush=True)
 time.sleep(60)

@@ -8,10 +8,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BaftConfigError
-from .placement import PLACEMENTS
-from .priority import PRIORITIES
-from .wire import SECRET_VARIABLE
+from baft.errors import BaftConfigError
+from baft.priority import PRIORITIES
+from baft.store.placement import PLACEMENTS
+from baft.store.wire import SECRET_VARIABLE
 
 
 @dataclass(kw_only=True, slots=True)
@@ -23,13 +23,13 @@ class ReplicationConfig:
     replicas: int = 1
     """Peer nodes that keep a copy of each snapshot (at most the other nodes there are)."""
     placement: str = "ring"
-    """Which peers (:mod:`baft.placement`): ``ring``, the next ``replicas`` nodes by index; ``group``,
+    """Which peers (:mod:`baft.store.placement`): ``ring``, the next ``replicas`` nodes by index; ``group``,
     the other members of the node's group of ``replicas + 1`` (the last group takes the remainder
     and places inside it as a ring)."""
     domain_nodes: int = 0
     """Nodes per failure domain (a rack, a switch): consecutive node indices share one. The placement then
     runs over the nodes interleaved by domain, so a node's replicas go to other domains while there are
-    domains left and a domain's loss leaves its nodes' copies elsewhere (:mod:`baft.placement`). 0: no
+    domains left and a domain's loss leaves its nodes' copies elsewhere (:mod:`baft.store.placement`). 0: no
     domains (the placement by index)."""
     rate: float = 0.0
     """Rate limit of the replica data each store sends, in bytes/s (0: none). When the link

@@ -1,6 +1,6 @@
 """Snapshot slots in shared memory (three per rank), mapped as tensors, that outlive the process that wrote them.
 
-The file format, the slot paths and the byte-level reads the node store does are in :mod:`baft.slotfile`.
+The file format, the slot paths and the byte-level reads the node store does are in :mod:`baft.snapshot.slotfile`.
 Version v is written into slot ``v % SLOTS`` (see there); a writer killed mid-copy leaves a WRITING slot that
 readers discard. Pages are touched once at creation: first touch runs at ~1 GB/s here, later copies at 10+ GB/s.
 """
@@ -13,7 +13,18 @@ from typing import Any
 
 import torch
 
-from .slotfile import COMPLETE, FIELDS, HEAD, HEADER, MAGIC, SLOTS, WRITING, SlotInfo, own_slot, slot_of
+from baft.snapshot.slotfile import (
+    COMPLETE,
+    FIELDS,
+    HEAD,
+    HEADER,
+    MAGIC,
+    SLOTS,
+    WRITING,
+    SlotInfo,
+    own_slot,
+    slot_of,
+)
 
 
 def _reusable(fd: int, data_len: int, meta_capacity: int) -> bool:
@@ -32,7 +43,7 @@ class Slot:
     def __init__(self, path: Path, data_len: int, meta_capacity: int, create: bool) -> None:
         self.path = path
         self.views: dict[Any, Any] = {}
-        """A reader's cache of views of this mapping (:data:`baft.slotmeta.Views`), dropped before it is unmapped."""
+        """A reader's cache of views of this mapping (:data:`baft.snapshot.slotmeta.Views`), dropped before it is unmapped."""
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
         try:
             fresh = create and not _reusable(fd, data_len, meta_capacity)
@@ -80,7 +91,7 @@ class Slot:
         """Make room for ``capacity`` bytes of metadata: the file grows at its end (the metadata is
         its last part), so the header and the tensor bytes stay where they are, and so does a
         version sealed in it. Only the writer maps its own slots; readers of other processes
-        read the file by offsets (:mod:`baft.slotfile`), so nobody holds the old mapping."""
+        read the file by offsets (:mod:`baft.snapshot.slotfile`), so nobody holds the old mapping."""
         fd = os.open(self.path, os.O_RDWR)
         try:
             os.ftruncate(fd, HEADER + self.data_len + capacity)

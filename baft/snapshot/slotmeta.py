@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from . import codec
-from .components import COMPONENTS
-from .layout import MARKER, TensorSpec, rebuild
-from .snapshot import Slot
+from baft.components import COMPONENTS
+from baft.snapshot.slots import Slot
+from baft.state import codec
+from baft.state.layout import MARKER, TensorSpec, rebuild
 
 
 def specs(meta: dict[str, Any]) -> list[TensorSpec]:
@@ -48,7 +48,7 @@ def _decode_static(data: bytes) -> tuple[dict[str, Any], list[TensorSpec]]:
 Views = dict[tuple[int, int, int], tuple[dict[str, Any], dict[str, Any]]]
 """A reader's cache of slot views: (id of a decoded static part, address and size of a slot's bytes) ->
 (that static part, the views of its bulk tensors in those bytes). Each slot has one
-(:attr:`baft.snapshot.Slot.views`), cleared before its mapping is closed: the views keep no buffer exported, so an unmapped one would fault."""
+(:attr:`baft.snapshot.slots.Slot.views`), cleared before its mapping is closed: the views keep no buffer exported, so an unmapped one would fault."""
 
 
 def _bulk_views(static: dict[str, Any], bulk: dict[str, Any], layout: list[TensorSpec], data: torch.Tensor,

@@ -1,16 +1,16 @@
-"""How a worker talks to its node's store (:mod:`baft.store`): notifications, restores, rollbacks."""
+"""How a worker talks to its node's store (:mod:`baft.store.server`): notifications, restores, rollbacks."""
 from __future__ import annotations
 
 import socket
 from pathlib import Path
 
-from .errors import BaftConfigError
-from .wire import SECRET_VARIABLE, connect, request, secret_from_env, send
+from baft.errors import BaftConfigError
+from baft.store.wire import SECRET_VARIABLE, connect, request, secret_from_env, send
 
 
 class StoreClient:
     """How a worker talks to its node's store. Notifications use one kept-open connection; every
-    connection proves the run's secret and has the store prove it (:mod:`baft.wire`)."""
+    connection proves the run's secret and has the store prove it (:mod:`baft.store.wire`)."""
 
     def __init__(self, address: str, secret: str | None = None) -> None:
         """``secret``: the run's store secret (None: from ``BAFT_STORE_SECRET``, which the harness sets)."""

@@ -12,7 +12,7 @@ What a rank contributes to the DCP state dict, keyed the way
 ``stage<S>/<component>.<path>``   what has no such name, and any name two pipeline stages both use
                                   (the stages' modules named alike, not after the whole model: the
                                   stage key keeps them apart; a ``checkpoint_keys`` event says which;
-                                  the direct writer, :mod:`baft.dcpwrite`, puts ``stage<S>/`` before
+                                  the direct writer, :mod:`baft.persist.dcpwrite`, puts ``stage<S>/`` before
                                   the shared name itself);
 ``stage<S>.shard<K>/...``         a plain buffer of a rank that holds piece K of a sharded stage (its
                                   own copy: BatchNorm statistics of its part of the batch);
@@ -42,14 +42,21 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, StorageReader, StorageWriter
+from torch.distributed.checkpoint import (
+    FileSystemReader,
+    FileSystemWriter,
+    StorageReader,
+    StorageWriter,
+)
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from . import events, persist, storage
-from .errors import CheckpointCorrupt
-from .layout import MARKER, split
-from .state import Placement, is_dtensor, placement_for
-from .storage import Root
+from baft import events
+from baft.errors import CheckpointCorrupt
+from baft.persist import commits as persist
+from baft.persist import storage
+from baft.persist.storage import Root
+from baft.state.dtensor import TensorPlacement, is_dtensor, placement_for
+from baft.state.layout import MARKER, split
 
 METADATA = ".metadata"
 """The file in which DCP keeps the checkpoint's metadata (``filesystem._metadata_fn``)."""
@@ -61,7 +68,7 @@ def meta_key(rank: int) -> str:
 
 def dcp_keys(tensors: list[tuple[str, Any]], stage_key: str, shard_key: str | None = None,
              param_names: Mapping[int, str] | None = None) -> list[str]:
-    """The DCP key of each bulk tensor (``(path, tensor)`` in :func:`baft.layout.split` order): its
+    """The DCP key of each bulk tensor (``(path, tensor)`` in :func:`baft.state.layout.split` order): its
     fully qualified name where every rank that holds it holds the same values (module docstring),
     else under the stage's (or the shard's) key."""
     names = param_names or {}
@@ -105,12 +112,12 @@ def announce_stage_keys(shared: set[str]) -> None:
 
 
 def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: set[int] | None = None, *,
-                  shard_key: str | None = None, placements: dict[str, Placement] | None = None,
+                  shard_key: str | None = None, placements: dict[str, TensorPlacement] | None = None,
                   param_names: Mapping[int, str] | None = None, process_group: Any = None,
                   exchange_keys: bool = True) -> dict[str, torch.Tensor]:
     """The DCP state dict of one rank (collective over ``process_group``: :func:`shared_by_stages`;
     without ``exchange_keys`` not, and keys two stages share are left to the metadata's writer,
-    :func:`baft.dcpwrite.stage_keyed`).
+    :func:`baft.persist.dcpwrite.stage_keyed`).
     ``owned``: indices of the bulk tensors this rank writes (data-parallel replicas split them);
     None: all. ``placements`` (:meth:`TrainState.placements`): local shards in ``components`` that are
     DTensors' are written as those DTensors. ``param_names`` (:meth:`TrainState.param_names`): the
@@ -137,7 +144,10 @@ def _fsspec_classes() -> tuple[type[StorageReader], type[StorageWriter]]:
     try:
         from torch.distributed.checkpoint import FsspecReader, FsspecWriter  # type: ignore[attr-defined]
     except ImportError:  # torch 2.13 does not re-export them
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+        from torch.distributed.checkpoint._fsspec_filesystem import (
+            FsspecReader,
+            FsspecWriter,
+        )
     return FsspecReader, FsspecWriter
 
 
@@ -180,7 +190,7 @@ def commit(root: Root, step: int, world_size: int, extra: dict[str, Any] | None 
 
 
 def load(root: Root, step: int, rank: int, process_group: Any = None, *,
-         placements: dict[str, Placement] | None = None) -> dict[str, Any]:
+         placements: dict[str, TensorPlacement] | None = None) -> dict[str, Any]:
     """Components of ``rank`` from a committed DCP checkpoint (with stock ``dcp.load``): the tensors its
     metadata names, each DTensor of ``placements`` loaded as this rank's shard of it (resharded if
     the checkpoint was written under another sharding)."""
@@ -193,7 +203,7 @@ def load(root: Root, step: int, rank: int, process_group: Any = None, *,
     dcp.load(blob, storage_reader=reader(root, step), process_group=process_group)
     meta = persist.deserialize(blob[key].numpy().tobytes())
     paths: list[str] = meta.get("paths") or [n.split("/", 1)[1] for n in meta["names"]]  # before FQN keys: prefixed
-    # a name another stage also wrote is under this stage's key (baft.dcpwrite.stage_keyed)
+    # a name another stage also wrote is under this stage's key (baft.persist.dcpwrite.stage_keyed)
     names = [n if n in md or "stage_key" not in meta else f"{meta['stage_key']}/{n}" for n in meta["names"]]
     template: dict[str, Any] = {}
     for name, path in zip(names, paths):

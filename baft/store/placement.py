@@ -227,7 +227,7 @@ def table(nodes: list[int], replicas: list[int], lost: list[int], trials: int = 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m baft.placement",
+    p = argparse.ArgumentParser(prog="python -m baft.store.placement",
                                 description="the chance that k nodes lost at once leave every state in peer memory")
     p.add_argument("--nodes", type=int, nargs="+", default=[8, 16, 64, 1024])
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 2])

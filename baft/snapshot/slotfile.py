@@ -14,7 +14,7 @@ the writer (plain files, no resource tracker). Pages are touched once at
 creation: first touch runs at ~1 GB/s here, later copies at 10+ GB/s.
 
 This module is torch-free: the node store (``python -m baft.store``) reads, copies and writes
-slot files as bytes; :mod:`baft.snapshot` maps them as tensors.
+slot files as bytes; :mod:`baft.snapshot.slots` maps them as tensors.
 """
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def abandon(path: Path) -> None:
 def discard_newer(root: Path, rank: int, version: int) -> list[int]:
     """Mark the rank's own slots under ``root`` that hold versions newer than ``version`` ABANDONED (the
     worker does this after a restore; the store does the same to its replicas and kept copies,
-    :meth:`baft.slotring.SlotRing.abandon_newer`); the versions dropped."""
+    :meth:`baft.store.ring.SlotRing.abandon_newer`); the versions dropped."""
     dropped = []
     for k in range(SLOTS):
         p = own_slot(root, rank, k)

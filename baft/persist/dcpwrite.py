@@ -34,14 +34,20 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
-from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
-                                                   TensorProperties, TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
-from . import persist, storage
-from .errors import CheckpointCorrupt
-from .state import is_dtensor
-from .storage import Root
-from .writerproc import WriterProcess
+from baft.errors import CheckpointCorrupt
+from baft.persist import commits as persist
+from baft.persist import storage
+from baft.persist.storage import Root
+from baft.persist.writer import WriterProcess
+from baft.state.dtensor import is_dtensor
 
 METADATA = ".metadata"
 LOCAL_HEADER = b"PK\x03\x04"
@@ -221,7 +227,7 @@ def write_rank(root: Root, step: int, rank: int, stage: str, state_dict: Mapping
     its pipeline stage) into its data file of checkpoint ``step``, durably (the directory entry is made
     durable by the commit, :func:`commit`); what it wrote. With ``writer`` (a local ``root``), that
     process writes the file, reading the tensors that are views of ``slot`` (a mapped
-    :class:`baft.snapshot.Slot`) from its file; else this thread writes it."""
+    :class:`baft.snapshot.slots.Slot`) from its file; else this thread writes it."""
     name = data_file(rank)
     rel = f"{persist.step_name(step)}/{name}"
     st = storage.at(root)
@@ -267,7 +273,7 @@ def _source(t: torch.Tensor, slot: Any) -> tuple[int, int] | bytes:
 def stage_keyed(reports: Iterable[RankReport]) -> set[str]:
     """The keys that ranks of more than one pipeline stage wrote (their stages' modules name tensors
     alike): each stage's go under ``<stage>/<key>`` instead, or DCP would keep one stage's. A loader
-    that finds no ``key`` looks for its stage's (:func:`baft.dcpformat.load`)."""
+    that finds no ``key`` looks for its stage's (:func:`baft.persist.dcpformat.load`)."""
     stages: dict[str, set[str]] = {}
     for r in reports:
         for w in r.items:
@@ -312,7 +318,7 @@ def _metadata_blob(layout: tuple[tuple[int, str, str, tuple[Written, ...]], ...]
 
 def commit(root: Root, step: int, reports: Sequence[RankReport], extra: dict[str, Any] | None = None) -> set[str]:
     """Rank 0, once every rank's file is durable: write DCP's ``.metadata`` from ``reports``, then commit
-    the checkpoint (:func:`baft.persist.commit_files`: the files at their sizes, manifest, ``latest``).
+    the checkpoint (:func:`baft.persist.commits.commit_files`: the files at their sizes, manifest, ``latest``).
     Returns the keys written under their stage's (:func:`stage_keyed`)."""
     st = storage.at(root)
     d = persist.step_name(step)

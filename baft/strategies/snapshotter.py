@@ -33,22 +33,33 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import codec, events
-from .collective import all_gather, all_min, rank_world
-from .engine import CopyEngine, CopyJob, CopyStats, Item, Task
-from .layout import BULK_COMPONENTS, TensorSpec, as_bytes, layout, split, total_bytes
-from .config import CheckpointConfig
-from .planner import Chunk, Plan, make_chunks, owned, plan
-from .profiler import BubbleProfiler
-from .slotfile import COMPLETE, WRITING, discard_newer, slot_of
-from .snapshot import Slot, SnapshotBuffer
-from .state import TrainState, local_view
-from .topology import holders
-from .slotmeta import components as _components, only_markers as _only_markers, pack as _pack, \
-    static_meta as _static_meta
-from .storeclient import StoreClient
-from .tpshared import broadcast_shared, shared_tensors
-from .traffic import TRAFFIC_FILE, TrafficFlag
+from baft import events
+from baft.bubbles.copier import CopyEngine, CopyJob, CopyStats, Item, Task
+from baft.bubbles.planner import Chunk, Plan, make_chunks, owned, plan
+from baft.bubbles.profiler import BubbleProfiler
+from baft.config import CheckpointConfig
+from baft.mesh.collective import all_gather, all_min, rank_world
+from baft.mesh.topology import holders
+from baft.mesh.tpshared import broadcast_shared, shared_tensors
+from baft.snapshot.slotfile import COMPLETE, WRITING, discard_newer, slot_of
+from baft.snapshot.slotmeta import components as _components
+from baft.snapshot.slotmeta import only_markers as _only_markers
+from baft.snapshot.slotmeta import pack as _pack
+from baft.snapshot.slotmeta import static_meta as _static_meta
+from baft.snapshot.slots import Slot, SnapshotBuffer
+from baft.state import codec
+from baft.state.dtensor import local_view
+from baft.state.layout import (
+    BULK_COMPONENTS,
+    TensorSpec,
+    as_bytes,
+    layout,
+    split,
+    total_bytes,
+)
+from baft.state.train import TrainState
+from baft.store.client import StoreClient
+from baft.store.traffic import TRAFFIC_FILE, TrafficFlag
 
 log = logging.getLogger("baft")
 
@@ -120,7 +131,7 @@ class BubbleSnapshotter:
         ``world``: every rank's (the pieces it holds, its replica index), recorded with each version
         so a restore in a resized world finds the old ranks of its stage (None: rank-major order);
         ``tp``: this rank's place along tensor parallelism and the group of its TP peers (the state they
-        hold alike is copied by TP rank 0 only, :mod:`baft.tpshared`)."""
+        hold alike is copied by TP rank 0 only, :mod:`baft.mesh.tpshared`)."""
         self.state = state
         self.config = config
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group

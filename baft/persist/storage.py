@@ -5,7 +5,7 @@ A root is either a local path (``str`` or :class:`~pathlib.Path`), handled with
 ``://``, e.g. ``s3://bucket/prefix``, ``file:///abs/path``, ``memory://x``),
 handled through ``fsspec``. Both are addressed by names relative to the root
 (``step-00000015/manifest.json``), so the commit protocol in
-:mod:`baft.persist` is written once.
+:mod:`baft.persist.commits` is written once.
 
 The two differ in how one file becomes durable:
 
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import BaftConfigError
-from .writerproc import write_durably
+from baft.errors import BaftConfigError
+from baft.persist.writer import write_durably
 
 Root = str | os.PathLike
 """A local directory or an fsspec URL."""

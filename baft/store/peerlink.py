@@ -6,7 +6,7 @@ of 64 KiB and twenty 64 KiB pieces each gated on training traffic: measured in
 program that moves the same bytes (:mod:`harness.bench.floor`). Now a store
 keeps one authenticated connection per peer for its life (the handshake once; a
 connection that fails is made again, and journaled) and sends a replica one of
-two ways, as the link allows (:class:`baft.linkmeter.LinkMeter` decides):
+two ways, as the link allows (:class:`baft.store.linkmeter.LinkMeter` decides):
 
 * **whole**, where the link is not the bottleneck: one wait for the node's
   pipeline traffic to pause, then one ``sendfile`` of the replica's used bytes
@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .linkmeter import LinkMeter, PaceChange
-from .traffic import TrafficFlags
-from .wire import connect, recv, set_kernel_timeouts
+from baft.store.linkmeter import LinkMeter, PaceChange
+from baft.store.traffic import TrafficFlags
+from baft.store.wire import connect, recv, set_kernel_timeouts
 
 #: Paced, replicas go in pieces of this size, each gated on training traffic, through a socket send buffer
 #: as small: a piece has left the host (not just entered a kernel buffer) when the next one starts.

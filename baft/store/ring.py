@@ -8,7 +8,7 @@ were, every copy faulted in new pages of shared memory: measured here, a
 against 0.11 into pages already there — more than the whole floor of sending
 a replica (0.28 CPU-s per GB, both sides). So each ring's :data:`SLOTS` files
 are created once, mapped once, and rewritten in place under the slot file's
-own protocol (:mod:`baft.slotfile`): the header's state goes to WRITING before
+own protocol (:mod:`baft.snapshot.slotfile`): the header's state goes to WRITING before
 the first byte of a copy and to the copied header (COMPLETE, its version) after
 the last, so a reader that sees COMPLETE with the same version before and after
 its read got a whole copy, and a copy interrupted anywhere is never taken for
@@ -27,7 +27,17 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from .slotfile import ABANDONED, COMPLETE, HEAD, HEADER, MAGIC, SLOTS, WRITING, slot_header, slot_size
+from baft.snapshot.slotfile import (
+    ABANDONED,
+    COMPLETE,
+    HEAD,
+    HEADER,
+    MAGIC,
+    SLOTS,
+    WRITING,
+    slot_header,
+    slot_size,
+)
 
 _STATE = struct.Struct("<q")
 _STATE_AT = 8  # the header's state field: after the magic

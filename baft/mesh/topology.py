@@ -3,7 +3,7 @@
 A pipeline job's ranks form a mesh. Along ``pp`` the stages differ; along ``dp_replicate`` the ranks hold
 identical copies of their stage's state (each snapshots only its share, the shares of one version sum to the
 whole); along ``dp_shard`` (FSDP2) and ``tp`` (tensor parallelism) each rank holds a different piece (each
-snapshots all of its own, except what the TP ranks hold alike: :mod:`baft.tpshared`). :func:`from_mesh` reads this from the job's ``DeviceMesh`` by dimension name, in
+snapshots all of its own, except what the TP ranks hold alike: :mod:`baft.mesh.tpshared`). :func:`from_mesh` reads this from the job's ``DeviceMesh`` by dimension name, in
 any order and any subset of those dimensions, never from rank arithmetic.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BaftConfigError
+from baft.errors import BaftConfigError
 
 #: Dimension names whose ranks hold the same state.
 REPLICATE_DIMS = ("dp_replicate", "dp")

@@ -21,11 +21,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Replicate
 
-from .layout import TensorSpec
-from .state import Placement, TrainState, is_dtensor, local_view, placement_for
+from baft.state.dtensor import TensorPlacement, is_dtensor, local_view, placement_for
+from baft.state.layout import TensorSpec
+from baft.state.train import TrainState
 
 
-def alike_on_peers(placement: Placement, peers: set[int]) -> bool:
+def alike_on_peers(placement: TensorPlacement, peers: set[int]) -> bool:
     """Whether the DTensor of ``placement`` has the same local shard on this rank and its TP ``peers``
     (global ranks): its mesh holds none of them (a mesh of other dimensions: each peer holds its own
     copy of the same coordinate), or varies along them only on a ``tp`` dimension it is replicated on."""
@@ -61,7 +62,7 @@ def _live_shared(state: TrainState, peers: set[int]) -> list[torch.Tensor]:
     """The live tensors :func:`shared_tensors` names (a DTensor's local shard), in an order every TP rank
     agrees on."""
     def alike(p: Any) -> bool:
-        return not is_dtensor(p) or alike_on_peers(Placement.of(p), peers)
+        return not is_dtensor(p) or alike_on_peers(TensorPlacement.of(p), peers)
 
     live = [local_view(p) for _, p in state.model.named_parameters() if alike(p)]
     if state.optimizer is not None:

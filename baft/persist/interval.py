@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import events
-from .collective import all_max
-
+from baft import events
+from baft.mesh.collective import all_max
 
 SMOOTHING = 0.3
 """Weight of the newest measurement in the smoothed cost per persist (an exponential moving average)."""

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import BaftConfigError
+from baft.errors import BaftConfigError
 
 
 @dataclass(kw_only=True, slots=True)

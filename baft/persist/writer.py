@@ -1,11 +1,11 @@
 """A writer process per rank: writes a checkpoint's data file from byte ranges of a shared-memory slot.
 
-The direct persister (:mod:`baft.dcpwrite`) spends its time on bytes: the CRC-32 of each tensor's
+The direct persister (:mod:`baft.persist.dcpwrite`) spends its time on bytes: the CRC-32 of each tensor's
 archive, the file's checksum, the write and its fsync. In a thread of the training process that
 work shares the interpreter lock with training, which waits for it whenever it wants the lock back
 (every few operations); in a process of its own it shares only the cores, and at a lower priority
 it runs on what training leaves idle (the pipeline bubbles). The training process sends a request
-per file: for each tensor a template (:class:`baft.dcpwrite.SaveTemplate`, sent once) and where its
+per file: for each tensor a template (:class:`baft.persist.dcpwrite.SaveTemplate`, sent once) and where its
 bytes are (a range of the slot file, mapped here read-only, or the bytes themselves); this process
 patches the CRCs, writes the file under a temporary name, fsyncs and renames it, and answers with
 the file's size and blake2b checksum, or the error.
@@ -57,7 +57,9 @@ class WriterProcess:
         """``nice``: how much lower than the parent's the process's CPU priority is (0-19); ``priority``:
         ``idle`` puts it in the idle CPU and I/O classes (:mod:`baft.priority`; :attr:`applied` says what the
         kernel accepted), ``normal`` leaves it in the parent's."""
-        from .priority import apply  # here, not at the top: the process side runs as a script, stdlib only
+        from baft.priority import (
+            apply,  # here, not at the top: the process side runs as a script, stdlib only
+        )
 
         self._proc = subprocess.Popen([sys.executable, "-S", __file__, str(nice)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, close_fds=True)
@@ -156,7 +158,7 @@ def _write(path: str, slot: str, templates: dict[int, Any], records: list[tuple[
 def write_durably(path: str, parts: Any) -> None:
     """Write the concatenation of ``parts`` (buffers) to ``path``: to a temporary name beside it,
     fsynced, renamed into place (the directory entry is the caller's to make durable). Here, not in
-    :mod:`baft.storage`, so this process needs nothing but the standard library."""
+    :mod:`baft.persist.storage`, so this process needs nothing but the standard library."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:

@@ -5,7 +5,7 @@ that blocks measured the link (a piece that cannot leave waits for the wire);
 one that returns at once measured nothing. When most recent pieces blocked, the
 link is the bottleneck and, with ``yield``, the store paces itself to a share of
 what the link was measured to carry, leaving the rest to training. Unpaced, a
-replica goes whole (:mod:`baft.peerlink`) and only its delivery, from the first
+replica goes whole (:mod:`baft.store.peerlink`) and only its delivery, from the first
 byte to the peer's answer, is timed: when the median of the last few falls below
 :data:`FAST_RATE` the link is taken for the bottleneck as well. Torch-free (the
 store imports it).

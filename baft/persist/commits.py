@@ -1,6 +1,6 @@
 """A checkpoint directory on durable storage with atomic commits.
 
-Layout under ``root`` (a local directory or an fsspec URL, see :mod:`baft.storage`)::
+Layout under ``root`` (a local directory or an fsspec URL, see :mod:`baft.persist.storage`)::
 
     step-00000015/rank-00000.pt     one shard per rank (torch.save of plain data)
     step-00000015/manifest.json     written after every shard is durable:
@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from . import storage
-from .errors import CheckpointCorrupt
-from .storage import Root, Storage
+from baft.errors import CheckpointCorrupt
+from baft.persist import storage
+from baft.persist.storage import Root, Storage
 
 MANIFEST = "manifest.json"
 LATEST = "latest"

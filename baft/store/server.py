@@ -5,18 +5,18 @@ agent (``python -m baft.store ...``) and outliving its workers. The workers'
 snapshot slots are files in the node's shared-memory directory; the store
 
 * learns from each worker when a version is sealed (``sealed``) and copies
-  that slot to the stores of its ``replicas`` peers (``put``; ring or group placement, :mod:`baft.placement`),
+  that slot to the stores of its ``replicas`` peers (``put``; ring or group placement, :mod:`baft.store.placement`),
   under a rate limit, newest version first: when a rank seals faster than the
   link carries its replicas, older pending versions are dropped and the drop
   is journaled (the replication frequency degrades instead of the training),
   and when a replica could no longer land before the persistent tier has a
-  newer version, replication stops and says why (:mod:`baft.replstride`);
-* sends each replica over one kept connection per peer (:mod:`baft.peerlink`): whole, in one
+  newer version, replication stops and says why (:mod:`baft.store.stride`);
+* sends each replica over one kept connection per peer (:mod:`baft.store.peerlink`): whole, in one
   ``sendfile``, where the link keeps up; in pieces paced to a share of the link, each only while no
-  worker of the node has pipeline traffic in flight (``baft.traffic``), where the link is the
-  bottleneck (:mod:`baft.linkmeter`);
+  worker of the node has pipeline traffic in flight (``baft.store.traffic``), where the link is the
+  bottleneck (:mod:`baft.store.linkmeter`);
 * keeps the replicas it receives as slot files of the same format
-  (``replica-rank-R.slotK``), a ring of three per rank written in place (:mod:`baft.slotring`);
+  (``replica-rank-R.slotK``), a ring of three per rank written in place (:mod:`baft.store.ring`);
 * runs in the idle CPU and I/O classes (``ReplicationConfig.priority``, :mod:`baft.priority`): on cores the
   ranks keep busy it works while they wait in their bubbles;
 * answers restores: ``locate`` lists every complete copy of a rank's state on
@@ -26,7 +26,7 @@ snapshot slots are files in the node's shared-memory directory; the store
   a step number: the abandoned timeline's v+1 must never pass for the new one's).
 
 Every connection, the workers' and the peers', starts with a mutual proof of
-the run's secret (:mod:`baft.wire`; the secret comes from
+the run's secret (:mod:`baft.store.wire`; the secret comes from
 ``BAFT_STORE_SECRET``, never the command line); then a 4-byte big-endian
 length, a JSON header and ``nbytes`` of payload when the header says so. A
 peer that cannot prove the secret, a malformed, truncated or oversized frame,
@@ -36,36 +36,46 @@ It binds one address, its own (never a wildcard).
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
-import resource
-import signal
 import socket
 import socketserver
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from .errors import BaftConfigError
-from .fields import field_docs
-from .linkmeter import LinkMeter
-from .peerlink import PeerLink
-from .peerrounds import PeerRounds
-from .placement import targets
-from .priority import apply as apply_priority
-from .replstride import Stride
-from .slotfile import (HEADER, SLOTS, copies, held_slot, kept_slot, own_slot, read_complete, replica_slot, slot_of,
-                       write_slot)
-from .slotring import SlotRing
-from .storeconfig import ReplicationConfig, StoreConfig
-from .traffic import TRAFFIC_FILE, TrafficFlags
-from .wire import (FRAME_TIMEOUT, HANDSHAKE_TIMEOUT, Refused, recv_exact_into, recv_header, request, secret_from_env,
-                   send, server_handshake, set_kernel_timeouts)
+from baft.snapshot.slotfile import (
+    HEADER,
+    SLOTS,
+    copies,
+    held_slot,
+    kept_slot,
+    own_slot,
+    read_complete,
+    replica_slot,
+    slot_of,
+    write_slot,
+)
+from baft.store.config import StoreConfig
+from baft.store.linkmeter import LinkMeter
+from baft.store.peerlink import PeerLink
+from baft.store.peerrounds import PeerRounds
+from baft.store.placement import targets
+from baft.store.ring import SlotRing
+from baft.store.stride import Stride
+from baft.store.traffic import TRAFFIC_FILE, TrafficFlags
+from baft.store.wire import (
+    FRAME_TIMEOUT,
+    HANDSHAKE_TIMEOUT,
+    Refused,
+    recv_exact_into,
+    recv_header,
+    request,
+    send,
+    server_handshake,
+    set_kernel_timeouts,
+)
 
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0
@@ -99,10 +109,10 @@ class Store:
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
         self._busy = False  # a replica was sent since the last sealed notification
         self.stride = Stride(self.log, config.replication.max_slowdown)
-        """Which versions are replicated (:mod:`baft.replstride`): every stride-th, or none while the link
+        """Which versions are replicated (:mod:`baft.store.stride`): every stride-th, or none while the link
         is too slow for a replica to beat the persistent tier."""
         self.link = LinkMeter(config.replication.rate, self.flags is not None)
-        """The link's measured capacity and the pace of the sends (:mod:`baft.linkmeter`)."""
+        """The link's measured capacity and the pace of the sends (:mod:`baft.store.linkmeter`)."""
         self._peers: dict[str, PeerLink] = {}  # one kept connection per target (the replicate thread's alone)
         self._rings: dict[tuple[str, int], SlotRing] = {}  # ("replica" | "kept" | "held", rank) -> its slot files
         self._rings_lock = threading.Lock()
@@ -371,7 +381,7 @@ class Store:
         self._captured[rank] = got
         self._kept[rank] = k + 1
 
-    # Once a peer is lost, its ranks restore at versions replicated here (:mod:`baft.peerrounds`): this node
+    # Once a peer is lost, its ranks restore at versions replicated here (:mod:`baft.store.peerrounds`): this node
     # holds its own ranks' copies of them too (``held``; from the slots as a peer's replica begins to arrive,
     # or as a rank seals it if the peer is ahead), whatever its own rounds took; a kept copy of the same
     # version serves until the kept ring reuses it.
@@ -535,66 +545,3 @@ class _Handler(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
-
-
-# -- the worker's side ------------------------------------------------------------------------------
-def _replication_help() -> str:
-    """The keys of ``--replication`` with their defaults and what they mean."""
-    docs = field_docs(ReplicationConfig)
-    lines = ["--replication JSON: a ReplicationConfig object; a key left out takes its default:"]
-    for f in dataclasses.fields(ReplicationConfig):
-        head = f"  {f.name} (default {json.dumps(f.default)}): "
-        lines.append(textwrap.fill(docs.get(f.name, ""), 100, initial_indent=head, subsequent_indent=" " * 4))
-    return "\n".join(lines)
-
-
-def parse_args(argv: list[str] | None = None) -> StoreConfig:
-    """The store's config from its command line (flags named after the :class:`StoreConfig` fields)."""
-    docs = field_docs(StoreConfig)
-    p = argparse.ArgumentParser(prog="python -m baft.store", description="per-node BAFT checkpoint store",
-                                epilog=_replication_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--root", type=Path, required=True, help=docs.get("root"))
-    p.add_argument("--node", type=int, required=True, help=docs.get("node"))
-    p.add_argument("--addresses", required=True, help=docs.get("addresses", "") + " Comma-separated.")
-    p.add_argument("--journal", type=Path, help=docs.get("journal"))
-    p.add_argument("--listen", help=docs.get("listen"))
-    p.add_argument("--replication", metavar="JSON", help=docs.get("replication"))
-    p.add_argument("--world-size", type=int, default=0, help=docs.get("world_size"))
-    p.add_argument("--max-payload", type=int, default=0, help=docs.get("max_payload"))
-    a = p.parse_args(argv)
-    try:
-        replication = ReplicationConfig.from_json(a.replication) if a.replication else ReplicationConfig()
-        return StoreConfig(root=a.root, node=a.node, addresses=a.addresses.split(","), journal=a.journal,
-                           listen=a.listen, replication=replication, secret=secret_from_env() or "",
-                           world_size=a.world_size, max_payload=a.max_payload)
-    except BaftConfigError as e:
-        p.error(str(e))
-        raise  # p.error exits
-
-
-def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
-    applied = apply_priority(config.replication.priority)  # before any thread starts: they inherit it
-    store = Store(config)
-    addresses = config.addresses
-    host, port = addresses[config.node].rsplit(":", 1)
-    server = _Server((config.listen or host, int(port)), _Handler)
-    server.store = store  # type: ignore[attr-defined]
-    (config.root / "store.pid").write_text(str(os.getpid()))
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    # cpu_seconds: what starting cost (the interpreter, the imports), so a reader can tell it from serving
-    store.log("store_start", pid=os.getpid(), address=addresses[config.node], cpu_seconds=round(time.process_time(), 3),
-              **applied.fields())
-    try:
-        server.serve_forever(poll_interval=SHUTDOWN_POLL)
-    finally:
-        store.close()
-        server.server_close()
-        usage = resource.getrusage(resource.RUSAGE_SELF)  # what replicating and serving cost this node's cores
-        store.log("store_stop", cpu_seconds=round(usage.ru_utime + usage.ru_stime, 3),
-                  max_rss_mbytes=round(usage.ru_maxrss / 1024, 1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import BaftConfigError
+from baft.errors import BaftConfigError
 
 Overflow = Literal["stall", "every_k"]
 Copier = Literal["inline", "thread"]
