@@ -63,7 +63,7 @@ class Divergence(Record):
             return None
         return abs(self.found_norm - self.reference_norm) / abs(self.reference_norm)
 
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> tuple[Any, ...]:
         comp = COMPONENT_ORDER.index(self.component) if self.component in COMPONENT_ORDER else len(COMPONENT_ORDER)
         return (self.step, 1 if self.component == "loss" else 0, comp, self.key, self.rank)
 
@@ -159,7 +159,7 @@ def compare(reference: Journal, run: Journal) -> Comparison:
             result.divergences.extend(compare_digests(ev["step"], rank, ref["digests"], ev["digests"],
                                                       ref.get("norms"), ev.get("norms")))
         steps = run.events("step", rank)
-        firsts = {}  # incarnation -> the first step its process took
+        firsts: dict[int, int] = {}  # incarnation -> the first step its process took
         for ev in steps:
             firsts.setdefault(ev.get("incarnation", 0), ev["step"])
         for ev in steps:

@@ -163,7 +163,8 @@ def _restart_causes(inc: int, rank: int, point: ResumePoint, first: Mapping[str,
         return [("corrupt-restore", f"{who}: {anchor} equals no step of the reference after restart {inc}"
                  + (f" ({sum(1 for ss in keys.values() if not ss)} of its {len(keys)} keys equal no step; the others "
                     f"equal step {near})" if near is not None else ""))]
-    k, out = point.step, []
+    k = point.step
+    out: list[Any] = []
     if point.exact:
         return out
     for comp, steps in eq.items():

@@ -207,7 +207,7 @@ def unexplained(failures: list[WorkerFailure]) -> str:
     """The failures no fault explains, one clause per incarnation and way of ending (the ranks that ended
     alike named together), or the old advice when the agents saw none. Where a worker of an incarnation
     ended otherwise, the SIGTERMs are left out: torchrun sends them to the rest of the group once one fails."""
-    alike: dict[tuple, list[WorkerFailure]] = {}
+    alike: dict[tuple[Any, ...], list[WorkerFailure]] = {}
     for f in failures:
         if not f.explained:
             key = (f.incarnation, f.signal, f.exitcode, f.message, f.where, f.last_step, f.finished)

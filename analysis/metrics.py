@@ -61,8 +61,9 @@ def _recovery_phases(run: Journal, t_fault: float, detection: float | None, k: i
     def latest(values: list[float | None]) -> float | None:
         return None if not values or any(v is None for v in values) else max(values)  # type: ignore[type-var]
 
-    starts = [next((e for e in run.events("start", r) if e["incarnation"] == k), None) for r in range(world)]
-    if any(e is None for e in starts):
+    found = [next((e for e in run.events("start", r) if e["incarnation"] == k), None) for r in range(world)]
+    starts = [e for e in found if e is not None]
+    if len(starts) < len(found):
         return {p: None for p in RECOVERY_PHASES}, None
     created = latest([e.get("created") for e in starts])
     init = latest([e["t"] - e["init_seconds"] if e.get("init_seconds") is not None else None for e in starts])
@@ -336,7 +337,7 @@ def describe_resume(points: list[dict[str, Any]]) -> str:
     """The ``resume_point`` events of one incarnation (one per rank) in words."""
     def one(e: dict[str, Any]) -> str:
         if e["step"] is None:
-            return e["description"]
+            return str(e["description"])
         if e["exact"]:
             return f"resumed from step {e['step']} ({e['description']})"
         text = e["description"]

@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 from .journal import Journal  # noqa: E402
 from .metrics import RECOVERY_PHASES, fault_target  # noqa: E402
@@ -206,7 +207,7 @@ def timeline_figure(run: Journal, path: Path) -> Path | None:
     ax.set_xlabel(f"milliseconds into step {step}")
     ax.set_title("per-stage timeline of one iteration: compute, bubbles (grey) and checkpoint copies in them (green)",
                  fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in _SPAN_COLORS.items() if k != "backward_weight"]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for k, c in _SPAN_COLORS.items() if k != "backward_weight"]
     fig.legend(handles, [k if k != "wait" else "wait (bubble)" for k in _SPAN_COLORS if k != "backward_weight"],
                fontsize=7, ncol=5, loc="lower center")
     ax.grid(axis="x", alpha=0.3)

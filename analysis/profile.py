@@ -78,7 +78,7 @@ class Profile:
     """Median detection of the stalls (hang, partition) the watchdog found."""
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        return {k: getattr(self, k) for k in self.__slots__}
 
 
 def _median(xs: list[float]) -> float | None:

@@ -131,7 +131,7 @@ class FaultCheck:
         return self.progress - self.measured_step
 
     def to_json(self) -> dict[str, Any]:
-        return {**{k: getattr(self, k) for k in self.__slots__},  # type: ignore[attr-defined]
+        return {**{k: getattr(self, k) for k in self.__slots__},
                 "predicted_lost": self.predicted_lost, "measured_lost": self.measured_lost}
 
 
@@ -179,7 +179,7 @@ def _into_step(run: Journal, fault: dict[str, Any], progress: int, iteration: fl
         return 0.0
     if any(max(ended) < e["t"] < fired for e in run.events("start")):
         return 0.0  # it fired in a restart (a restore), before any step of it
-    return min(1.0, max(0.0, (fired - max(ended)) / iteration))
+    return float(min(1.0, max(0.0, (fired - max(ended)) / iteration)))
 
 
 def measured_relaunch(rec: Recovery, launch: Launch) -> float | None:
@@ -187,10 +187,11 @@ def measured_relaunch(rec: Recovery, launch: Launch) -> float | None:
     call the survivors of a node lost for good waited (the launch's setting, predicted as such)."""
     phases = rec.phases or {}
     parts = [phases.get(k) for k in ("restart", "startup", "rendezvous", "restore")]
-    if any(x is None for x in parts):
+    known = [x for x in parts if x is not None]
+    if len(known) < len(parts):
         return None
     lost_for_good = rec.fault.get("fault") == "node_loss" and rec.fault.get("replacement") is False
-    return max(0.0, sum(parts) - (launch.last_call if lost_for_good else 0.0))  # type: ignore[arg-type]
+    return max(0.0, sum(known) - (launch.last_call if lost_for_good else 0.0))
 
 
 def check_run(scenario: str, p: Profile, run: Journal, recoveries: list[Recovery], launch: Launch,
@@ -198,7 +199,7 @@ def check_run(scenario: str, p: Profile, run: Journal, recoveries: list[Recovery
     """Predict ``run``'s overhead and each recovery from ``p`` and compare (see the module's docstring).
     ``relaunch_seconds``: what a relaunch costs, from elsewhere (None: the run's own first start)."""
     faults = [e for e in run.events("fault")]
-    kinds = {e.get("fault") for e in faults}
+    kinds: set[str] = {str(e.get("fault")) for e in faults}
     out = RunCheck(scenario=scenario, strategy=p.strategy, predicted_overhead=predicted_overhead(p),
                    measured_overhead=measured_overhead(run, p.iteration_seconds), profile=p)
     slowing = sorted(kinds & set(SLOWING_FAULTS))
@@ -258,26 +259,26 @@ class CheckSummary:
     """Strategy -> its runs' mean signed error (predicted - measured), percentage points."""
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        return {k: getattr(self, k) for k in self.__slots__}
 
 
 def summarize(checks: list[RunCheck]) -> CheckSummary:
     faults = [f for c in checks for f in c.faults]
-    timed = [f for f in faults if f.measured_recovery]
-    modelled = [c for c in checks if c.predicted_overhead is not None and c.measured_overhead is not None
-                and not any(n.startswith("overhead") for n in c.not_modelled)]
-    overheads = [(c.predicted_overhead, c.measured_overhead) for c in modelled]
+    timed = [(f.predicted_recovery, f.measured_recovery) for f in faults if f.measured_recovery]
+    overheads: list[tuple[float, float]] = []
     by: dict[str, list[float]] = {}
-    for c in modelled:
-        by.setdefault(c.strategy, []).append(100 * (c.predicted_overhead - c.measured_overhead))  # type: ignore[operator]
+    for c in checks:
+        if c.predicted_overhead is None or c.measured_overhead is None or any(n.startswith("overhead")
+                                                                                for n in c.not_modelled):
+            continue
+        overheads.append((c.predicted_overhead, c.measured_overhead))
+        by.setdefault(c.strategy, []).append(100 * (c.predicted_overhead - c.measured_overhead))
     return CheckSummary(
         runs=len(checks), recoveries=len(faults),
         lost_exact=sum(f.predicted_lost == f.measured_lost for f in faults),
         lost_mean_abs_error=statistics.mean(abs(f.predicted_lost - f.measured_lost) for f in faults) if faults else None,
-        recovery_median_abs_error=statistics.median(abs(f.predicted_recovery - f.measured_recovery) for f in timed)
-        if timed else None,
-        recovery_median_rel_error=statistics.median(abs(f.predicted_recovery - f.measured_recovery) / f.measured_recovery
-                                                    for f in timed) if timed else None,
+        recovery_median_abs_error=statistics.median(abs(p - m) for p, m in timed) if timed else None,
+        recovery_median_rel_error=statistics.median(abs(p - m) / m for p, m in timed) if timed else None,
         overhead_mean_abs_error=100 * statistics.mean(abs(a - b) for a, b in overheads) if overheads else None,
         overhead_runs=len(overheads),
         overhead_by_strategy={k: statistics.mean(v) for k, v in sorted(by.items())},

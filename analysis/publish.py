@@ -268,11 +268,11 @@ def _collect(run_dir: Path) -> _Payload:
         if getattr(verdict, k) is not None:
             headline[k] = plain(getattr(verdict, k))
 
-    faults = [[e.get("step"), e.get("fault"), fault_target(e), e.get("phase"), bool(e.get("fatal", True))]
-              for e in faulted.events("fault")]
+    faults = [[f.get("step"), f.get("fault"), fault_target(f), f.get("phase"), bool(f.get("fatal", True))]
+              for f in faulted.events("fault")]
     restores: dict[tuple[Any, Any, Any], set[Any]] = {}
-    for e in faulted.events("checkpoint_restored"):
-        restores.setdefault((e.get("step"), e.get("tier"), e.get("incarnation")), set()).add(e.get("rank"))
+    for ev in faulted.events("checkpoint_restored"):
+        restores.setdefault((ev.get("step"), ev.get("tier"), ev.get("incarnation")), set()).add(ev.get("rank"))
     recoveries = []
     for r in verdict.recoveries:
         recoveries.append([f"{r.fault.get('fault')} {fault_target(r.fault)}", r.fault.get("step"), r.restored_step,

@@ -91,12 +91,12 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
                              + " steps; all in verdict.json)")
             continue
         lines.append(f"  persist interval step {c.step}: every {c.before} -> {c.every} steps ({c.why})")
-    for c in v.replication_changes:
-        at = f"at step {c.step}" if c.step is not None else "before the first step"
-        lines.append(f"  replication {c.node} {'stopped' if c.stopped else 'resumed'} {at}: {c.reason}")
+    for rc in v.replication_changes:
+        at = f"at step {rc.step}" if rc.step is not None else "before the first step"
+        lines.append(f"  replication {rc.node} {'stopped' if rc.stopped else 'resumed'} {at}: {rc.reason}")
     for label, issues in (("rejected", v.checkpoints_rejected), ("write failed", v.checkpoints_failed)):
-        for c in issues:
-            lines.append(f"  checkpoint {label}: step {c.step} ({c.tier}): {c.reason}")
+        for issue in issues:
+            lines.append(f"  checkpoint {label}: step {issue.step} ({issue.tier}): {issue.reason}")
     for pr in v.preemptions:
         lines.append(f"  preemption       {pr.describe()}")
     for h in v.teardown_hangs:

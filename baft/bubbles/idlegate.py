@@ -56,7 +56,7 @@ class IdleGate:
 
     def _long_windows(self) -> bool:
         exp = self.expected()
-        return bool(exp) and max(exp) >= self.min_window  # type: ignore[type-var]
+        return bool(exp) and max(exp or [0.0]) >= self.min_window
 
     def wait(self, timeout: float = MAX_WAIT, until: float | None = None) -> float:
         """Block the persister until the gate opens, at most ``timeout`` seconds and not past ``until``

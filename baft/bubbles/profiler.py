@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,9 +125,10 @@ class _WaitHook:
                 def wait(work: list[Any]) -> None:
                     prof = cls._active
                     if prof is None or not work:
-                        return original(work)
+                        original(work)
+                        return
                     with prof.waiting():
-                        return original(work)
+                        original(work)
 
                 schedules._wait_batch_p2p = wait
             if profiler not in cls._installed:
@@ -229,7 +230,7 @@ class BubbleProfiler:
             self._current.spans.append(Span(kind, index, start - self._t0, end - self._t0))
 
     @contextmanager
-    def waiting(self):
+    def waiting(self) -> Iterator[None]:
         """Mark the calling thread as idle (waiting on the pipeline) for the duration.
 
         Listeners may work inline when the wait starts (the inline copier). The

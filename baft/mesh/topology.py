@@ -42,24 +42,24 @@ class Topology:
 
     def __post_init__(self) -> None:
         if not 0 <= self.replica < self.replicas:
-            raise BaftConfigError(f"replica {self.replica} is not one of {self.replicas} replicas")
+            raise BaftConfigError("replica", f"an index from 0 to replicas - 1 ({self.replicas - 1})", self.replica)
         if not 0 <= self.shard < self.shards:
-            raise BaftConfigError(f"shard {self.shard} is not one of {self.shards} shards")
+            raise BaftConfigError("shard", f"an index from 0 to shards - 1 ({self.shards - 1})", self.shard)
 
 
 def from_mesh(mesh: Any) -> Topology:
     """The topology of this rank in ``mesh`` (a ``DeviceMesh`` with named dimensions)."""
     names = tuple(mesh.mesh_dim_names or ())
     if not names:
-        raise BaftConfigError("baft needs a DeviceMesh with named dimensions (mesh_dim_names), e.g. "
-                              "('pp', 'dp_replicate', 'dp_shard', 'tp')")
+        raise BaftConfigError("mesh.mesh_dim_names", "named dimensions, e.g. ('pp', 'dp_replicate', 'dp_shard', 'tp')",
+                              mesh.mesh_dim_names)
     known = REPLICATE_DIMS + SHARD_DIMS + PIPELINE_DIMS
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise BaftConfigError(f"mesh dimension(s) {unknown}: expected names among {list(known)}")
+        raise BaftConfigError("mesh.mesh_dim_names", f"names among {list(known)}", unknown)
     replicate = [n for n in names if n in REPLICATE_DIMS]
     if len(replicate) > 1:
-        raise BaftConfigError(f"mesh has {replicate}: at most one replicate dimension")
+        raise BaftConfigError("mesh.mesh_dim_names", f"at most one replicate dimension of {list(REPLICATE_DIMS)}", replicate)
     replica, replicas, group = 0, 1, None
     if replicate:
         sub = mesh[replicate[0]]
@@ -79,7 +79,8 @@ def of(mesh: Any = None, *, replica: int = 0, replicas: int = 1, replica_group: 
     """The topology given either as a mesh or as explicit replica coordinates, not both."""
     if mesh is not None:
         if (replica, replicas, replica_group) != (0, 1, None):
-            raise BaftConfigError("attach: give the mesh or replica/replicas/replica_group, not both")
+            raise BaftConfigError("attach", "the mesh or replica/replicas/replica_group, not both",
+                                  {"replica": replica, "replicas": replicas, "replica_group": replica_group})
         return from_mesh(mesh)
     return Topology(replica=replica, replicas=replicas, replica_group=replica_group)
 

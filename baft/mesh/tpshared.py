@@ -62,7 +62,8 @@ def _live_shared(state: TrainState, peers: set[int]) -> list[torch.Tensor]:
     """The live tensors :func:`shared_tensors` names (a DTensor's local shard), in an order every TP rank
     agrees on."""
     def alike(p: Any) -> bool:
-        return not is_dtensor(p) or alike_on_peers(TensorPlacement.of(p), peers)
+        placement = TensorPlacement.of(p)
+        return placement is None or alike_on_peers(placement, peers)
 
     live = [local_view(p) for _, p in state.model.named_parameters() if alike(p)]
     if state.optimizer is not None:

@@ -27,7 +27,7 @@ class OneInFlight:
         """``nice``: how much lower than the training's the worker thread's CPU priority is."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
                                         initializer=lower_thread_priority, initargs=(nice,))
-        self._inflight: Future | None = None
+        self._inflight: Future[Any] | None = None
         self.cpu_seconds = 0.0
         """CPU time the worker thread has spent in the jobs so far."""
 

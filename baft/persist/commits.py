@@ -74,7 +74,8 @@ def serialize(components: dict[str, Any]) -> bytes:
 
 
 def deserialize(data: bytes) -> dict[str, Any]:
-    return torch.load(io.BytesIO(data), weights_only=True)
+    components: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True)
+    return components
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +250,8 @@ def committed_steps(root: Root) -> list[int]:
 
 
 def read_manifest(root: Root, step: int) -> dict[str, Any]:
-    return json.loads(storage.at(root).read(f"{step_name(step)}/{MANIFEST}"))
+    manifest: dict[str, Any] = json.loads(storage.at(root).read(f"{step_name(step)}/{MANIFEST}"))
+    return manifest
 
 
 def read_shard(root: Root, step: int, rank: int, world_size: int) -> bytes:

@@ -139,7 +139,7 @@ def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: 
     return sd
 
 
-def _fsspec_classes() -> tuple[type[StorageReader], type[StorageWriter]]:
+def _fsspec_classes() -> tuple[Any, Any]:
     """DCP's ``FsspecReader`` and ``FsspecWriter`` (they import fsspec: only for a URL root)."""
     try:
         from torch.distributed.checkpoint import FsspecReader, FsspecWriter  # type: ignore[attr-defined]
@@ -157,7 +157,8 @@ def writer(root: Root, step: int) -> StorageWriter:
     name = persist.step_name(step)
     st.makedirs(name)
     if isinstance(st, storage.FsspecStorage):
-        return _fsspec_classes()[1](st.location(name), sync_files=st.needs_fsync)
+        fsspec_writer: StorageWriter = _fsspec_classes()[1](st.location(name), sync_files=st.needs_fsync)
+        return fsspec_writer
     return FileSystemWriter(str(st.location(name)), sync_files=True)
 
 
@@ -166,7 +167,8 @@ def reader(root: Root, step: int) -> StorageReader:
     st = storage.at(root)
     d = st.location(persist.step_name(step))
     if isinstance(st, storage.FsspecStorage):
-        return _fsspec_classes()[0](d)
+        fsspec_reader: StorageReader = _fsspec_classes()[0](d)
+        return fsspec_reader
     return FileSystemReader(str(d))
 
 
@@ -197,9 +199,10 @@ def load(root: Root, step: int, rank: int, process_group: Any = None, *,
     d = persist.step_dir(root, step)
     md = reader(root, step).read_metadata().state_dict_metadata
     key = meta_key(rank)
-    if key not in md or not isinstance(md[key], TensorStorageMetadata):
+    entry = md.get(key)
+    if not isinstance(entry, TensorStorageMetadata):
         raise KeyError(f"{d}: no entry {key}")
-    blob = {key: torch.empty(tuple(md[key].size), dtype=md[key].properties.dtype)}
+    blob = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)}
     dcp.load(blob, storage_reader=reader(root, step), process_group=process_group)
     meta = persist.deserialize(blob[key].numpy().tobytes())
     paths: list[str] = meta.get("paths") or [n.split("/", 1)[1] for n in meta["names"]]  # before FQN keys: prefixed
@@ -226,7 +229,8 @@ def load(root: Root, step: int, rank: int, process_group: Any = None, *,
             return tuple(fill(v) for v in tree)
         return tree
 
-    return fill(meta["skeleton"])
+    state: dict[str, Any] = fill(meta["skeleton"])
+    return state
 
 
 def load_model(root: Root, model: torch.nn.Module, step: int | None = None) -> int:

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
@@ -123,7 +124,7 @@ def save_template(dtype: torch.dtype, shape: tuple[int, ...]) -> SaveTemplate:
     t = torch.empty(shape, dtype=dtype)
     nbytes = t.numel() * t.element_size()
     rec = _Recorder()
-    torch.save(t, rec)
+    torch.save(t, rec)  # type: ignore[arg-type]  # a file-like object: write() and tell() are all it calls
     data_at = next((pos for pos, b in rec.parts if isinstance(b, int) and b == nbytes), None)
     if data_at is None:  # small: the data is one of the kept writes; the local header says where
         whole = _image(rec.parts, 0, rec.pos)
@@ -154,7 +155,7 @@ def _data_offset(archive: bytes) -> int:
     while (at := archive.find(LOCAL_HEADER, at)) >= 0:
         name_len, extra_len = struct.unpack_from("<HH", archive, at + 26)
         if archive[at + 30 : at + 30 + name_len].endswith(b"/data/0"):
-            return at + 30 + name_len + extra_len
+            return int(at + 30 + name_len + extra_len)
         at += 4
     raise CheckpointCorrupt("torch.save's archive has no data entry this writer knows")
 
@@ -305,7 +306,8 @@ def metadata(reports: Sequence[RankReport]) -> Metadata:
             offsets = torch.Size(w.offsets)
             where[MetadataIndex(key, offsets, len(md.chunks))] = _StorageInfo(r.file, w.offset, w.length)
             md.chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=torch.Size(w.sizes)))
-    return Metadata(state_dict_metadata=tensors, planner_data={k: (k,) for k in tensors}, storage_data=where,
+    described: dict[str, TensorStorageMetadata | BytesStorageMetadata] = dict(tensors)
+    return Metadata(state_dict_metadata=described, planner_data={k: (k,) for k in tensors}, storage_data=where,
                     version=CURRENT_DCP_VERSION)
 
 

@@ -31,7 +31,7 @@ from typing import IO, Any
 from baft.errors import BaftConfigError
 from baft.persist.writer import write_durably
 
-Root = str | os.PathLike
+Root = str | os.PathLike[str]
 """A local directory or an fsspec URL."""
 
 INSTALL_HINT = "fsspec installed (pip install 'baft-harness[fsspec]')"
@@ -228,10 +228,12 @@ class FsspecStorage(Storage):
         # An object store uploads on close: the write is durable once the block above returned.
 
     def read(self, rel: str) -> bytes:
-        return self.fs.cat_file(self._full(rel))
+        data: bytes = self.fs.cat_file(self._full(rel))
+        return data
 
     def open(self, rel: str) -> IO[bytes]:
-        return self.fs.open(self._full(rel), "rb")
+        f: IO[bytes] = self.fs.open(self._full(rel), "rb")
+        return f
 
     def size(self, rel: str) -> int:
         return int(self.fs.size(self._fresh(rel)))

@@ -74,7 +74,8 @@ class WriterProcess:
         template's ``(head, tail, head_crc, tail_crc)``, its data: ``(offset, nbytes)`` in the slot file
         ``slot``, or bytes). Raises :class:`OSError` as the write did, or when the process is gone."""
         with self._lock:
-            templates, out = {}, []
+            templates: dict[tuple[bytes, bytes, int, int], int] = {}
+            out: list[Any] = []
             for template, data in records:
                 key = self._ids.get(template, templates.get(template))
                 if key is None:  # not sent before, nor yet in this request

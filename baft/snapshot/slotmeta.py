@@ -57,8 +57,9 @@ def _bulk_views(static: dict[str, Any], bulk: dict[str, Any], layout: list[Tenso
     key = (id(static), data.data_ptr(), data.numel())
     hit = views.get(key)
     if hit is not None and hit[0] is static:
-        return hit[1]
-    tree = rebuild(bulk, layout, data, copy=False)
+        found: dict[str, Any] = hit[1]
+        return found
+    tree: dict[str, Any] = rebuild(bulk, layout, data, copy=False)
     views[key] = (static, tree)
     return tree
 

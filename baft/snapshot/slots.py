@@ -34,7 +34,7 @@ def _reusable(fd: int, data_len: int, meta_capacity: int) -> bool:
     if size < HEADER:
         return False
     magic, _, _, length, _, capacity = HEAD.unpack(os.pread(fd, HEAD.size, 0))
-    return magic == MAGIC and length == data_len and capacity >= meta_capacity and size == HEADER + length + capacity
+    return bool(magic == MAGIC and length == data_len and capacity >= meta_capacity and size == HEADER + length + capacity)
 
 
 class Slot:

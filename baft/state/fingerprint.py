@@ -31,7 +31,7 @@ def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix.rstrip("."), tree
 
 
-def _is_plain_sequence(seq: list | tuple) -> bool:
+def _is_plain_sequence(seq: list[Any] | tuple[Any, ...]) -> bool:
     """A short sequence of scalars (betas, a shape) is one leaf, not many."""
     return all(isinstance(v, (int, float, bool, str, type(None))) for v in seq)
 
@@ -94,12 +94,12 @@ class _TensorStream:
     def feed(self, data: np.ndarray) -> None:
         """Hash ``data`` (uint8, contiguous) and add its squares block by block."""
         if self.sumsq is None:
-            self.hash.update(data)
+            self.hash.update(data.data)
             return
         n, pos = data.size, 0
         if self.fill:
             pos = min(BLOCK_BYTES - self.fill, n)
-            self.hash.update(data[:pos])
+            self.hash.update(data[:pos].data)
             self.scratch.carry[self.fill:self.fill + pos] = data[:pos]
             self.fill += pos
             if self.fill < BLOCK_BYTES:
@@ -108,12 +108,12 @@ class _TensorStream:
             self.fill = 0
         while n - pos >= BLOCK_BYTES:
             block = data[pos:pos + BLOCK_BYTES]
-            self.hash.update(block)
+            self.hash.update(block.data)
             self._square(block)
             pos += BLOCK_BYTES
         if pos < n:
             rest = data[pos:]
-            self.hash.update(rest)
+            self.hash.update(rest.data)
             self.scratch.carry[:rest.size] = rest
             self.fill = rest.size
 
@@ -123,7 +123,7 @@ class _TensorStream:
             x64 = block.view(np.float64)
             sq64 = s.squares64[:x64.size]
             np.multiply(x64, x64, out=sq64)
-            self.sumsq += float(np.add.reduce(sq64))
+            self._add(float(np.add.reduce(sq64)))
             return
         if self.dtype == torch.float32:
             x = block.view(np.float32)
@@ -136,7 +136,11 @@ class _TensorStream:
         if not _F32_LOW <= part < math.inf and not (part == 0.0 and not block.any()):
             x64 = x.astype(np.float64)
             part = float(np.add.reduce(x64 * x64))
-        self.sumsq += part
+        self._add(part)
+
+    def _add(self, part: float) -> None:
+        if self.sumsq is not None:  # squares are taken only with a norm to make
+            self.sumsq += part
 
     def finish(self) -> tuple[str, float | None]:
         if self.fill:

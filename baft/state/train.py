@@ -28,7 +28,8 @@ def _like(saved: Any, live: Any) -> Any:
     """``saved`` (a local shard) as a DTensor laid out like ``live``, when ``live`` is one."""
     if not is_dtensor(live) or not isinstance(saved, torch.Tensor) or is_dtensor(saved):
         return saved
-    return TensorPlacement.of(live).wrap(saved)
+    placement = TensorPlacement.of(live)
+    return placement.wrap(saved) if placement is not None else saved
 
 
 def _model_like(saved: Mapping[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,9 +45,9 @@ def _optimizer_like(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer) 
     state = {}
     for idx, per_param in saved.get("state", {}).items():
         p = params[int(idx)] if int(idx) < len(params) else None
-        fits = p is not None and is_dtensor(p)
-        state[idx] = {k: (_like(v, p) if fits and isinstance(v, torch.Tensor) and v.dim() > 0
-                          and tuple(v.shape) == tuple(p.to_local().shape) else v) for k, v in per_param.items()}
+        shape = tuple(p.to_local().shape) if p is not None and is_dtensor(p) else None
+        state[idx] = {k: (_like(v, p) if shape is not None and isinstance(v, torch.Tensor) and v.dim() > 0
+                          and tuple(v.shape) == shape else v) for k, v in per_param.items()}
     return {**saved, "state": state}
 
 
@@ -67,14 +68,14 @@ def rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[s
         "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
         "numpy": {
             "name": np_name,
-            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "keys": torch.from_numpy(np.asarray(np_keys).astype(np.int64)),
             "pos": int(np_pos),
             "has_gauss": int(np_has_gauss),
             "gauss": float(np_gauss),
         },
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = {str(i): s for i, s in enumerate(torch.cuda.get_rng_state_all())}
     for name, gen in (generators or {}).items():
         state[f"generator.{name}"] = gen.get_state()

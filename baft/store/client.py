@@ -15,10 +15,11 @@ class StoreClient:
     def __init__(self, address: str, secret: str | None = None) -> None:
         """``secret``: the run's store secret (None: from ``BAFT_STORE_SECRET``, which the harness sets)."""
         self.address = address
-        self.secret = secret if secret is not None else secret_from_env()
-        if not self.secret:
+        found = secret if secret is not None else secret_from_env()
+        if not found:
             raise BaftConfigError("store", f"the run's store secret in {SECRET_VARIABLE} (the stores answer only peers "
                                   "that know it)", "<not set>")
+        self.secret: str = found
         self._sock: socket.socket | None = None
 
     def sealed(self, rank: int, version: int, file: Path, persist_every: int | None = None,

@@ -125,8 +125,8 @@ def _ring_cyclic_free(n: int, k: int, m: int) -> int:
                if ones == k and not opening and lead + trail < m)
 
 
-def _lost_ways(nodes: int, k: int, placement: str, replicas: int) -> int | None:
-    """k-subsets of the nodes that keep every state in memory, counted exactly (None: not by formula)."""
+def _lost_ways(nodes: int, k: int, placement: str, replicas: int) -> int:
+    """k-subsets of the nodes that keep every state in memory, counted exactly."""
     m = min(replicas, nodes - 1) + 1
     if placement == "ring":
         return _ring_cyclic_free(nodes, k, m)

@@ -122,7 +122,7 @@ class SlotRing:
         """Write the copy's header last; whether it says COMPLETE ``version``."""
         os.pwrite(f.fd, head[:HEADER], 0)
         magic, state, got, *_ = HEAD.unpack(head[:HEAD.size])
-        ok = magic == MAGIC and state == COMPLETE and got == version
+        ok = bool(magic == MAGIC and state == COMPLETE and got == version)
         self.held[k] = version if ok else None
         return ok
 

@@ -163,12 +163,13 @@ class Store:
         self._own[key] = parent / given.name
         return parent / given.name
 
-    def _check(self, rank: Any, version: Any) -> None:
+    def _check(self, rank: Any, version: Any) -> tuple[int, int]:
         """``rank`` and ``version`` as a request gives them: integers >= 0, the rank one of the job's."""
         if type(rank) is not int or type(version) is not int or rank < 0 or version < 0:
             raise ValueError(f"rank and version must be integers >= 0, got {rank!r} and {version!r}")
         if self.config.world_size and rank >= self.config.world_size:
             raise ValueError(f"rank {rank} is not a rank of this job (world size {self.config.world_size})")
+        return rank, version
 
     def refused(self, reason: str, **fields: Any) -> None:
         self.log("store_refused", reason=reason, **fields)
@@ -204,8 +205,8 @@ class Store:
     def receive_put(self, header: dict[str, Any], sock: socket.socket) -> tuple[dict[str, Any], bytes]:
         """A peer's replica, read from the socket straight into a file of the rank's replica ring, in place
         (no copy of it in memory); refused unread when it is larger than :meth:`payload_limit`."""
-        rank, version, nbytes = header.get("rank"), header.get("version"), header.get("nbytes", 0)
-        self._check(rank, version)
+        rank, version = self._check(header.get("rank"), header.get("version"))
+        nbytes = header.get("nbytes", 0)
         limit = self.payload_limit()
         if nbytes > limit:
             raise Refused(f"a replica of {nbytes} bytes (at most {limit} here)")
@@ -247,10 +248,10 @@ class Store:
                 self._cond.notify()
             return {"ok": True}, b""
         if op == "discard":
-            rank, version = header.get("rank"), header.get("version")
+            version = header.get("version")
             if type(version) is not int or version < -1:
                 raise ValueError(f"version must be an integer >= -1 (-1: every version), got {version!r}")
-            self._check(rank, 0)
+            rank, _ = self._check(header.get("rank"), 0)
             dropped = self.discard(rank, version)
             if header.get("forward", True):
                 for i, addr in enumerate(self.addresses):
@@ -284,7 +285,7 @@ class Store:
                     continue  # that node is down: its copies are gone
             return {"copies": found}, b""
         if op == "pull":
-            rank, version = header.get("rank"), header.get("version")
+            rank, version = self._check(header.get("rank"), header.get("version"))
             dest = self.own_slot_path(rank, version, header.get("dest"))
             order = [self.node] + [i for i in range(len(self.addresses)) if i != self.node]
             for i in order:
@@ -408,7 +409,7 @@ class Store:
                 return
             free = sorted((k for k, v in enumerate(ring.held) if v not in needed), key=lambda k: ring.held[k] or -1)
             if not free:  # more peers' rounds in flight than the ring holds: the oldest goes
-                self.log("hold_evicted", rank=rank, version=min(ring.held), reason="more peer rounds than held slots")
+                self.log("hold_evicted", rank=rank, version=min(v for v in ring.held if v is not None), reason="more peer rounds than held slots")
             if ring.copy_from(Path(versions[version]), version, free[0] if free else ring.choose(version)) is None:
                 self.log("hold_skipped", rank=rank, version=version, reason="slot rewritten before it was read")
 
@@ -456,6 +457,7 @@ class Store:
                     self._cond.wait(self._wake_in())  # a seal, a discard or the close notifies
                 if self._closed:
                     return
+                assert job is not None  # the loop ends with one unless closed
                 rank, version, copy = job
                 self._sent.add(rank)
                 self._inflight = (rank, version)

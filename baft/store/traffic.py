@@ -24,6 +24,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 SLOTS = 256
 """Ranks' bytes (a node's local ranks, by rank modulo this)."""
@@ -45,7 +46,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _libc_syscall():
+def _libc_syscall() -> Any:
     if _SYS_FUTEX is None or not hasattr(os, "sched_getaffinity"):  # not Linux, or an architecture not listed
         return None
     try:

@@ -35,13 +35,14 @@ def commit_agreed(commit: Callable[[], Any], group: Any = None) -> str | None:
     """Rank 0 runs ``commit`` (what makes a written checkpoint the ``latest``); every rank learns
     whether it succeeded: None, or why not. Collective: every rank calls it, in the same order on
     ``group``, so no rank journals a checkpoint as saved that rank 0 failed to commit."""
-    error = None
+    error: str | None = None
     if rank_world()[0] == 0:
         try:
             commit()
         except WRITE_ERRORS as e:
             error = f"rank 0 commit: {type(e).__name__}: {e}"
-    return all_gather(error, group)[0]
+    first: str | None = all_gather(error, group)[0]
+    return first
 
 
 def persist_failed(step: int, error: BaseException | str) -> None:

@@ -32,11 +32,11 @@ def copy_into(tree: Any, buffers: Any) -> Any:
             return buffers.copy_(tree)
         return tree.detach().clone()
     if isinstance(tree, dict):
-        b = buffers if isinstance(buffers, dict) else {}
-        return {k: copy_into(v, b.get(k)) for k, v in tree.items()}
+        found = buffers if isinstance(buffers, dict) else {}
+        return {k: copy_into(v, found.get(k)) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        b = buffers if isinstance(buffers, (list, tuple)) and len(buffers) == len(tree) else [None] * len(tree)
-        out = [copy_into(v, bb) for v, bb in zip(tree, b)]
+        parts = buffers if isinstance(buffers, (list, tuple)) and len(buffers) == len(tree) else [None] * len(tree)
+        out = [copy_into(v, bb) for v, bb in zip(tree, parts)]
         return out if isinstance(tree, list) else tuple(out)
     return tree
 

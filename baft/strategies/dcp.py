@@ -10,7 +10,6 @@ means every rank's has. At most one save is in flight: the next waits.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -36,7 +35,7 @@ class AsyncDCPStrategy(Strategy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.group: Any = None
-        self._inflight: tuple[int, Future, float, int] | None = None
+        self._inflight: tuple[int, Any, float, int] | None = None  # the save's future: a Future or DCP's response
         self._stager: Any = None
         self._mode: Any = None
         self.places: list[tuple[str, int]] | None = None

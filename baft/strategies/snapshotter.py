@@ -157,12 +157,12 @@ class BubbleSnapshotter:
         self._pending: dict[str, Any] | None = None
         self._jobs: dict[int, list[CopyJob]] = {}
         self._staged: dict[str, torch.Tensor] = {}  # the model's buffers at the last boundary (_stage_buffers)
-        self._static: tuple[tuple, bytes | None] | None = None
+        self._static: tuple[tuple[Any, ...], bytes | None] | None = None
         self.store = StoreClient(config.store) if config.store else None
         self.traffic: TrafficFlag | None = None
         if self.store is not None:  # tell the node's store when pipeline traffic is in flight
-            self.traffic = TrafficFlag(Path(shm_dir) / TRAFFIC_FILE, rank)
-            self.profiler.listeners.insert(0, lambda entering, _window: self.traffic.set(entering))
+            traffic = self.traffic = TrafficFlag(Path(shm_dir) / TRAFFIC_FILE, rank)
+            self.profiler.listeners.insert(0, lambda entering, _window: traffic.set(entering))
         self._torn: list[int] = []
         self._owner = ""  # this writer's owner_tag, once the layout is known
         self.placements: dict[str, Any] = {}  # where the bulk tensors' DTensors lie (TrainState.placements)
@@ -257,13 +257,13 @@ class BubbleSnapshotter:
             return 0.0
         return self.plan.windows[window] * self.config.planner.fill
 
-    def _bulk_identity(self) -> tuple:
+    def _bulk_identity(self) -> tuple[Any, ...]:
         """Which storages hold the bulk state: unchanged while training updates them in place.
 
         It changes when the optimizer creates its state (after the first step) or
         when a tensor is reallocated; then the layout and the copy jobs are rebuilt.
         """
-        def key(t: torch.Tensor) -> tuple:
+        def key(t: torch.Tensor) -> tuple[Any, ...]:
             t = local_view(t)
             return (id(t.untyped_storage()), t.data_ptr(), t.numel())
 
@@ -280,11 +280,12 @@ class BubbleSnapshotter:
         """Runs in a bubble (or in the stall): make sure the layout is current, queue the copies."""
         if not self._layout_at_boundary:
             self._current_layout()
+        assert self._static is not None  # the layout (current now) made it
         static_meta = self._static[1]
         pending["slot"] = self._open_slot(version)
         dynamic = self._dynamic(boundary, full=static_meta is None)
         items: list[Item] = list(self._jobs[slot_of(version)])
-        items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(self._static[1] or b"", codec.encode(dynamic)))))
+        items.append(Task("metadata", lambda: pending.__setitem__("meta", _pack(static_meta or b"", codec.encode(dynamic)))))
         return items
 
     def _open_slot(self, version: int) -> Slot:
@@ -303,7 +304,7 @@ class BubbleSnapshotter:
         if self._static is None or self._static[0] != identity or self._static[1] is None:
             self._build_static(identity)
 
-    def _build_static(self, identity: tuple) -> None:
+    def _build_static(self, identity: tuple[Any, ...]) -> None:
         """Lay out the bulk tensors, make every slot's copy jobs, encode what does not change."""
         components = self.state.capture(only=BULK_COMPONENTS)
         skeleton, tensors = split(components)
@@ -460,7 +461,7 @@ class BubbleSnapshotter:
         if not common:
             self.buffer.close()
             return None
-        version = max(common)
+        version: int = max(common)
         tier = "shm"
         if version not in complete and self.store is not None:
             self.buffer.close()
@@ -522,7 +523,7 @@ class BubbleSnapshotter:
                     buf.open_existing()
                 slot = buf.slots.get(slot_of(version))
                 info = slot.info(slot_of(version)) if slot is not None else None
-                if info is None or info.state != COMPLETE or info.version != version:
+                if slot is None or info is None or info.state != COMPLETE or info.version != version:
                     ok = False
                     break
                 if _writer_place(slot) != (d, saved):
@@ -540,6 +541,7 @@ class BubbleSnapshotter:
         if all_min(int(ok)) == 0:
             return None
         events.emit("phase", phase="restore", step=version, tier=tier)
+        assert data is not None  # every rank holds a version of every old rank: the loop ran
         self.state.restore(_components(meta, data)[0])
         self._fill_shared()
         self.restored_version = version
@@ -549,6 +551,7 @@ class BubbleSnapshotter:
 
     def _tp_peers(self) -> set[int]:
         """The global ranks of this rank's TP peers (itself left out)."""
+        assert self.tp is not None  # asked only with tensor parallelism
         return set(dist.get_process_group_ranks(self.tp[1])) - {dist.get_rank()}
 
     def _fill_shared(self) -> None:
