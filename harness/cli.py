@@ -166,8 +166,8 @@ def _project(args: argparse.Namespace) -> int:
                 profile = read_profile(args.from_run)
             except AnalysisError as e:
                 raise UsageError(f"--from: {e}") from None
-            given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Target) if hasattr(args, f.name)}
-            target, provenance = target_from_profile(profile, given)
+            values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Target) if hasattr(args, f.name)}
+            target, provenance = target_from_profile(profile, values)
         else:
             target = config_from_args(Target, args)
     except ConfigFieldError as e:
@@ -381,6 +381,7 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
                              "--dry-run (apply it with kubectl when the job starts: its clock starts at creation)")
         try:
             workflow = workflow_manifest([(i, f.kind, f.config) for i, f in enumerate(scenario.faults)], target, run_id)
+            assert crds is not None  # --workflow needs --dry-run, which read them
             validate(workflow, crds)
         except (Unmappable, ManifestInvalid, InjectorError) as e:
             raise UsageError(f"{scenario.source}: {e}") from None

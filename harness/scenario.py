@@ -103,7 +103,7 @@ class Scenario:
     @property
     def lost_nodes(self) -> list[int]:
         """Nodes a fault takes away for good (no replacement comes)."""
-        return sorted({f.config.node for f in self.faults if getattr(f.config, "replacement", True) is False})
+        return sorted({getattr(f.config, "node") for f in self.faults if getattr(f.config, "replacement", True) is False})
 
 
 _SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks", "probe"}
@@ -141,7 +141,7 @@ def parse(data: Any, file: str, host: bool = True, files: bool = True) -> Scenar
                                 str(script))
         workload.script = str(script)
     if workload.command is not None and files:
-        script = (Path(file).parent / workload.command[0]).resolve()
+        script = (Path(file).parent / str(workload.command[0])).resolve()
         if not script.is_file():
             raise ScenarioError(file, "workload.command[0]", "an existing training script (relative to the scenario "
                                 "file)", str(script))
@@ -259,7 +259,7 @@ def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint:
         return
     i, f = lost[0]
     path = f"faults[{i}].{f.kind}"
-    nodes = workload.nodes - len({g.config.node for _, g in lost})
+    nodes = workload.nodes - len({getattr(g.config, "node") for _, g in lost})
     if nodes < 1:
         raise ScenarioError(file, f"{path}.node", "at least one node left after the permanent losses", nodes)
     try:

@@ -74,7 +74,7 @@ def convert(value: Any, tp: Any, file: str, path: str) -> Any:
             raise ScenarioError(file, path, describe(tp), found_repr(value))
         (item,) = get_args(tp) or (Any,)
         return [convert(v, item, file, f"{path}[{i}]") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, file, path)
     if tp is bool:
         if not isinstance(value, bool):
@@ -106,7 +106,7 @@ def build(cls: type[T], data: Any, file: str, path: str = "") -> T:
     if not isinstance(data, dict):
         raise ScenarioError(file, path, "a mapping", found_repr(data))
     hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]  # T: a dataclass
     unknown = [k for k in data if k not in fields]
     if unknown:
         where = f"{path}.{unknown[0]}" if path else str(unknown[0])

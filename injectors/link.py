@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from .base import Recorder, RunShape
 from .errors import FaultConfigError
@@ -35,7 +35,7 @@ def node_index(ref: NodeRef) -> int:
 class LinkFault(WindowFault):
     """A fault on the link between two nodes (or on one node's uplink)."""
 
-    site: ClassVar[str] = "harness"
+    site: ClassVar[Literal["worker", "harness"]] = "harness"
     link: list[NodeRef]
     """The two nodes the link joins, e.g. ``[node0, node1]``; each one's outgoing traffic is affected
     (on a star of namespaces, that is all of the node's traffic, to every node)."""

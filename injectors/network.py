@@ -48,7 +48,7 @@ IFNAME = "baft0"
 """The node's interface inside its namespace (the same name in every node: GLOO_SOCKET_IFNAME=baft0).
 Distinct from any root-namespace name, so a process accidentally started outside its
 namespace fails loudly instead of binding to the host's interface."""
-SUBNETS = ipaddress.ip_network("10.213.0.0/16")
+SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 """Each topology takes one /24 of this range (node i is .i+1, the bridge .254)."""
 _IFNAMSIZ = 15
 _NAME_RE = re.compile(r"^baft-([0-9a-z]+)-(br|n\d+|h\d+|probe)$")
@@ -192,6 +192,16 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # alive, someone else's
         pass
     return True
+
+
+def _still_linked(name: str) -> Callable[[], bool]:
+    """Whether link ``name`` is still there, asked later."""
+    return lambda: name in _links()
+
+
+def _still_netns(name: str) -> Callable[[], bool]:
+    """Whether namespace ``name`` is still there, asked later."""
+    return lambda: name in _netns_names()
 
 
 def _remove(kind: str, name: str, cmd: list[str], still_there: Callable[[], bool], errors: list[str]) -> None:
@@ -345,7 +355,7 @@ class NetworkTopology:
         Node namespaces are isolated from each other's topologies; only the bridge
         address lives in the root namespace, so only the root namespace must not clash.
         """
-        used: list[ipaddress.IPv4Network] = []
+        used: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
         for entry in json.loads(_run(["ip", "-j", "-4", "addr", "show"]).strip() or "[]"):
             for a in entry.get("addr_info", []):
                 used.append(ipaddress.ip_network(f"{a['local']}/{a['prefixlen']}", strict=False))
@@ -397,9 +407,9 @@ class NetworkTopology:
                 _kill_netns_processes(ns)
             # Deleting the host end removes the pair at once; namespace teardown alone is asynchronous.
             if host in links:
-                _remove("veth", host, ["ip", "link", "del", "dev", host], lambda h=host: h in _links(), errors)
+                _remove("veth", host, ["ip", "link", "del", "dev", host], _still_linked(host), errors)
             if ns in names:
-                _remove("namespace", ns, ["ip", "netns", "del", ns], lambda n=ns: n in _netns_names(), errors)
+                _remove("namespace", ns, ["ip", "netns", "del", ns], _still_netns(ns), errors)
         if self.bridge in links:
             _remove("bridge", self.bridge, ["ip", "link", "del", "dev", self.bridge],
                     lambda: self.bridge in _links(), errors)
@@ -534,14 +544,14 @@ def cleanup_stale(prefix: str = PREFIX, *, force: bool = False) -> list[str]:
     errors: list[str] = []
     # Host veths first (synchronous), then namespaces, then the bridges they hung off.
     for name in veths:
-        _remove("link", name, ["ip", "link", "del", "dev", name], lambda n=name: n in _links(), errors)
+        _remove("link", name, ["ip", "link", "del", "dev", name], _still_linked(name), errors)
         removed.append(name)
     for ns in namespaces:
         _kill_netns_processes(ns)
-        _remove("namespace", ns, ["ip", "netns", "del", ns], lambda n=ns: n in _netns_names(), errors)
+        _remove("namespace", ns, ["ip", "netns", "del", ns], _still_netns(ns), errors)
         removed.append(ns)
     for name in bridges:
-        _remove("bridge", name, ["ip", "link", "del", "dev", name], lambda n=name: n in _links(), errors)
+        _remove("bridge", name, ["ip", "link", "del", "dev", name], _still_linked(name), errors)
         removed.append(name)
     if errors:
         raise NetworkError("cleanup_stale could not remove: " + "; ".join(errors))

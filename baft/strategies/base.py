@@ -119,6 +119,10 @@ class Strategy:
         """Restore the newest usable checkpoint; the step restored, or None if there is none."""
         return None
 
+    def settings(self) -> dict[str, Any]:
+        """What the strategy runs with that only it knows (for a benchmark's record; none by default)."""
+        return {}
+
     def begin_iteration(self) -> None:
         pass
 

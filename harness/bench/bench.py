@@ -32,11 +32,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch.distributed as dist
 
 from baft import STRATEGIES
+from baft.config import StrategyName
 
 from harness.errors import ConfigValueError
 from harness.worker.shapes import PRESETS
@@ -249,7 +250,7 @@ def worker(spec_path: Path) -> int:
     placed = False
     for arm in arms.values():
         own_snapshot = arm.tier == "snapshot" and arm.strategy != "baft"  # a step done here, beside a `none` ckpt
-        c = CheckpointConfig(strategy="none" if own_snapshot else arm.strategy, every=arm.every, keep=2,
+        c = CheckpointConfig(strategy="none" if own_snapshot else cast(StrategyName, arm.strategy), every=arm.every, keep=2,
                              dir=str(run_dir / "checkpoints" / _dirname(arm.name)),
                              shm_dir=str(Path(spec.shm_dir) / _dirname(arm.name)),
                              planner=PlannerConfig(copier=cfg.baft_copier), replicate_every=cfg.replicate_every,
@@ -295,7 +296,7 @@ def worker(spec_path: Path) -> int:
 
     settings = {n: ckpts[n].strategy.settings() for n, a in arms.items()  # what only the strategy knows
                 if a.tier == "persistent" and a.strategy == "async-dcp"}
-    first = {}  # per strategy, its first persistent arm: the one whose tiers are restored
+    first: dict[str, Any] = {}  # per strategy, its first persistent arm: the one whose tiers are restored
     for a in arms.values():
         if a.tier == "persistent":
             first.setdefault(a.strategy, ckpts[a.name])
@@ -395,12 +396,12 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
     from analysis.benchstats import paired_ratios
 
     arms = cfg.arms()
-    tiers = {}
+    tiers: dict[str, dict[str, Any]] = {}
     for tier, stat in (("snapshot", "median"), ("persistent", "mean")):
         names = {a.name for a in arms if a.tier == tier}
         if names:
             tiers[tier] = {"statistic": stat, "arms": paired_ratios(raw["iterations"], stat=stat, only=names)}
-    settings = {}
+    settings: dict[str, dict[str, Any]] = {}
     for a in arms:
         s: dict[str, Any] = {"tier": a.tier, "strategy": a.strategy,
                              "persist_every": a.every if a.tier == "persistent" else None}
@@ -422,7 +423,7 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
                                f"iteration (kept copy, sendfile, recv_into a mapping), {cfg.store_priority} class")
         if a.name == SNAPSHOT_ARMS["async-dcp"]:
             s["staging"] = "DefaultStager, synchronous, cached buffers"
-        s.update(raw.get("settings", {}).get(a.name) or {})
+        s.update((raw.get("settings") or {}).get(a.name) or {})
         settings[a.name] = s
     for t in tiers.values():
         for name, r in t["arms"].items():

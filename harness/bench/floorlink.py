@@ -113,6 +113,7 @@ def join(nodes: int, priority: str, stores: list[str] | None, directory: Path, s
     host = stores[node].rsplit(":", 1)[0] if stores else "127.0.0.1"
     token = [secrets.token_bytes(TOKEN_BYTES) if rank == 0 else None]
     dist.broadcast_object_list(token, src=0)
+    assert token[0] is not None  # rank 0's, broadcast
     link = FloorLink(host, directory / f"rank{rank}", token[0], priority)
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (node, rank, link.address))
@@ -161,12 +162,12 @@ def _receive(server: socket.socket, token: bytes, directory: Path) -> None:
                 os.close(fd)
                 m[:] = bytes(n)
                 view, size = memoryview(m), n
-            got = 0
-            while got < n:
-                k = conn.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+            done = 0
+            while done < n:
+                k = conn.recv_into(view[done:], n - done, socket.MSG_WAITALL)
                 if k == 0:
                     return
-                got += k
+                done += k
 
 
 def _commands(fd: int) -> Any:

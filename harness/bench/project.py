@@ -86,9 +86,10 @@ def sweep(target: Target, name: str, run_hours: float) -> dict[str, Any]:
     values = sorted({max(1, round(base * s)) if isinstance(base, int) else base * s for s in SCALES})
     if name == "nodes":
         values = [v for v in values if v > max(target.replicas, target.simultaneous)]
-    rows = {s: [] for s in STRATEGIES}
+    rows: dict[str, list[float]] = {s: [] for s in STRATEGIES}
     for v in values:
-        for p in project(with_placement(dataclasses.replace(target, **{name: v})), run_hours, simulate_seed=None):
+        varied = dataclasses.replace(target, **{name: v})  # type: ignore[arg-type]  # name: a numeric field
+        for p in project(with_placement(varied), run_hours, simulate_seed=None):
             rows[p.strategy].append(p.waste)
     return {"parameter": name, "values": values, "waste": rows}
 

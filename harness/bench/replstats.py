@@ -45,7 +45,7 @@ def replication_stats(out: Path, block: int | None = None) -> dict[str, Any]:
 
 
 def serving_cpu(sent: list[dict[str, Any]], stops: list[dict[str, Any]],
-                starts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+                starts: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     """The stores' CPU per replicated GB while they replicate: for each store, its CPU time from its first
     ``replicated`` event to its last (sending and receiving both: the peer's replicas land meanwhile, idle
     spans between the replicating blocks included) over the bytes it sent after the first; and from its
@@ -101,7 +101,9 @@ def staleness(sent: list[dict[str, Any]], strides: list[dict[str, Any]], block: 
     if not sent or "behind" not in sent[0]:
         return {}
     behind = [e["behind"] for e in sent]
-    gaps, worst, last = [], [], {}
+    gaps: list[Any] = []
+    worst: list[Any] = []
+    last: dict[Any, Any] = {}
     for e in sorted(sent, key=lambda e: e["t"]):
         key = (e["rank"], e["peer"])
         if key in last and (block is None or e["version"] - last[key] < block):

@@ -33,7 +33,8 @@ def discover(directory: Path) -> list[Path]:
 def load_all(files: list[Path]) -> list[Scenario]:
     """Every scenario, validated; the first problem raises :class:`ScenarioError`. Names must be unique
     (each run gets ``OUT/<name>``)."""
-    scenarios, seen = [], {}
+    scenarios: list[Scenario] = []
+    seen: dict[str, str] = {}
     for f in files:
         s = load(f)
         if s.name in seen:

@@ -181,7 +181,7 @@ def pod_workload(scenario: Scenario, cfg: DeployConfig) -> WorkloadConfig:
     if w.script is not None:
         return replace(w, script=image_path(w.script, cfg, "workload.script"))
     if w.command is not None:
-        return replace(w, command=[image_path(w.command[0], cfg, "workload.command[0]"), *w.command[1:]])
+        return replace(w, command=[image_path(str(w.command[0]), cfg, "workload.command[0]"), *w.command[1:]])
     return w
 
 
@@ -229,7 +229,7 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
         env += secret
     if w.command is not None:  # the unmodified script through the boot module, in the run's own directory
         script, *args = w.command
-        target = ["-m", "harness.worker.boot", script, *(a.replace("{run_dir}", work_dir(cfg)) for a in args)]
+        target = ["-m", "harness.worker.boot", str(script), *(str(a).replace("{run_dir}", work_dir(cfg)) for a in args)]
         where = ["--workdir", work_dir(cfg)]
     else:
         target = [w.script, *map(str, w.args)] if w.script else ["-m", "harness.worker.workload",
@@ -242,7 +242,8 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
                 "--nproc-per-node", str(w.world_size // w.nodes), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{cfg.job}-0.{cfg.job}:{cfg.rendezvous_port}", "--rdzv-id", cfg.job,
                 "--max-restarts", str(scenario.run.max_restarts), "--monitor-interval", "0.2", *target]
-    mounts = [{"name": "shared", "mountPath": SHARED},
+    mounts: list[dict[str, Any]] = [
+              {"name": "shared", "mountPath": SHARED},
               {"name": "shared", "mountPath": CHECKPOINTS, "subPath": f"{cfg.run}/checkpoints"},
               {"name": "shm", "mountPath": SHM}, {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True}]
     resources = {"requests": {"cpu": cfg.cpu, "memory": cfg.memory}, "limits": {"cpu": cfg.cpu, "memory": cfg.memory}}

@@ -428,7 +428,7 @@ def firings(launcher: list[dict[str, Any]]) -> list[ChaosFiring]:
                                status=status[e["event"]], due_step=e.get("due_step"), step=e.get("step"),
                                injected_step=e.get("injected_step"), inject_seconds=e.get("inject_seconds"),
                                deleted_step=rollback.get("step") if rollback else None,
-                               recover_seconds=max(recovered) if recovered else None, objects=sorted(names),
+                               recover_seconds=max(r for r in recovered if r is not None) if any(r is not None for r in recovered) else None, objects=sorted(names),
                                why=e.get("error") or e.get("reason")))
     return sorted(out, key=lambda f: (f.id, f.occurrence))
 

@@ -70,7 +70,7 @@ def serve_forks_from_here(modules: list[str]) -> int:
     server = forkserver._forkserver
     resource_tracker.ensure_running()  # what ForkServer.ensure_running does first
     with socket.socket(socket.AF_UNIX) as listener:
-        address = connection.arbitrary_address("AF_UNIX")
+        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # private, as below
         listener.bind(address)
         if not util.is_abstract_socket_namespace(address):
             os.chmod(address, 0o600)
@@ -91,9 +91,9 @@ def serve_forks_from_here(modules: list[str]) -> int:
             os._exit(code)
         os.close(alive_r)
     # What ForkServer.ensure_running records of a server it spawned; it finds this one alive and uses it.
-    server._forkserver_address = address
-    server._forkserver_alive_fd = alive_w
-    server._forkserver_pid = pid
+    server._forkserver_address = address  # type: ignore[attr-defined]
+    server._forkserver_alive_fd = alive_w  # type: ignore[attr-defined]
+    server._forkserver_pid = pid  # type: ignore[attr-defined]
     return pid
 
 
@@ -139,13 +139,13 @@ def failure_fields(failure: Any) -> dict[str, Any]:
     frame of the job's own code when the worker wrote an error file (torch's ``record`` does, for an
     uncaught exception)."""
     message = failure.message
-    where = None
+    where: str | None = None
     if isinstance(message, dict):  # an error file: {"message": "Type: text", "extraInfo": {"py_callstack": ...}}
         stack = str(message.get("extraInfo", {}).get("py_callstack", ""))
         frames = [line.strip() for line in stack.splitlines() if line.strip().startswith("File ")]
         # the innermost frame of the job's own code (the line that called into a library), else the innermost
         own = [f for f in frames if not any(m in f for m in ("site-packages", "dist-packages", "<frozen", HARNESS))]
-        where = (own or frames or [None])[-1]
+        where = (own or frames or [None])[-1]  # type: ignore[list-item]
         message = message.get("message", "")
     text = str(message).strip().splitlines()
     return {"exitcode": failure.exitcode, "signal": failure.signal_name() if failure.exitcode < 0 else None,
@@ -173,7 +173,7 @@ def journal_failures(path: str, node: str) -> None:
                              local_rank=failure.local_rank, pid=failure.pid, **failure_fields(failure))
         return result
 
-    LocalElasticAgent._monitor_workers = monitored
+    LocalElasticAgent._monitor_workers = monitored  # type: ignore[method-assign]  # the journal's hook
 
 
 def store_ports_outside_ephemeral() -> None:

@@ -88,13 +88,14 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
     preempt: PreemptController | None = None
     with contextlib.ExitStack() as undo:
         undo.callback(journal.close)
-        undo.callback(lambda: agents is not None and _journal_exits(agents))
+        undo.callback(lambda: _journal_exits(agents) if agents is not None else None)
         if fleet is not None:
             undo.callback(fleet.stop)  # its memory removed once nothing can write there
         undo.callback(stop_owned, token)  # agents, workers and stores at once, stopped ones continued
         try:
             if fleet is not None:
                 undo.callback(fleet.stop_monitor)  # no store replaced while the run is stopped
+                assert config.stores is not None  # the fleet is made from it
                 spec = replace(spec, stores=fleet.addresses, node_memory=str(config.stores.base))
                 fleet.start()
             spec_path = run_dir / "worker-spec.json"

@@ -240,7 +240,8 @@ class PreemptController:
             # the rendezvous lived in node 0's agent: every other agent's workers failed or will; end them
             # (their memory and stores stay: those nodes were not preempted) and start the job again
             for node in range(1, len(self.agents.procs)):
-                spare = {self.fleet.procs[node].pid} if self.fleet is not None and self.fleet.procs[node] else set()
+                store = self.fleet.procs[node] if self.fleet is not None else None
+                spare = {store.pid} if store is not None else set()
                 signal_all([p for p in owned(self.token, node=node) if p not in spare and not is_resource_tracker(p)],
                         signal.SIGKILL)
             self.agents.restart_all(skip=lost | in_grace, **why)

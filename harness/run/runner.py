@@ -79,7 +79,7 @@ def script_command(workload: WorkloadConfig, work_dir: Path | None = None) -> li
     if workload.command is not None:
         script, *args = workload.command
         where = str(work_dir) if work_dir is not None else "."
-        return ["-m", "harness.worker.boot", script, *(a.replace("{run_dir}", where) for a in args)]
+        return ["-m", "harness.worker.boot", str(script), *(str(a).replace("{run_dir}", where) for a in args)]
     return [workload.script, *workload.args] if workload.script is not None else None
 
 
@@ -102,7 +102,7 @@ def reference_key(workload: WorkloadConfig, root: Path | None = None) -> str:
     for f in training_code(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     if workload.script is not None or workload.command is not None:
-        h.update(Path(workload.script or workload.command[0]).read_bytes())
+        h.update(Path(str(workload.script or (workload.command or [""])[0])).read_bytes())
     return h.hexdigest()[:20]
 
 
@@ -141,12 +141,12 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float, copy
         spec = WorkerSpec(workload=_reference_workload(workload), checkpoint=CheckpointConfig(strategy="none"))
         try:
             wd = work_dir(tmp, workload)
-            watched = run is not None and workload.command is not None
+            watched = run if run is not None and workload.command is not None else None
             result = launch(tmp, spec, LaunchConfig(nodes=spec.workload.nodes, world_size=workload.world_size,
                                                     max_restarts=0, timeout=timeout, script=script_command(workload, wd),
-                                                    cwd=wd, hang_timeout=(run.hang_timeout or run.startup_timeout)
-                                                    if watched else None,
-                                                    startup_timeout=run.startup_timeout if watched else None,
+                                                    cwd=wd, hang_timeout=(watched.hang_timeout or watched.startup_timeout)
+                                                    if watched is not None else None,
+                                                    startup_timeout=watched.startup_timeout if watched is not None else None,
                                                     exit_timeout=run.exit_timeout if run is not None else EXIT_TIMEOUT))
             if wd is not None:
                 shutil.rmtree(wd, ignore_errors=True)  # the script's own checkpoints are not the reference's

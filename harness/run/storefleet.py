@@ -73,10 +73,10 @@ class StoreFleet:
             cmd = self.topology.exec_prefix(node) + cmd  # the store lives on its node's network
         log = open(self.run_dir / "logs" / f"store-node{node}.log", "ab")
         env = {**worker_env(node, self.topology, self.token), SECRET_VARIABLE: self.secret}
-        self.procs[node] = subprocess.Popen(cmd, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        proc = self.procs[node] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                   start_new_session=True)
         log.close()
-        self.journal.write("store_start", node=f"node{node}", pid=self.procs[node].pid, address=self.addresses[node])
+        self.journal.write("store_start", node=f"node{node}", pid=proc.pid, address=self.addresses[node])
 
     def start(self) -> None:
         for node in range(self.nodes):

@@ -126,7 +126,8 @@ def serve(sock: socket.socket, preload: list[str]) -> None:
     _send(sock, {"ready": os.getpid()})
     children: set[int] = set()
     while True:
-        ready, _, _ = select.select([sock, wake_r], [], [])
+        watched: list[Any] = [sock, wake_r]
+        ready, _, _ = select.select(watched, [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
         while children:

@@ -154,4 +154,4 @@ def leave(code: int) -> None:
 if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    leave(record(main)())
+    leave(record(main)() or 0)

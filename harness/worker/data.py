@@ -123,7 +123,7 @@ class ResumableBatchSampler:
 
     def state_dict(self) -> dict[str, Any]:
         drawn = self._epoch_generator_state is not None
-        gen = self._epoch_generator_state if drawn else self.generator.get_state()
+        gen = self._epoch_generator_state if self._epoch_generator_state is not None else self.generator.get_state()
         return {"epoch": self.epoch, "batch": self.batch, "epoch_generator": gen.clone(), "drawn": drawn}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -31,7 +31,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-        att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+        mask: torch.Tensor = self.mask  # type: ignore[assignment]  # a registered buffer
+        att = att.masked_fill(~mask[:t, :t], float("-inf"))
         att = self.attn_drop(F.softmax(att, dim=-1))
         y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
         return self.resid_drop(self.proj(y))

@@ -173,8 +173,11 @@ class PipelineTrainer:
         self.scaler = StageScaler(init_scale=cfg.amp_init_scale,
                                   growth_interval=cfg.amp_growth_interval) if cfg.amp == "fp16" else None
         loss = loss_fn if self.scaler is None else (lambda out, target: self.scaler.scale(loss_fn(out, target)))
+        self.schedule: Any
         if cfg.schedule == "interleaved-1f1b":
-            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=cfg.microbatches, loss_fn=loss)
+            # a list of PipelineStage where torch annotates list[_PipelineStageBase] (a list is invariant)
+            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=cfg.microbatches,  # type: ignore[arg-type]
+                                                    loss_fn=loss)
         else:
             schedule_cls = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
             self.schedule = schedule_cls(self.stages[0], n_microbatches=cfg.microbatches, loss_fn=loss)
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    code = record(main)()  # an uncaught exception goes into the error file the agent journals
+    code: int = record(main)() or 0  # an uncaught exception goes into the error file the agent journals
     if multiprocessing.parent_process() is not None:
         # Forked by torchrun's fork server (harness.run.agent): torchrun waits for the worker's return
         # value, and multiprocessing ends the process without the interpreter's teardown itself.

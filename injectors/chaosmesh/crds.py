@@ -215,7 +215,7 @@ class _ClusterReader:
         try:
             response = self.api.read_custom_resource_definition(name, _preload_content=False,
                                                                 _request_timeout=self.request_timeout)
-            crd = json.loads(response.data)
+            crd = json.loads(response.data)  # type: ignore[attr-defined]  # unparsed (_preload_content=False): the HTTP response
         except self.rest as e:
             if e.status == 404:
                 raise CrdUnavailable(name, f"the cluster has no CustomResourceDefinition {name}: Chaos Mesh is not "

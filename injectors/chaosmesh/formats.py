@@ -9,6 +9,7 @@ spell values the cluster will accept.
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 # --- names and labels (Kubernetes ObjectMeta rules) ---------------------------------------------
 
@@ -22,7 +23,7 @@ def is_dns_label(text: object) -> bool:
     return isinstance(text, str) and len(text) <= 63 and _DNS_LABEL.fullmatch(text) is not None
 
 
-def is_dns_subdomain(text: object) -> bool:
+def is_dns_subdomain(text: object) -> TypeGuard[str]:
     """A DNS-1123 subdomain (what a custom resource's name must be): dot-separated labels, <= 253 chars."""
     return isinstance(text, str) and len(text) <= 253 and _DNS_SUBDOMAIN.fullmatch(text) is not None
 
@@ -126,7 +127,7 @@ def format_chaos_rate(bytes_per_s: int) -> str:
 # --- cron (robfig/cron v3 ParseStandard) ----------------------------------------------------------
 
 _CRON_DESCRIPTORS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
-_CRON_FIELDS = (  # (name, low, high, names)
+_CRON_FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (  # (name, low, high, names)
     ("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}),
     ("month", 1, 12, {m: i + 1 for i, m in enumerate(
         ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"])}),

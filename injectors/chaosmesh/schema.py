@@ -297,7 +297,8 @@ def _io_rules(spec: dict[str, Any], at: str) -> Iterator[str]:
         yield f"{at}.percent: percent field should be in 0-100, found {percent} (webhook)"
     if action == "mistake" and not isinstance(spec.get("mistake"), dict):
         yield f"{at}.mistake: action mistake needs its mistake spec (harness)"
-    methods = spec.get("methods") if isinstance(spec.get("methods"), list) else []
+    listed = spec.get("methods")
+    methods = listed if isinstance(listed, list) else []
     unknown = [m for m in methods if not isinstance(m, str) or m not in IO_METHODS]
     if unknown:
         yield f"{at}.methods: unknown IO methods {unknown} (harness; known: {', '.join(sorted(IO_METHODS))})"
