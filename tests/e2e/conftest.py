@@ -101,15 +101,25 @@ def shm_semaphores() -> set[str]:
 
 def unlink_unmapped_semaphores(names: set[str]) -> list[str]:
     """Remove those of ``names`` that no live process has mapped (a semaphore in use is mapped by every
-    process that opened it); the names removed."""
+    process that opened it); the names removed. Matched by inode, not by name: the process that creates a
+    semaphore maps a temporary file that glibc then links to the name and unlinks, so its maps show the
+    temporary name (deleted); matching names removed a live run's fresh semaphores from under it (a reference
+    run of another test failed on its workers' start, FileNotFoundError, in a fresh-clone CI run)."""
+    inodes: dict[int, str] = {}
+    for n in names:
+        with contextlib.suppress(FileNotFoundError):
+            inodes[os.stat(os.path.join("/dev/shm", n)).st_ino] = n
     mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
-            text = maps.read_text()
+            lines = maps.read_text().splitlines()
         except OSError:
             continue
-        mapped |= {n for n in names if n in text}
-    gone = sorted(names - mapped)
+        for line in lines:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and "/dev/shm/" in fields[5] and int(fields[4]) in inodes:
+                mapped.add(inodes[int(fields[4])])
+    gone = sorted(set(inodes.values()) - mapped)
     for n in gone:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join("/dev/shm", n))
