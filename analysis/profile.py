@@ -174,7 +174,7 @@ def profile_of_run(run_dir: Path) -> Profile:
         snapshot_every=_median_int([g for r in run.ranks for g in _gaps([e["step"] for e in run.events("snapshot", r)])]),
         persist_every=_median_int(_gaps([e["step"] for e in saved])) or (ckpt["every"] if saved else None),
         persist_seconds=_per_rank_median(saved, "seconds"), persist_bytes_per_rank=_per_rank_median(saved, "bytes"),
-        replicas=ckpt.get("replicas", 0) if ckpt["strategy"] == "baft" and (workload.get("nodes") or 1) > 1 else 0,
+        replicas=_replicas(ckpt) if ckpt["strategy"] == "baft" and (workload.get("nodes") or 1) > 1 else 0,
         replicate_every=_median_int([g for v in replica_steps.values() for g in _gaps(v)]),
         replicate_lag_seconds=_median([e.get("deferred_seconds", 0.0) + e["seconds"] for e in replicated]),
         replica_gbytes_per_s=(sum(e["bytes"] for e in replicated) / sum(e["seconds"] for e in replicated) / 1e9)
@@ -225,3 +225,10 @@ def read_profile(path: Path) -> Profile:
     if path.is_dir():
         return profile_of_run(path)
     raise AnalysisError(f"{path}: neither a run directory nor a bench.json")
+
+
+def _replicas(ckpt: dict[str, Any]) -> int:
+    """The peer copies a run's checkpoint section asked for: ``baft.replication.replicas``, or ``replicas`` in a
+    run from before the strategies' sections (the default, 1, when neither says)."""
+    nested = (ckpt.get("baft") or {}).get("replication") or {}
+    return int(nested.get("replicas", ckpt.get("replicas", 1)))

@@ -24,9 +24,10 @@ from typing import Any
 from .advisor import advise, measured_cost
 from .errors import AnalysisError
 from .journal import Journal
+from .losscurve import LossVerdict
 from .metrics import RECOVERY_PHASES, Efficiency, Recovery, fault_target
 from .summary import count
-from .verdict import load_verdict
+from .verdict import ClusterFacts, Verdict, load_verdict
 
 #: Failure rates the interval advice is given for (mean time between failures, hours).
 MTBF_HOURS = (1.0, 6.0, 24.0)
@@ -109,6 +110,26 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
     }
     for f in figures[:1]:
         blocks.append(("img", (f, captions[f.name])))
+    blocks += _verdict_blocks(v)
+    recs = v.recoveries
+    blocks += _recovery_blocks(recs)
+    for f in figures[1:3]:
+        blocks.append(("img", (f, captions[f.name])))
+    if v.cluster is not None:  # a run on a cluster: what the harness did with Chaos Mesh, firing by firing
+        blocks += _cluster_blocks(v.cluster)
+    blocks += _event_blocks(v)
+    if v.loss_curve is not None:
+        blocks += _loss_curve_blocks(v.loss_curve)
+    blocks += _cost_blocks(eff)
+    for f in figures[3:]:
+        blocks.append(("img", (f, captions[f.name])))
+    blocks += advice_blocks(run, eff, mtbf_hours, _current_every(run, run_dir), recs)
+    return blocks, figures
+
+
+def _verdict_blocks(v: Verdict) -> list[Block]:
+    """The verdict's table: equal or not, where first, faults, lost steps, recovery, the world size."""
+    blocks: list[Block] = []
     div = v.first_divergence
     rows = [
         ["bitwise equal", _fmt(v.bitwise_equal) + f" ({v.states_compared} state, {v.losses_compared} loss records)"],
@@ -123,7 +144,12 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
     if ws is not None and ws.reference != ws.final:
         rows.append(["world size", f"{ws.reference} → {ws.final} ({v.resized_records} records judged by the loss curve)"])
     blocks += [("h2", "Verdict"), ("table", (["", ""], rows))]
-    recs = v.recoveries
+    return blocks
+
+
+def _recovery_blocks(recs: list[Recovery]) -> list[Block]:
+    """Each recovery's row (its phases in seconds), how each script resumed, and what the phases mean."""
+    blocks: list[Block] = []
     if recs:
         blocks.append(("h2", "Recoveries"))
         head = ["fault", "step", "restored", "tier", "lost", "recovered s", "caught up s"] + list(RECOVERY_PHASES)
@@ -143,21 +169,30 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
             "detection: fault → watchdog (stalls only)", "restart: → new worker processes exist",
             "startup: → process-group init begins", "rendezvous: → group formed", "restore: → checkpoint loaded",
             "first_step: → every rank finished a step", "catch_up: → the pre-fault step is done again"])))
-    for f in figures[1:3]:
-        blocks.append(("img", (f, captions[f.name])))
-    cluster = v.cluster
-    if cluster is not None:  # a run on a cluster: what the harness did with Chaos Mesh, firing by firing
-        blocks += [("h2", "On the cluster"),
-                   ("p", f"Namespace {cluster.namespace}, run id {cluster.run_id}, steps read from "
-                         + (f"the W&B run {cluster.wandb_run}" if cluster.wandb_run
-                            else f"the journal in {cluster.job_dir}") + ". Steps: the one the scenario asked for, the one the harness had read "
-                         "when it created the objects, the one the job had reached once Chaos Mesh confirmed them."),
-                   ("table", (["fault", "occurrence", "status", "due step", "fired at", "injected by", "inject s",
-                               "deleted at", "recovered s", "objects / why"], [
-                       [f"faults[{f.id}] {f.fault}", _fmt(f.occurrence), f.status, _fmt(f.due_step),
-                        _fmt(f.step), _fmt(f.injected_step), _fmt(f.inject_seconds), _fmt(f.deleted_step),
-                        _fmt(f.recover_seconds), f.why or ", ".join(f.objects)]
-                       for f in cluster.firings]))]
+    return blocks
+
+
+def _cluster_blocks(cluster: ClusterFacts) -> list[Block]:
+    """What the harness did with Chaos Mesh on a cluster, firing by firing."""
+    blocks: list[Block] = []
+    blocks += [("h2", "On the cluster"),
+               ("p", f"Namespace {cluster.namespace}, run id {cluster.run_id}, steps read from "
+                     + (f"the W&B run {cluster.wandb_run}" if cluster.wandb_run
+                        else f"the journal in {cluster.job_dir}") + ". Steps: the one the scenario asked for, the one the harness had read "
+                     "when it created the objects, the one the job had reached once Chaos Mesh confirmed them."),
+               ("table", (["fault", "occurrence", "status", "due step", "fired at", "injected by", "inject s",
+                           "deleted at", "recovered s", "objects / why"], [
+                   [f"faults[{f.id}] {f.fault}", _fmt(f.occurrence), f.status, _fmt(f.due_step),
+                    _fmt(f.step), _fmt(f.injected_step), _fmt(f.inject_seconds), _fmt(f.deleted_step),
+                    _fmt(f.recover_seconds), f.why or ", ".join(f.objects)]
+                   for f in cluster.firings]))]
+    return blocks
+
+
+def _event_blocks(v: Verdict) -> list[Block]:
+    """The tables of what happened besides the faults: window faults, checkpoints refused, interval and
+    replication changes, steps resumed mid-way, the likely cause, preemptions, teardown hangs."""
+    blocks: list[Block] = []
     if v.windows:
         blocks += [("h2", "Window faults"), ("table", (["fault", "target", "from step", "to step", "effect"], [
             [w.fault, w.target, _fmt(w.from_step), _fmt(w.to_step) if w.to_step is not None else "end",
@@ -201,19 +236,29 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
                         ", ".join(map(str, p.killed)) or "none", p.flush_text] for p in v.preemptions]))]
     for h in v.teardown_hangs:
         blocks += [("h2", f"Teardown hang: {h.run} run, rank {h.rank}"), ("p", h.describe()), ("pre", h.where)]
-    lc = v.loss_curve
-    if lc is not None:
-        worst, eq = lc.worst_window, lc.equivalence
-        blocks += [("h2", "Loss curve"), ("table", (["", ""], [
-            ["judged", "passed" if lc.passed else "FAILED: " + "; ".join(lc.failures)],
-            ["steps compared", f"{lc.steps_compared} from step {lc.from_step}, windows of {lc.window}"],
-            ["worst window", f"steps {worst.steps}: run {_fmt(worst.run, 6)}, reference "
-                             f"{_fmt(worst.reference, 6)}, off {_fmt(worst.deviation)}, tolerance "
-                             f"{_fmt(worst.tolerance)}" if worst else "identical"],
-            ["equivalence", "not asked" if eq is None else
-             f"{'shown' if eq.equivalent else 'NOT shown'}: mean relative difference {_pct(eq.mean_relative_difference)}, "
-             f"interval [{_pct(eq.interval[0])}, {_pct(eq.interval[1])}], margin ±{100 * eq.margin:.2f}%"],
-        ]))]
+    return blocks
+
+
+def _loss_curve_blocks(lc: LossVerdict) -> list[Block]:
+    """How the loss curve was judged: the worst window and the equivalence test."""
+    blocks: list[Block] = []
+    worst, eq = lc.worst_window, lc.equivalence
+    blocks += [("h2", "Loss curve"), ("table", (["", ""], [
+        ["judged", "passed" if lc.passed else "FAILED: " + "; ".join(lc.failures)],
+        ["steps compared", f"{lc.steps_compared} from step {lc.from_step}, windows of {lc.window}"],
+        ["worst window", f"steps {worst.steps}: run {_fmt(worst.run, 6)}, reference "
+                         f"{_fmt(worst.reference, 6)}, off {_fmt(worst.deviation)}, tolerance "
+                         f"{_fmt(worst.tolerance)}" if worst else "identical"],
+        ["equivalence", "not asked" if eq is None else
+         f"{'shown' if eq.equivalent else 'NOT shown'}: mean relative difference {_pct(eq.mean_relative_difference)}, "
+         f"interval [{_pct(eq.interval[0])}, {_pct(eq.interval[1])}], margin ±{100 * eq.margin:.2f}%"],
+    ]))]
+    return blocks
+
+
+def _cost_blocks(eff: Efficiency) -> list[Block]:
+    """What the faults and the checkpoints cost: wall time, goodput, iteration overhead, the bubbles."""
+    blocks: list[Block] = []
     blocks.append(("h2", "Cost"))
     g, it, ck = eff.goodput_steps_per_second, eff.iteration_seconds, eff.checkpoint
     blocks.append(("table", (["", "reference", "faulted run", ""], [
@@ -228,10 +273,7 @@ def run_blocks(run_dir: Path, mtbf_hours: tuple[float, ...] = MTBF_HOURS) -> tup
                                                   "bytes copied inside bubbles"], [
             [r, _fmt(b.idle_ms), _pct(b.utilisation).lstrip("+"), _pct(b.in_window_fraction).lstrip("+")]
             for r, b in eff.bubbles.items()]))]
-    for f in figures[3:]:
-        blocks.append(("img", (f, captions[f.name])))
-    blocks += advice_blocks(run, eff, mtbf_hours, _current_every(run, run_dir), recs)
-    return blocks, figures
+    return blocks
 
 
 def advice_blocks(run: Journal, eff: Efficiency, mtbf_hours: tuple[float, ...], every: int | None,

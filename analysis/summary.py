@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .diagnosis import Cause
+from .losscurve import LossVerdict
 from .metrics import fault_target
 from .verdict import ChaosFiring, NotRun, Verdict
 
@@ -37,18 +38,8 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
     if ws is not None and ws.reference != ws.final:
         lines.append(f"  world size       {ws.reference} -> {ws.final} ranks ({v.resized_records} records "
                      "after the resize judged by the loss curve)")
-    lc = v.loss_curve
-    if lc is not None:
-        worst = lc.worst_window
-        where = (f"worst steps {worst.steps[0]}-{worst.steps[1]}: {worst.deviation:.3g} off, tolerance "
-                 f"{worst.tolerance:.3g}" if worst else "identical to the reference")
-        lines.append(f"  loss curve       {'within tolerance' if not lc.failures else 'OUT OF TOLERANCE'} "
-                     f"({lc.steps_compared} steps from step {lc.from_step}, window {lc.window}; {where})")
-        eq = lc.equivalence
-        if eq is not None:
-            lines.append(f"  loss equivalence {'shown' if eq.equivalent else 'NOT shown'}: mean relative difference "
-                         f"{eq.mean_relative_difference:+.3%}, {100 * (1 - 2 * eq.alpha):.0f}% interval "
-                         f"[{eq.interval[0]:+.3%}, {eq.interval[1]:+.3%}] within ±{eq.margin:.2%}")
+    if v.loss_curve is not None:
+        lines += _loss_lines(v.loss_curve)
     d = v.first_divergence
     if d is not None:
         rel = d.relative_norm_change
@@ -56,6 +47,53 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
                 if rel else ", norms equal (a change below what a norm resolves)")
         lines.append(f"  first divergence step {d.step}, {d.component} / {d.key} (rank {d.rank}){size}")
     lines.append(f"  faults fired     {v.faults_fired}/{v.faults_declared} ({count(v.fault_occurrences, 'occurrence')})")
+    lines += _recovery_lines(v)
+    for w in v.windows:
+        lines.append(f"  {w.fault} {w.target}: active from step {w.from_step}"
+                     + (f" to step {w.to_step}" if w.to_step is not None else " to the end") + f" ({w.effect})")
+    t = v.wall_seconds
+    if t is not None and t.reference is None:  # a run on a cluster: the reference is a journal the user gave
+        lines.append(f"  wall time        {t.faulted:.1f} s following the job on the cluster")
+    elif t is not None:
+        lines.append(f"  wall time        reference {t.reference:.1f} s{' (cached)' if t.reference_cached else ''}, "
+                     f"faulted {t.faulted:.1f} s")
+    lines += _change_lines(v)
+    for pr in v.preemptions:
+        lines.append(f"  preemption       {pr.describe()}")
+    for h in v.teardown_hangs:
+        lines.append(f"  teardown hang    {h.describe()}")
+    if v.caught is not None:
+        want = " / ".join(x for x in (v.caught.expected.component, v.caught.expected.failure,
+                                      v.caught.expected.cause) if x)
+        lines.append(f"  planted bug      {'CAUGHT' if v.caught.caught else 'NOT CAUGHT'} (expected: {want})")
+        lines += [f"    evidence: {f}" for f in v.caught.evidence]
+    lines += diagnosis_lines(v.diagnosis)
+    lines += [f"  FAIL: {f}" for f in v.failures]
+    lines.append(f"  verdict          {out / 'verdict.json'}")
+    if (out / "report.html").is_file():
+        lines.append(f"  report           {out / 'report.html'} (and report.md, plots *.png)")
+    return lines
+
+
+def _loss_lines(lc: LossVerdict) -> list[str]:
+    """The loss curve's judgement: within tolerance or not, its worst window, the equivalence test."""
+    lines: list[str] = []
+    worst = lc.worst_window
+    where = (f"worst steps {worst.steps[0]}-{worst.steps[1]}: {worst.deviation:.3g} off, tolerance "
+             f"{worst.tolerance:.3g}" if worst else "identical to the reference")
+    lines.append(f"  loss curve       {'within tolerance' if not lc.failures else 'OUT OF TOLERANCE'} "
+                 f"({lc.steps_compared} steps from step {lc.from_step}, window {lc.window}; {where})")
+    eq = lc.equivalence
+    if eq is not None:
+        lines.append(f"  loss equivalence {'shown' if eq.equivalent else 'NOT shown'}: mean relative difference "
+                     f"{eq.mean_relative_difference:+.3%}, {100 * (1 - 2 * eq.alpha):.0f}% interval "
+                     f"[{eq.interval[0]:+.3%}, {eq.interval[1]:+.3%}] within ±{eq.margin:.2%}")
+    return lines
+
+
+def _recovery_lines(v: Verdict) -> list[str]:
+    """A line per recovery (where the script resumed below it), and the steps resumed mid-way."""
+    lines: list[str] = []
     for r in v.recoveries:
         f = r.fault
         rec = f"{r.recovery_seconds:.2f} s" if r.recovery_seconds is not None else "never"
@@ -74,15 +112,13 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
         p = next(q for q in v.partial_steps if (q.incarnation, q.step) == (inc, step))
         lines.append(f"    restart {inc}: {p.describe()} on rank{'s' if len(ranks) > 1 else ''} "
                      f"{', '.join(map(str, sorted(ranks)))}: its loss is partial, not compared; the state after it is")
-    for w in v.windows:
-        lines.append(f"  {w.fault} {w.target}: active from step {w.from_step}"
-                     + (f" to step {w.to_step}" if w.to_step is not None else " to the end") + f" ({w.effect})")
-    t = v.wall_seconds
-    if t is not None and t.reference is None:  # a run on a cluster: the reference is a journal the user gave
-        lines.append(f"  wall time        {t.faulted:.1f} s following the job on the cluster")
-    elif t is not None:
-        lines.append(f"  wall time        reference {t.reference:.1f} s{' (cached)' if t.reference_cached else ''}, "
-                     f"faulted {t.faulted:.1f} s")
+    return lines
+
+
+def _change_lines(v: Verdict) -> list[str]:
+    """The persist interval's changes (the first and the last, the others counted), replication stopped or
+    resumed, checkpoints refused or failed."""
+    lines: list[str] = []
     changes = v.interval_changes
     for i, c in enumerate(changes):
         if len(changes) > 3 and 0 < i < len(changes) - 1:
@@ -97,20 +133,6 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
     for label, issues in (("rejected", v.checkpoints_rejected), ("write failed", v.checkpoints_failed)):
         for issue in issues:
             lines.append(f"  checkpoint {label}: step {issue.step} ({issue.tier}): {issue.reason}")
-    for pr in v.preemptions:
-        lines.append(f"  preemption       {pr.describe()}")
-    for h in v.teardown_hangs:
-        lines.append(f"  teardown hang    {h.describe()}")
-    if v.caught is not None:
-        want = " / ".join(x for x in (v.caught.expected.component, v.caught.expected.failure,
-                                      v.caught.expected.cause) if x)
-        lines.append(f"  planted bug      {'CAUGHT' if v.caught.caught else 'NOT CAUGHT'} (expected: {want})")
-        lines += [f"    evidence: {f}" for f in v.caught.evidence]
-    lines += diagnosis_lines(v.diagnosis)
-    lines += [f"  FAIL: {f}" for f in v.failures]
-    lines.append(f"  verdict          {out / 'verdict.json'}")
-    if (out / "report.html").is_file():
-        lines.append(f"  report           {out / 'report.html'} (and report.md, plots *.png)")
     return lines
 
 

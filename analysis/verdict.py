@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .compare import Divergence, PartialStep, compare
+from .changes import CheckpointIssue as CheckpointIssue
+from .changes import IntervalChange as IntervalChange
+from .changes import ReplicationChange as ReplicationChange
+from .changes import checkpoint_issues, interval_changes, replication_changes
+from .compare import Comparison, Divergence, PartialStep, compare
 from .diagnosis import Cause, diagnose
 from .errors import AnalysisError, ConfigFieldError
 from .exits import Preemption, TeardownHang, WorkerFailure, preemptions, teardown_hangs, unexplained, worker_failures
@@ -92,48 +96,6 @@ class WorldSize(Record):
     """Ranks of the reference."""
     final: int
     """Ranks of the faulted run's last incarnation."""
-
-
-@dataclass(kw_only=True, slots=True)
-class CheckpointIssue(Record):
-    """A checkpoint that was rejected or whose write failed (the first reason any rank gave)."""
-
-    step: int | None
-    """The step it was for."""
-    tier: str | None
-    """The tier (``shm``, ``replica``, ``persistent``)."""
-    reason: str | None
-    """Why, as journaled."""
-
-
-@dataclass(kw_only=True, slots=True)
-class IntervalChange(Record):
-    """The persistent interval adapting (``checkpoint.mtbf_hours``), as every rank journaled it."""
-
-    step: int
-    """The persist boundary at which it changed."""
-    every: int
-    """The new interval, in steps."""
-    before: int
-    """The interval until then."""
-    cost_seconds: float
-    """The cost of one persist it was decided for (the largest over the ranks)."""
-    why: str
-    """The decision in words."""
-
-
-@dataclass(kw_only=True, slots=True)
-class ReplicationChange(Record):
-    """A node's store stopping or resuming replication (the link against the persistent tier)."""
-
-    node: str
-    """The store's node (``node<N>``)."""
-    step: int | None
-    """The newest step any rank had journaled by then (None: before the first)."""
-    stopped: bool
-    """True: replication stopped (``replication_degraded``); False: it resumed."""
-    reason: str
-    """The store's reason, with the numbers that decided it."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -412,6 +374,94 @@ class NotRun(Record):
         return {**Record.to_json(self), "passed": False}
 
 
+def _completion(reference: Journal, run: Journal, finished: dict[int, int], steps: int) -> tuple[bool, list[str]]:
+    """Whether every rank of the job as it ended (fewer than the reference's after an elastic restart) took
+    ``steps`` steps; what to say when not."""
+    expected_ranks = set(range(run.world_size)) if run.world_size != reference.world_size else set(reference.ranks)
+    if expected_ranks <= set(finished) and all(finished[r] == steps for r in expected_ranks):
+        return True, []
+    short = {r: s for r, s in finished.items() if r in expected_ranks and s != steps}
+    if short:  # it ended normally, after another number of steps
+        ends = ", ".join(f"rank {r} after {s}" for r, s in sorted(short.items()))
+        none = " (no optimizer step seen: the harness counts the steps of torch.optim optimizers)" \
+            if not any(short.values()) else ""
+        return False, [f"run did not complete: it finished {ends} step(s), expected {steps} (workload.steps){none}"]
+    return False, [f"run did not complete: finished ranks {sorted(finished)} of {sorted(expected_ranks)}"]
+
+
+def _diagnosis(reference: Journal, run: Journal, cmp: Comparison, *, failed: bool, recs: list[Recovery],
+               repro: Reproducibility | None) -> list[Cause]:
+    """The likely causes (:func:`~analysis.diagnosis.diagnose`); a journal it cannot read leaves the verdict
+    standing and says so."""
+    try:
+        return diagnose(reference, run, cmp, failed=failed, recoveries=recs,
+                        reproducible=repro.equal if repro is not None else None)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return [Cause(code="unexplained", summary=f"the diagnosis could not read the journals ({type(e).__name__}: "
+                      f"{e})", evidence=[])]
+
+
+def _planted(c: CaughtExpect, first: Divergence | None, failures: list[str],
+             diagnosis: list[Cause]) -> tuple[Caught, list[str]]:
+    """A planted bug's judgement: caught when the verdict failed where, saying what, and diagnosed as the
+    expectation says; the failures become none when caught, one saying what was missed when not."""
+    named = c.component is None or (first is not None and first.component == c.component
+                                    and (c.key is None or first.key.startswith(c.key)))
+    said = c.failure is None or any(c.failure in f for f in failures)
+    why = c.cause is None or any(d.code == c.cause for d in diagnosis)
+    caught = Caught(expected=c, caught=bool(failures) and named and said and why, evidence=failures)
+    if caught.caught:
+        return caught, []
+    return caught, [
+        "the planted bug was not caught as expected (" + (f"first divergence in {c.component}" if c.component else "")
+        + (" and " if c.component and c.failure else "") + (f"a failure saying {c.failure!r}" if c.failure else "")
+        + (f", the cause diagnosed as {c.cause}" if c.cause else "")
+        + "); the verdict said: " + ("; ".join(failures) or "nothing wrong")
+        + (" (diagnosed: " + ", ".join(d.code for d in diagnosis) + ")" if diagnosis else "")]
+
+
+def _judge_loss(reference: Journal, run: Journal, cmp: Comparison, expect: LossExpect | None,
+                repro: Reproducibility | None) -> LossVerdict | None:
+    """The loss curve's verdict: against ``expect``, or (none asked) against the tolerance a job that is not
+    bit for bit reproducible showed between two uninterrupted runs; steps resumed mid-way left out (their
+    loss covers part of their micro-batches)."""
+    if expect is None and repro is not None and not repro.equal and repro.loss_rtol is not None:
+        expect = LossExpect(rtol=repro.loss_rtol)
+    if expect is None:
+        return None
+    partial = {p.step for p in cmp.partial}
+    ref_curve, run_curve = ({s: v for s, v in loss_curve(j).items() if s not in partial} for j in (reference, run))
+    return compare_curves(ref_curve, run_curve, expect)
+
+
+def _unexplained_restarts(run: Journal, fault_events: list[dict[str, Any]], exits: list[WorkerFailure]) -> list[str]:
+    """A failure when the job restarted more often than its fatal faults explain (a crash of its own)."""
+    restarts = max((e["incarnation"] for e in run.events("start")), default=0)
+    fatal = sum(1 for e in fault_events if e.get("fatal", True))
+    if restarts <= fatal:
+        return []
+    return [f"{restarts - fatal} restart(s) that no fault explains ({restarts} restarts, {fatal} fatal "
+            f"fault firings): {unexplained(exits)}; see the logs/ of the run"]
+
+
+def _divergence(cmp: Comparison) -> list[str]:
+    """Where the run first differs from the reference, and records the reference lacks (judged bit for bit)."""
+    out = []
+    if not cmp.equal and cmp.first is not None:
+        f = cmp.first
+        out.append(f"diverged at step {f.step}: {f.component} / {f.key} (rank {f.rank})")
+    if not cmp.equal and cmp.missing_reference:
+        out.append(f"{len(cmp.missing_reference)} records have no reference counterpart")
+    return out
+
+
+def _step_mismatches(run: Journal) -> list[str]:
+    """A framework counting other steps than the harness (one line per framework and rank)."""
+    return [f"rank {e['rank']}: {e['framework']} counts step {e['framework_step']} where the harness counted "
+            f"{e['counted']} optimizer steps (several optimizer steps per training step?)"
+            for e in {(e["framework"], e["rank"]): e for e in run.events("step_mismatch")}.values()]
+
+
 def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int, faults_declared: int,
           launch_failures: list[str] | None = None, again: Journal | None = None) -> Verdict:
     """The verdict; ``passed`` is True only if every expectation holds. ``launch_failures``: what went
@@ -425,27 +475,12 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     recs = recoveries(run)
     finished = final_step(run)
     failures: list[str] = list(launch_failures or [])
-    # Every rank of the job as it ended (fewer than the reference's after an elastic restart).
-    expected_ranks = set(range(run.world_size)) if run.world_size != reference.world_size else set(reference.ranks)
-    completed = expected_ranks <= set(finished) and all(finished[r] == steps for r in expected_ranks)
-    if not completed:
-        short = {r: s for r, s in finished.items() if r in expected_ranks and s != steps}
-        if short:  # it ended normally, after another number of steps
-            ends = ", ".join(f"rank {r} after {s}" for r, s in sorted(short.items()))
-            none = " (no optimizer step seen: the harness counts the steps of torch.optim optimizers)" \
-                if not any(short.values()) else ""
-            failures.append(f"run did not complete: it finished {ends} step(s), expected {steps} (workload.steps){none}")
-        else:
-            failures.append(f"run did not complete: finished ranks {sorted(finished)} of {sorted(expected_ranks)}")
+    completed, incomplete = _completion(reference, run, finished, steps)
+    failures += incomplete
     if cmp.resized and expect.loss is None:
         failures.append(f"{cmp.resized} records were written at world size {run.world_size} (the reference ran on "
                         f"{reference.world_size}); judging them needs expect.loss")
-    loss_expect = expect.loss
-    if loss_expect is None and repro is not None and not repro.equal and repro.loss_rtol is not None:
-        loss_expect = LossExpect(rtol=repro.loss_rtol)
-    partial = {p.step for p in cmp.partial}  # a step resumed mid-way: its loss covers part of its micro-batches
-    ref_curve, run_curve = ({s: v for s, v in loss_curve(j).items() if s not in partial} for j in (reference, run))
-    loss = compare_curves(ref_curve, run_curve, loss_expect) if loss_expect is not None else None
+    loss = _judge_loss(reference, run, cmp, expect.loss, repro)
     if loss is not None:
         failures.extend(f"loss curve: {f}" for f in loss.failures)
     fault_events = run.events("fault")
@@ -453,21 +488,11 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     missing = sorted(set(range(faults_declared)) - {e.get("id") for e in fault_events})
     if fired < faults_declared:
         failures.append(f"only {fired} of {faults_declared} faults fired (never fired: faults[{'], faults['.join(map(str, missing))}])")
-    if bitwise and not cmp.equal:
-        first = cmp.first
-        if first is not None:
-            failures.append(f"diverged at step {first.step}: {first.component} / {first.key} (rank {first.rank})")
-        if cmp.missing_reference:
-            failures.append(f"{len(cmp.missing_reference)} records have no reference counterpart")
-    for e in {(e["framework"], e["rank"]): e for e in run.events("step_mismatch")}.values():
-        failures.append(f"rank {e['rank']}: {e['framework']} counts step {e['framework_step']} where the harness "
-                        f"counted {e['counted']} optimizer steps (several optimizer steps per training step?)")
-    restarts = max((e["incarnation"] for e in run.events("start")), default=0)
-    fatal = sum(1 for e in fault_events if e.get("fatal", True))
+    if bitwise:
+        failures += _divergence(cmp)
+    failures += _step_mismatches(run)
     exits = worker_failures(run)
-    if restarts > fatal:
-        failures.append(f"{restarts - fatal} restart(s) that no fault explains ({restarts} restarts, {fatal} fatal "
-                        f"fault firings): {unexplained(exits)}; see the logs/ of the run")
+    failures += _unexplained_restarts(run, fault_events, exits)
     lost = max((r.lost_steps for r in recs), default=0)
     if expect.max_lost_steps is not None and lost > expect.max_lost_steps:
         failures.append(f"lost {lost} steps, at most {expect.max_lost_steps} allowed")
@@ -478,28 +503,12 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     if expect.max_recovery_seconds is not None and worst is not None and worst > expect.max_recovery_seconds:
         failures.append(f"recovery took {worst:.2f} s, at most {expect.max_recovery_seconds} s allowed")
     first = cmp.first
-    try:
-        # only a run whose records differ or which lost more than allowed has a resume to explain
-        lost_too_many = expect.max_lost_steps is not None and lost > expect.max_lost_steps
-        diagnosis = diagnose(reference, run, cmp, failed=not cmp.equal or lost_too_many, recoveries=recs,
-                             reproducible=repro.equal if repro is not None else None)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a journal it cannot read: the verdict stands
-        diagnosis = [Cause(code="unexplained", summary=f"the diagnosis could not read the journals ({type(e).__name__}: "
-                           f"{e})", evidence=[])]
+    # only a run whose records differ or which lost more than allowed has a resume to explain
+    lost_too_many = expect.max_lost_steps is not None and lost > expect.max_lost_steps
+    diagnosis = _diagnosis(reference, run, cmp, failed=not cmp.equal or lost_too_many, recs=recs, repro=repro)
     caught = None
     if expect.caught is not None:
-        c = expect.caught
-        named = c.component is None or (first is not None and first.component == c.component
-                                        and (c.key is None or first.key.startswith(c.key)))
-        said = c.failure is None or any(c.failure in f for f in failures)
-        why = c.cause is None or any(d.code == c.cause for d in diagnosis)
-        caught = Caught(expected=c, caught=bool(failures) and named and said and why, evidence=failures)
-        failures = [] if caught.caught else [
-            "the planted bug was not caught as expected (" + (f"first divergence in {c.component}" if c.component else "")
-            + (" and " if c.component and c.failure else "") + (f"a failure saying {c.failure!r}" if c.failure else "")
-            + (f", the cause diagnosed as {c.cause}" if c.cause else "")
-            + "); the verdict said: " + ("; ".join(failures) or "nothing wrong")
-            + (" (diagnosed: " + ", ".join(d.code for d in diagnosis) + ")" if diagnosis else "")]
+        caught, failures = _planted(expect.caught, first, failures, diagnosis)
     return Verdict(
         passed=not failures,
         failures=failures,
@@ -520,8 +529,8 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         completed=completed,
         recoveries=recs,
         windows=windows(run),
-        checkpoints_rejected=_by_step(run.events("checkpoint_rejected")),
-        checkpoints_failed=_by_step(run.events("checkpoint_failed")),
+        checkpoints_rejected=checkpoint_issues(run.events("checkpoint_rejected")),
+        checkpoints_failed=checkpoint_issues(run.events("checkpoint_failed")),
         interval_changes=interval_changes(run.events("interval_changed")),
         replication_changes=replication_changes(run),
         worker_failures=exits,
@@ -532,34 +541,3 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         metrics=efficiency(reference, run, steps),
         reproducibility=repro,
     )
-
-
-def _by_step(evs: list[dict[str, Any]]) -> list[CheckpointIssue]:
-    """One entry per (step, tier) with the first reason given (every rank reports its own)."""
-    out: dict[tuple[Any, Any], CheckpointIssue] = {}
-    for e in evs:
-        out.setdefault((e.get("step"), e.get("tier")),
-                       CheckpointIssue(step=e.get("step"), tier=e.get("tier"), reason=e.get("reason")))
-    return sorted(out.values(), key=lambda c: (c.step is None, c.step))
-
-
-def interval_changes(evs: list[dict[str, Any]]) -> list[IntervalChange]:
-    """One entry per step at which the interval changed (every rank journals the same decision)."""
-    out: dict[int, IntervalChange] = {}
-    for e in evs:
-        out.setdefault(int(e["step"]), IntervalChange(step=int(e["step"]), every=int(e["every"]), before=int(e["before"]),
-                                                      cost_seconds=float(e["cost_seconds"]), why=str(e.get("why", ""))))
-    return [out[k] for k in sorted(out)]
-
-
-def replication_changes(run: Journal) -> list[ReplicationChange]:
-    """The stores' stops and resumptions, each at the newest step the ranks had journaled by then."""
-    marks = sorted((e["t"], int(e["step"])) for evs in run.ranks.values() for e in evs
-                   if isinstance(e.get("step"), int) and not isinstance(e.get("step"), bool))
-    out = []
-    for e in run.stores:
-        if e["event"] in ("replication_degraded", "replication_resumed"):
-            step = max((s for t, s in marks if t <= e["t"]), default=None)
-            out.append(ReplicationChange(node=str(e.get("node")), step=step, stopped=e["event"] == "replication_degraded",
-                                         reason=str(e.get("reason", ""))))
-    return out

@@ -1,6 +1,7 @@
 """BAFT: bubble-aware fault-tolerant checkpointing for pipeline-parallel training.
 
-Public API: :class:`Checkpointer` and :class:`CheckpointConfig` (save/restore),
+Public API: :class:`Checkpointer` and :class:`CheckpointConfig` (save/restore; its strategies' sections
+:class:`BaftConfig` with :class:`ReplicationConfig`, and :class:`AsyncDcpConfig`),
 :class:`TrainState` (what a checkpoint holds), :mod:`baft.events` (hooks).
 
 The rooms: :mod:`baft.strategies` (each strategy, baft's snapshotter, the shared restores),
@@ -22,16 +23,20 @@ if TYPE_CHECKING:
     from baft import events
     from baft.checkpointer import Checkpointer
     from baft.components import COMPONENTS
-    from baft.config import STRATEGIES, CheckpointConfig
+    from baft.config import STRATEGIES, AsyncDcpConfig, BaftConfig, CheckpointConfig
     from baft.errors import BaftConfigError, BaftError, CheckpointCorrupt
     from baft.state.fingerprint import digest_components
     from baft.state.train import TrainState
+    from baft.store.config import ReplicationConfig
 
 #: Public name -> the submodule that defines it.
 _EXPORTS = {
     "events": "baft.events",
     "Checkpointer": "baft.checkpointer",
     "CheckpointConfig": "baft.config",
+    "BaftConfig": "baft.config",
+    "AsyncDcpConfig": "baft.config",
+    "ReplicationConfig": "baft.store.config",
     "STRATEGIES": "baft.config",
     "BaftConfigError": "baft.errors",
     "BaftError": "baft.errors",
@@ -41,8 +46,8 @@ _EXPORTS = {
     "digest_components": "baft.state.fingerprint",
 }
 
-__all__ = ["COMPONENTS", "STRATEGIES", "BaftConfigError", "BaftError", "CheckpointConfig", "CheckpointCorrupt",
-           "Checkpointer", "TrainState", "digest_components", "events"]
+__all__ = ["COMPONENTS", "STRATEGIES", "AsyncDcpConfig", "BaftConfig", "BaftConfigError", "BaftError", "CheckpointConfig",
+           "CheckpointCorrupt", "Checkpointer", "ReplicationConfig", "TrainState", "digest_components", "events"]
 
 _moved.install()  # the module paths before the rooms still import, with a warning
 __getattr__, __dir__ = exports(__name__, _EXPORTS)

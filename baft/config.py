@@ -1,24 +1,153 @@
-"""The checkpoint configuration: the ``checkpoint:`` section of a scenario."""
+"""The checkpoint configuration: the ``checkpoint:`` section of a scenario.
+
+:class:`CheckpointConfig` holds what every strategy shares (the strategy, the persistent interval and
+where the persistent tier lives) and a section per strategy with settings of its own: ``baft``
+(:class:`BaftConfig`: its shared-memory slots, the bubble profiler and planner, replication to peer
+nodes, its writer processes) and ``async_dcp`` (:class:`AsyncDcpConfig`). The keys these sections
+replaced (``checkpoint.replicas``, ``checkpoint.persist_writer``, ...) still load, with a warning that
+names the new path (:data:`RENAMED_KEYS`), for one release.
+"""
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from baft.bubbles.planner import PlannerConfig
 from baft.bubbles.profiler import ProfilerConfig
-from baft.errors import BaftConfigError
+from baft.errors import BaftConfigError, deprecated
 from baft.persist.storage import check_url, is_url
 from baft.priority import PRIORITIES
 from baft.store.config import ReplicationConfig
 
 StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
 STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
-#: The section's replication keys -> the fields of the stores' :class:`~baft.store.config.ReplicationConfig`.
-REPLICATION_KEYS = {"replicas": "replicas", "replication_rate": "rate", "replication_yield": "yield_to_training",
-                    "placement": "placement", "domain_nodes": "domain_nodes",
-                    "replication_max_slowdown": "max_slowdown", "store_priority": "priority"}
-_REPLICATION = ReplicationConfig()  # whose defaults the section's replication keys take
+
+
+@dataclass(kw_only=True, slots=True)
+class BaftConfig:
+    """``baft``'s own settings: the ``checkpoint.baft`` section."""
+
+    shm_dir: str = ""
+    """Directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
+    replicate_every: int = 1
+    """Hand every this many versions to the store for replication (1: every one)."""
+    writer: Literal["process", "thread", "dcp"] = "process"
+    """How the persister writes the DCP checkpoint. ``process``: each rank's file straight from
+    its sealed shared-memory slot, by a writer process of the rank's own (stdlib only, at the
+    ``persist_nice`` priority: off the training process's interpreter lock; :mod:`baft.persist.writer`),
+    and rank 0 writes DCP's metadata from what every rank wrote (one exchange; :mod:`baft.persist.dcpwrite`);
+    on an fsspec ``dir`` as ``thread``. ``thread``: the same, written by the persister thread.
+    ``dcp``: ``dcp.save`` of a private copy (for comparison). Stock ``dcp.load`` reads each."""
+    writer_priority: str = "idle"
+    """With ``writer: process``: the writer processes' CPU and I/O class: ``idle``
+    (``SCHED_IDLE`` and the idle I/O class: they write while the ranks wait in their bubbles; nice 19 where
+    the idle CPU class is refused) or ``normal`` (then ``persist_nice`` applies). Journaled
+    (``background_priority``)."""
+    persist_window_ms: float = 2.0
+    """The persister thread runs each step of a persist (its Python shares the interpreter lock with
+    training) only while the training thread waits in a pipeline window the profiler expects to last at least
+    this many milliseconds, or 100 ms later at the latest (0: whenever it is ready). Without such windows (no
+    pipeline) it never waits. Journaled per persist (``checkpoint_saved`` ``gated_seconds``)."""
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    """How the node stores replicate each version to peer nodes (needs nodes > 1): ``replicas``,
+    ``placement``, ``domain_nodes``, ``rate``, ``yield_to_training``, ``max_slowdown``, ``priority``
+    (:class:`~baft.store.config.ReplicationConfig`)."""
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    """Idle-window measurement and drift detection."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    """Chunking and packing into windows."""
+    store: str = ""
+    """Host:port of this node's store (set by the harness; empty: no store, no peers)."""
+    node: int = 0
+    """This node's index (set by the harness)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicate_every, bool) or not isinstance(self.replicate_every, int) or self.replicate_every < 1:
+            raise BaftConfigError("replicate_every", "an integer >= 1", self.replicate_every)
+        if self.writer not in ("process", "thread", "dcp"):
+            raise BaftConfigError("writer", "process, thread or dcp", self.writer)
+        if self.writer_priority not in PRIORITIES:
+            raise BaftConfigError("writer_priority", " or ".join(PRIORITIES), self.writer_priority)
+        if (isinstance(self.persist_window_ms, bool) or not isinstance(self.persist_window_ms, (int, float))
+                or not 0 <= self.persist_window_ms < math.inf):
+            raise BaftConfigError("persist_window_ms", "a number of milliseconds >= 0 (0: no gate)", self.persist_window_ms)
+
+
+@dataclass(kw_only=True, slots=True)
+class AsyncDcpConfig:
+    """``async-dcp``'s own settings: the ``checkpoint.async_dcp`` section."""
+
+    mode: Literal["thread", "process"] = "thread"
+    """Where DCP writes in the background: a thread of the training process, or a
+    checkpoint process of DCP's own per rank (``AsyncCheckpointerType.PROCESS``; it is spawned, so the
+    training script's entry point must be guarded by ``if __name__ == "__main__"``)."""
+    stager: bool = True
+    """Stage through DCP's ``DefaultStager`` (buffers cached across saves, the copy in a
+    staging thread; shared memory in process mode, pinned memory where CUDA is present) instead of
+    ``async_save``'s default copy into fresh memory each time."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("thread", "process"):
+            raise BaftConfigError("mode", "thread or process", self.mode)
+        if not isinstance(self.stager, bool):
+            raise BaftConfigError("stager", "true or false", self.stager)
+
+
+#: The keys the strategies' sections replaced -> their paths now (one release, with a warning).
+RENAMED_KEYS: dict[str, str] = {
+    "shm_dir": "baft.shm_dir", "replicate_every": "baft.replicate_every", "persist_writer": "baft.writer",
+    "writer_priority": "baft.writer_priority", "persist_window_ms": "baft.persist_window_ms",
+    "store": "baft.store", "node": "baft.node", "profiler": "baft.profiler", "planner": "baft.planner",
+    "replicas": "baft.replication.replicas", "placement": "baft.replication.placement",
+    "domain_nodes": "baft.replication.domain_nodes", "replication_rate": "baft.replication.rate",
+    "replication_yield": "baft.replication.yield_to_training",
+    "replication_max_slowdown": "baft.replication.max_slowdown", "store_priority": "baft.replication.priority",
+    "dcp_async": "async_dcp.mode", "dcp_stager": "async_dcp.stager",
+}
+
+
+def nest_renamed(data: Mapping[str, Any], where: str = "checkpoint", source: str = "") -> dict[str, Any]:
+    """``data`` (a ``checkpoint:`` mapping) with each key of :data:`RENAMED_KEYS` moved to its path now, in
+    nested mappings, after a warning that names both (``where``: the section's path; ``source``: the file it
+    came from, for the warning). A key given at both paths is an error: which one was meant?"""
+    out = {k: v for k, v in data.items() if k not in RENAMED_KEYS}
+    for old in (k for k in data if k in RENAMED_KEYS):
+        new = RENAMED_KEYS[old]
+        deprecated(f"{source + ': ' if source else ''}{where}.{old}", f"{where}.{new}", stacklevel=4)
+        *parents, leaf = new.split(".")
+        node = out
+        for i, key in enumerate(parents):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            elif not isinstance(child, Mapping):
+                raise BaftConfigError(".".join(parents[:i + 1]), f"a mapping (it also receives {old})", child)
+            elif not isinstance(child, dict):
+                child = node[key] = dict(child)
+            node = child
+        if leaf in node:
+            raise BaftConfigError(new, f"one of {old} (deprecated) and {new}, not both", data[old])
+        node[leaf] = data[old]
+    return out
+
+
+def _with(value: Any, cls: type, changes: Mapping[str, Any]) -> Any:
+    """``value`` (an instance of dataclass ``cls``, or None: its defaults) with ``changes`` (nested mappings
+    for nested dataclass fields) applied."""
+    base = value if value is not None else cls()
+    kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+    updates = {}
+    for key, v in changes.items():
+        inner = getattr(base, key)
+        if isinstance(v, Mapping) and dataclasses.is_dataclass(inner):
+            v = _with(inner, type(inner), v)
+        elif key not in kinds:
+            raise BaftConfigError(key, "a field of " + cls.__name__, v)
+        updates[key] = v
+    return dataclasses.replace(base, **updates)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,68 +183,10 @@ class CheckpointConfig:
     """``baft``, ``checkfreq``: how much lower than training's the CPU priority of the thread that persists
     in the background is (a nice increment, 0-19): with a higher one it runs mostly on CPU that training
     leaves idle, and a persist takes longer."""
-    persist_writer: Literal["process", "thread", "dcp"] = "process"
-    """``baft``: how the persister writes the DCP checkpoint. ``process``: each rank's file straight from
-    its sealed shared-memory slot, by a writer process of the rank's own (stdlib only, at the
-    ``persist_nice`` priority: off the training process's interpreter lock; :mod:`baft.persist.writer`),
-    and rank 0 writes DCP's metadata from what every rank wrote (one exchange; :mod:`baft.persist.dcpwrite`);
-    on an fsspec ``dir`` as ``thread``. ``thread``: the same, written by the persister thread.
-    ``dcp``: ``dcp.save`` of a private copy (for comparison). Stock ``dcp.load`` reads each."""
-    dcp_async: Literal["thread", "process"] = "thread"
-    """``async-dcp``: where DCP writes in the background: a thread of the training process, or a
-    checkpoint process of DCP's own per rank (``AsyncCheckpointerType.PROCESS``; it is spawned, so the
-    training script's entry point must be guarded by ``if __name__ == "__main__"``)."""
-    dcp_stager: bool = True
-    """``async-dcp``: stage through DCP's ``DefaultStager`` (buffers cached across saves, the copy in a
-    staging thread; shared memory in process mode, pinned memory where CUDA is present) instead of
-    ``async_save``'s default copy into fresh memory each time."""
-    shm_dir: str = ""
-    """``baft``: directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
-    replicas: int = _REPLICATION.replicas
-    """``baft``: peer nodes that keep a copy of each snapshot (needs nodes > 1)."""
-    placement: str = _REPLICATION.placement
-    """``baft``: which peers: ``ring`` (the next ``replicas`` nodes) or ``group`` (groups of
-    ``replicas + 1`` nodes replicating inside the group, Gemini's placement: fewer losses of k
-    nodes at once lose a state; :mod:`baft.store.placement`)."""
-    domain_nodes: int = _REPLICATION.domain_nodes
-    """``baft``: nodes per failure domain (rack), consecutive node indices sharing one; replicas then go
-    to other domains first, so a rack's loss leaves its nodes' copies in peer memory (0: no domains)."""
-    replicate_every: int = 1
-    """``baft``: hand every this many versions to the store for replication (1: every one)."""
-    replication_rate: float = _REPLICATION.rate
-    """``baft``: replication rate limit per node in bytes/s (0: none). When the link cannot
-    carry a replica per iteration, older versions are skipped and the skips journaled; when it
-    cannot deliver a replica before the persistent tier saves a newer version, replication
-    stops (journaled ``replication_degraded``) and is probed again after 30 s, then less often."""
-    replication_yield: bool = _REPLICATION.yield_to_training
-    """``baft``: the store sends replica data only while no rank of its node has pipeline
-    traffic in flight (a whole replica, or each 64 KiB piece on a slow link, waits at most 20 ms)."""
-    replication_max_slowdown: float = _REPLICATION.max_slowdown
-    """``baft``: the share by which replication may slow training (0.25: 25%; 0, the default: no limit),
-    measured by each node's store (versions timed while it sends and while it does not); beyond it,
-    once a persistent checkpoint exists, the store stops replicating, journals why
-    (``replication_degraded``) and probes again later."""
-    store_priority: str = _REPLICATION.priority
-    """``baft``: the node stores' CPU and I/O class: ``idle`` (they run on what the ranks leave idle) or
-    ``normal``; journaled by each store (``store_start``)."""
-    writer_priority: str = "idle"
-    """``baft`` with ``persist_writer: process``: the writer processes' CPU and I/O class: ``idle``
-    (``SCHED_IDLE`` and the idle I/O class: they write while the ranks wait in their bubbles; nice 19 where
-    the idle CPU class is refused) or ``normal`` (then ``persist_nice`` applies). Journaled
-    (``background_priority``)."""
-    persist_window_ms: float = 2.0
-    """``baft``: the persister thread runs each step of a persist (its Python shares the interpreter lock with
-    training) only while the training thread waits in a pipeline window the profiler expects to last at least
-    this many milliseconds, or 100 ms later at the latest (0: whenever it is ready). Without such windows (no
-    pipeline) it never waits. Journaled per persist (``checkpoint_saved`` ``gated_seconds``)."""
-    store: str = ""
-    """``baft``: host:port of this node's store (set by the harness; empty: no store, no peers)."""
-    node: int = 0
-    """``baft``: this node's index (set by the harness)."""
-    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
-    """``baft``: idle-window measurement and drift detection."""
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    """``baft``: chunking and packing into windows."""
+    baft: BaftConfig = field(default_factory=BaftConfig)
+    """``baft``'s own settings (read by that strategy only): its slots, replication, profiler, planner, writers."""
+    async_dcp: AsyncDcpConfig = field(default_factory=AsyncDcpConfig)
+    """``async-dcp``'s own settings (read by that strategy only): where DCP writes, how it stages."""
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -137,30 +208,57 @@ class CheckpointConfig:
             raise BaftConfigError("keep", "an integer >= 1", self.keep)
         if not isinstance(self.persist_nice, int) or not 0 <= self.persist_nice <= 19:
             raise BaftConfigError("persist_nice", "an integer from 0 to 19", self.persist_nice)
-        if (isinstance(self.persist_window_ms, bool) or not isinstance(self.persist_window_ms, (int, float))
-                or not 0 <= self.persist_window_ms < math.inf):
-            raise BaftConfigError("persist_window_ms", "a number of milliseconds >= 0 (0: no gate)", self.persist_window_ms)
-        if self.writer_priority not in PRIORITIES:
-            raise BaftConfigError("writer_priority", " or ".join(PRIORITIES), self.writer_priority)
-        if self.persist_writer not in ("process", "thread", "dcp"):
-            raise BaftConfigError("persist_writer", "process, thread or dcp", self.persist_writer)
-        if self.dcp_async not in ("thread", "process"):
-            raise BaftConfigError("dcp_async", "thread or process", self.dcp_async)
-        if not isinstance(self.dcp_stager, bool):
-            raise BaftConfigError("dcp_stager", "true or false", self.dcp_stager)
         if not isinstance(self.dir, str) or not self.dir:
             raise BaftConfigError("dir", "a directory or an fsspec URL", self.dir)
         if is_url(self.dir):
             check_url(self.dir)
-        try:
-            self.replication  # validated as the stores' own config
-        except BaftConfigError as e:  # named by the section's key
-            raise BaftConfigError(next(k for k, v in REPLICATION_KEYS.items() if v == e.field), e.expected, e.found) from None
-        if self.replicate_every < 1:
-            raise BaftConfigError("replicate_every", "an integer >= 1", self.replicate_every)
 
     @property
     def replication(self) -> ReplicationConfig:
-        """``baft``: how the node stores replicate (``replicas``, ``placement``, ``domain_nodes``, ``replication_rate``,
-        ``replication_yield``, ``replication_max_slowdown``, ``store_priority``)."""
-        return ReplicationConfig(**{field: getattr(self, key) for key, field in REPLICATION_KEYS.items()})
+        """``baft``: how the node stores replicate (``baft.replication``)."""
+        return self.baft.replication
+
+    def with_baft(self, **changes: Any) -> CheckpointConfig:
+        """This config with ``changes`` to its ``baft`` section (``cfg.with_baft(shm_dir=...)``)."""
+        return dataclasses.replace(self, baft=dataclasses.replace(self.baft, **changes))
+
+    @staticmethod
+    def nest_renamed(data: Mapping[str, Any], where: str, source: str) -> dict[str, Any]:
+        """How a loader of the ``checkpoint:`` section takes the keys the strategies' sections replaced
+        (:func:`nest_renamed`)."""
+        return nest_renamed(data, where, source)
+
+    if not TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any:
+            """A key the strategies' sections replaced, read where it lives now (with a warning)."""
+            new = RENAMED_KEYS.get(name)
+            if new is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            deprecated(f"CheckpointConfig.{name}", f"CheckpointConfig.{new}")
+            value: Any = self
+            for part in new.split("."):
+                value = getattr(value, part)
+            return value
+
+
+_generated_init = CheckpointConfig.__init__
+
+
+def _init(self: CheckpointConfig, **kwargs: Any) -> None:
+    """The dataclass's ``__init__``, taking the keys the strategies' sections replaced too (with a warning):
+    ``CheckpointConfig(strategy="baft", replicas=1)`` is ``CheckpointConfig(strategy="baft",
+    baft=BaftConfig(replication=ReplicationConfig(replicas=1)))``."""
+    if any(k in RENAMED_KEYS for k in kwargs):
+        sections = {s: kwargs.pop(s) for s in ("baft", "async_dcp") if dataclasses.is_dataclass(kwargs.get(s))}
+        nested = nest_renamed(kwargs, "CheckpointConfig")
+        for section, cls in (("baft", BaftConfig), ("async_dcp", AsyncDcpConfig)):
+            changes = nested.get(section)
+            if isinstance(changes, Mapping):  # old keys into the section given, or into its defaults
+                nested[section] = _with(sections.get(section), cls, changes)
+            elif section in sections:
+                nested[section] = sections[section]
+        kwargs = nested
+    _generated_init(self, **kwargs)
+
+
+CheckpointConfig.__init__ = _init  # type: ignore[method-assign]

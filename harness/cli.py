@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.campaign.layouts import LAYOUTS
 from harness.cliconfig import add_config_arguments, config_from_args, flag_error
 from harness.errors import Cancelled, HarnessError, UsageError
 
@@ -24,6 +23,15 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     with it torch, which the other commands need not wait for."""
     p = argparse.ArgumentParser(prog="baft", description="Fault-injection harness for distributed PyTorch training.")
     sub = p.add_subparsers(dest="command", required=True)
+    _run_flags(sub)
+    _campaign_flags(sub, command)
+    _reading_flags(sub)
+    _measuring_flags(sub, command)
+    return p
+
+
+def _run_flags(sub: Any) -> None:
+    """The flags of ``baft run`` (local, or against a cluster with ``--target k8s``)."""
     run = sub.add_parser("run", help="run a scenario against its reference and print the verdict")
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--out", type=Path, help="output directory (default runs/NAME-TIMESTAMP)")
@@ -59,6 +67,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
                           "$BAFT_CHAOS_CRDS); on a cluster the CRDs it serves are read")
     run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
     run.add_argument("--wandb-online", dest="wandb_online", action="store_true", help="publish online (needs WANDB_API_KEY)")
+
+
+def _campaign_flags(sub: Any, command: str | None) -> None:
+    """The flags of ``baft deploy``, ``suite`` and ``fuzz``."""
     dep = sub.add_parser("deploy", help="print Kubernetes manifests running the scenario's workload with baft in a "
                                         "cluster (and, with --harness, the harness with its RBAC)")
     dep.add_argument("scenario", type=Path, help="scenario YAML file (its workload, checkpoint policy, faults)")
@@ -73,16 +85,16 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     suite.add_argument("--no-report", dest="report", action="store_false", help="skip the HTML/Markdown reports")
     fz = sub.add_parser("fuzz", help="search fault schedules (hypothesis) for one that fails; shrink it to a minimal scenario")
     fz.add_argument("scenario", type=Path, help="base scenario (workload, checkpoint, expect; its faults are replaced)")
-    fz.add_argument("--budget", type=int, default=10, help="generated schedules to try (default 10)")
-    fz.add_argument("--shrink-budget", type=int, dest="shrink_budget", help="more runs to shrink a failure (default 2x budget)")
-    fz.add_argument("--max-faults", type=int, default=3, dest="max_faults", help="faults per schedule at most (default 3)")
-    fz.add_argument("--seed", type=int, default=0, help="seed of the search (default 0): the same seed tries the same schedules")
-    fz.add_argument("--layout", choices=sorted(LAYOUTS), help="run the base scenario's workload on this layout "
-                    "(pp-fsdp: PP2 x FSDP2; pp-tp: PP2 x TP2; stage-major-dp: PP2 x DP2, stage-major, on 2 nodes)")
-    fz.add_argument("--vary-policy", action="store_true", dest="vary_policy",
-                    help="draw the checkpoint's every (and baft's replicate_every) with each schedule")
+    from harness.campaign.fuzz import FuzzConfig  # torch-free, as the parser must be
+
+    add_config_arguments(fz, FuzzConfig)
     fz.add_argument("--out", type=Path, help="output directory (default runs/fuzz-NAME-TIMESTAMP)")
     fz.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
+
+
+def _reading_flags(sub: Any) -> None:
+    """The flags of the commands that read runs (``report``, ``findings``, ``advise``, ``publish``), ``validate``
+    and ``cleanup``."""
     rep = sub.add_parser("report", help="write report.html, report.md and plots for a run (or suite) directory")
     rep.add_argument("path", type=Path, help="a run directory of `baft run`, or a suite directory of `baft suite`")
     rep.add_argument("--mtbf", default="1,6,24", help="hours between failures for the interval advice (default 1,6,24)")
@@ -105,6 +117,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     clean.add_argument("--dry-run", dest="dry_run", action="store_true", help="list what would go; remove nothing")
     clean.add_argument("--force", action="store_true",
                        help="also what live runs own (stop every baft run first)")
+
+
+def _measuring_flags(sub: Any, command: str | None) -> None:
+    """The flags of ``baft bench`` and ``project``."""
     bench = sub.add_parser("bench", help="measure each checkpointing strategy's cost against none (paired)")
     bench.add_argument("--out", type=Path, default=Path("runs/bench"), help="output directory (default runs/bench)")
     if command == "bench":
@@ -133,7 +149,6 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         from analysis.projection import Target
 
         add_config_arguments(proj, Target)
-    return p
 
 
 def _project(args: argparse.Namespace) -> int:
@@ -307,13 +322,11 @@ def _publish(path: Path, online: bool, project: str = "baft-harness", entity: st
 
 
 def _fuzz(args: argparse.Namespace) -> int:
-    from harness.campaign.fuzz import fuzz
+    from harness.campaign.fuzz import FuzzConfig, fuzz
 
-    if args.budget < 1 or args.max_faults < 1 or (args.shrink_budget is not None and args.shrink_budget < 0):
-        raise UsageError("--budget and --max-faults: expected integers >= 1 (--shrink-budget >= 0)")
+    config = config_from_args(FuzzConfig, args)
     out = args.out or Path("runs") / f"fuzz-{args.scenario.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    r = fuzz(args.scenario, args.budget, out, args.cache, args.max_faults, args.shrink_budget,
-             layout=args.layout, vary_policy=args.vary_policy, seed=args.seed)
+    r = fuzz(args.scenario, config, out, args.cache)
     failed = sum(not t.passed for t in r.trials)
     unrealized = sum(t.unrealized for t in r.trials)
     print(f"{len(r.trials)} trials, {failed} failed" + (f", {unrealized} unrealized (a persist or replicate fault "
@@ -325,15 +338,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1
 
 
-def _k8s(scenario: Any, args: argparse.Namespace) -> int:
-    """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
-    against the job on the cluster (:mod:`harness.cluster.run`)."""
-    from analysis.summary import format_summary
-    from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
-    from injectors.chaosmesh.manifests import ClusterTarget, Crds, CrdUnavailable, Unmappable, to_yaml, validate
-    from injectors.chaosmesh.schema import ManifestInvalid
-    from injectors.errors import InjectorError
-
+def _k8s_flags(args: argparse.Namespace) -> dict[str, str]:
+    """``--target k8s``'s flags checked together (a usage error names what is missing or wrong); the
+    label selector as a mapping."""
     if not args.namespace or not args.selector:
         raise UsageError("--target k8s needs --namespace and --selector k=v[,k=v]")
     if not args.dry_run and args.job_dir is None and args.wandb_run is None:
@@ -357,6 +364,19 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
     if args.crds is not None and not args.dry_run:
         raise UsageError("--crds is for --dry-run: on a cluster the objects are validated against the CRDs the "
                          "cluster serves")
+    return selector
+
+
+def _k8s(scenario: Any, args: argparse.Namespace) -> int:
+    """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
+    against the job on the cluster (:mod:`harness.cluster.run`)."""
+    from analysis.summary import format_summary
+    from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
+    from injectors.chaosmesh.manifests import ClusterTarget, Crds, CrdUnavailable, Unmappable, to_yaml, validate
+    from injectors.chaosmesh.schema import ManifestInvalid
+    from injectors.errors import InjectorError
+
+    selector = _k8s_flags(args)
     crds = None  # on a cluster: the ones it serves, read through the client (ClusterRun validates against them)
     if args.dry_run:
         try:

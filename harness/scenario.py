@@ -232,9 +232,9 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
                                 "which steps persist is known only while the job runs; use at_time or every)", at)
         if announced == "persist" and at is not None and (at == 0 or at % checkpoint.every):
             raise ScenarioError(file, f"{path}.at_step", f"a step baft persists (a multiple of checkpoint.every = {checkpoint.every})", at)
-        if announced == "replicate" and (checkpoint.replicas < 1 or nodes < 2):
+        if announced == "replicate" and (checkpoint.baft.replication.replicas < 1 or nodes < 2):
             raise ScenarioError(file, f"{path}.phase", "replication, which needs workload.nodes >= 2 and "
-                                "checkpoint.replicas >= 1", phase)
+                                "checkpoint.baft.replication.replicas >= 1", phase)
 
 
 def check_restarts(faults: list[FaultSpec], run: RunConfig, file: str, steps: int) -> None:

@@ -105,6 +105,12 @@ def build(cls: type[T], data: Any, file: str, path: str = "") -> T:
         data = {}
     if not isinstance(data, dict):
         raise ScenarioError(file, path, "a mapping", found_repr(data))
+    nest = getattr(cls, "nest_renamed", None)  # keys that moved: warned about, taken at their new paths
+    if nest is not None:
+        try:
+            data = nest(data, path or cls.__name__, file)
+        except ValueError as e:
+            raise _scenario_error(e, file, path) from None
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]  # T: a dataclass
     unknown = [k for k in data if k not in fields]
@@ -122,11 +128,16 @@ def build(cls: type[T], data: Any, file: str, path: str = "") -> T:
     try:
         return cls(**kwargs)
     except ValueError as e:
-        field = getattr(e, "field", None)
-        if field is not None:
-            where = f"{path}.{field}" if path else field
-            raise ScenarioError(file, where, e.expected, e.found) from None  # type: ignore[attr-defined]
-        raise ScenarioError(file, path or "<top>", "valid values", f"<{e}>") from None
+        raise _scenario_error(e, file, path) from None
+
+
+def _scenario_error(e: ValueError, file: str, path: str) -> ScenarioError:
+    """A config's own error (a :class:`~baft.errors.BaftConfigError` names its field) at its key path."""
+    field = getattr(e, "field", None)
+    if field is not None:
+        where = f"{path}.{field}" if path else field
+        return ScenarioError(file, where, e.expected, e.found)  # type: ignore[attr-defined]
+    return ScenarioError(file, path or "<top>", "valid values", f"<{e}>")
 
 
 def to_plain(obj: Any) -> Any:

@@ -221,87 +221,104 @@ class Store:
         return {"ok": True}, b""
 
     def _handle(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        op = header.get("op")
-        if op == "ping":
-            return {"ok": True, "node": self.node}, b""
-        if op == "sealed":
-            file = self.own_slot_path(header.get("rank"), header.get("version"), header.get("file"))
-            with self._cond:
-                versions = self._sealed.setdefault(header["rank"], {})
-                versions[header["version"]] = str(file)
-                if header["version"] > self._done:
-                    self._unreplicated.add(header["version"])
-                for old in sorted(versions)[:-(SLOTS - 1)]:
-                    del versions[old]  # its slot is being reused for the next version by now
-                every = header.get("persist_every")
-                busy = self._busy or self._inflight is not None  # replica data went out since the last seal
-                self._busy = False
-                persisted = header.get("persisted")
-                self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None, busy,
-                                   persisted if type(persisted) is int else None)
-                if self._current is None:
-                    self._start_round()  # at once: a peer's round of it then finds the kept copy
-                if header["version"] == self._current:
-                    self._capture(header["rank"])  # now, before the slot is reused
-                if header["version"] in self._peers_rounds.needed():
-                    self._hold_rank(header["rank"], header["version"])
-                self._cond.notify()
-            return {"ok": True}, b""
-        if op == "discard":
-            version = header.get("version")
-            if type(version) is not int or version < -1:
-                raise ValueError(f"version must be an integer >= -1 (-1: every version), got {version!r}")
-            rank, _ = self._check(header.get("rank"), 0)
-            dropped = self.discard(rank, version)
-            if header.get("forward", True):
-                for i, addr in enumerate(self.addresses):
-                    if i != self.node:
-                        try:
-                            self.request(addr, {"op": "discard", "rank": rank, "version": version, "forward": False})
-                        except OSError:
-                            continue  # that node is down: its copies are gone with it
-            return {"ok": True, "dropped": dropped}, b""
-        if op == "query":
-            self._check(header.get("rank"), 0)
-            return {"copies": [[v, str(p)] for v, p in copies(self.root, header["rank"])]}, b""
-        if op == "fetch":
-            self._check(header.get("rank"), header.get("version"))
-            for v, p in copies(self.root, header["rank"]):
-                if v == header["version"]:
-                    data = read_complete(p, v)
-                    if data is not None:
-                        return {"ok": True}, data
-            return {"ok": False}, b""
-        if op == "locate":
-            self._check(header.get("rank"), 0)
-            found: list[list[Any]] = [[v, self.node] for v, _ in copies(self.root, header["rank"])]
+        handler = {"ping": self._ping, "sealed": self._sealed_op, "discard": self._discard_op, "query": self._query,
+                   "fetch": self._fetch, "locate": self._locate, "pull": self._pull}.get(str(header.get("op")))
+        if handler is None:
+            raise ValueError(f"unknown op {str(header.get('op'))[:40]!r}")
+        return handler(header)
+
+    def _ping(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """Alive, and which node."""
+        return {"ok": True, "node": self.node}, b""
+
+    def _sealed_op(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """A local rank sealed a version: note it, take it into the round if it is the round's."""
+        file = self.own_slot_path(header.get("rank"), header.get("version"), header.get("file"))
+        with self._cond:
+            versions = self._sealed.setdefault(header["rank"], {})
+            versions[header["version"]] = str(file)
+            if header["version"] > self._done:
+                self._unreplicated.add(header["version"])
+            for old in sorted(versions)[:-(SLOTS - 1)]:
+                del versions[old]  # its slot is being reused for the next version by now
+            every = header.get("persist_every")
+            busy = self._busy or self._inflight is not None  # replica data went out since the last seal
+            self._busy = False
+            persisted = header.get("persisted")
+            self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None, busy,
+                               persisted if type(persisted) is int else None)
+            if self._current is None:
+                self._start_round()  # at once: a peer's round of it then finds the kept copy
+            if header["version"] == self._current:
+                self._capture(header["rank"])  # now, before the slot is reused
+            if header["version"] in self._peers_rounds.needed():
+                self._hold_rank(header["rank"], header["version"])
+            self._cond.notify()
+        return {"ok": True}, b""
+
+    def _discard_op(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """Forget a rank's copies newer than a version, here and (forwarded) on every node."""
+        version = header.get("version")
+        if type(version) is not int or version < -1:
+            raise ValueError(f"version must be an integer >= -1 (-1: every version), got {version!r}")
+        rank, _ = self._check(header.get("rank"), 0)
+        dropped = self.discard(rank, version)
+        if header.get("forward", True):
             for i, addr in enumerate(self.addresses):
-                if i == self.node:
-                    continue
-                try:
-                    reply, _ = self.request(addr, {"op": "query", "rank": header["rank"]}, timeout=5)
-                    found += [[v, i] for v, _ in reply["copies"]]
-                except OSError:
-                    continue  # that node is down: its copies are gone
-            return {"copies": found}, b""
-        if op == "pull":
-            rank, version = self._check(header.get("rank"), header.get("version"))
-            dest = self.own_slot_path(rank, version, header.get("dest"))
-            order = [self.node] + [i for i in range(len(self.addresses)) if i != self.node]
-            for i in order:
-                try:
-                    reply, data = (self.handle({"op": "fetch", "rank": rank, "version": version}) if i == self.node
-                                   else self.request(self.addresses[i], {"op": "fetch", "rank": rank, "version": version}))
-                except OSError:
-                    continue
-                if reply.get("ok"):
-                    t = time.perf_counter()
-                    write_slot(dest, data)
-                    self.log("pulled", rank=rank, version=version, source=f"node{i}", bytes=len(data),
-                             seconds=time.perf_counter() - t)
-                    return {"ok": True, "source": i}, b""
-            return {"ok": False}, b""
-        raise ValueError(f"unknown op {str(op)[:40]!r}")
+                if i != self.node:
+                    try:
+                        self.request(addr, {"op": "discard", "rank": rank, "version": version, "forward": False})
+                    except OSError:
+                        continue  # that node is down: its copies are gone with it
+        return {"ok": True, "dropped": dropped}, b""
+
+    def _query(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The complete copies of a rank this node holds."""
+        self._check(header.get("rank"), 0)
+        return {"copies": [[v, str(p)] for v, p in copies(self.root, header["rank"])]}, b""
+
+    def _fetch(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The bytes of one complete copy held here."""
+        self._check(header.get("rank"), header.get("version"))
+        for v, p in copies(self.root, header["rank"]):
+            if v == header["version"]:
+                data = read_complete(p, v)
+                if data is not None:
+                    return {"ok": True}, data
+        return {"ok": False}, b""
+
+    def _locate(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The complete copies of a rank on every node that answers."""
+        self._check(header.get("rank"), 0)
+        found: list[list[Any]] = [[v, self.node] for v, _ in copies(self.root, header["rank"])]
+        for i, addr in enumerate(self.addresses):
+            if i == self.node:
+                continue
+            try:
+                reply, _ = self.request(addr, {"op": "query", "rank": header["rank"]}, timeout=5)
+                found += [[v, i] for v, _ in reply["copies"]]
+            except OSError:
+                continue  # that node is down: its copies are gone
+        return {"copies": found}, b""
+
+    def _pull(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """Bring a copy (from this node or a peer) into the rank's slot file."""
+        rank, version = self._check(header.get("rank"), header.get("version"))
+        dest = self.own_slot_path(rank, version, header.get("dest"))
+        order = [self.node] + [i for i in range(len(self.addresses)) if i != self.node]
+        for i in order:
+            try:
+                reply, data = (self.handle({"op": "fetch", "rank": rank, "version": version}) if i == self.node
+                               else self.request(self.addresses[i], {"op": "fetch", "rank": rank, "version": version}))
+            except OSError:
+                continue
+            if reply.get("ok"):
+                t = time.perf_counter()
+                write_slot(dest, data)
+                self.log("pulled", rank=rank, version=version, source=f"node{i}", bytes=len(data),
+                         seconds=time.perf_counter() - t)
+                return {"ok": True, "source": i}, b""
+        return {"ok": False}, b""
 
     def discard(self, rank: int, version: int) -> list[int]:
         """Forget every copy of ``rank`` newer than ``version`` on this node: sealed versions not yet

@@ -67,7 +67,7 @@ class BaftStrategy(Strategy):
         self._committed = -1  # the newest version the persistent tier holds committed (the store's measure)
         self.places: list[tuple[str, int]] | None = None
         """Every rank's pieces of state and replica index (:meth:`~baft.strategies.base.Strategy.gather_places`)."""
-        ms = self.config.persist_window_ms
+        ms = self.config.baft.persist_window_ms
         self.gate = IdleGate(ms / 1e3 if ms > 0 else -1.0, lambda: self.snap.profiler.expected if self.snap else None)
         """What the persister thread passes before each step of a persist (``persist_window_ms``); open until
         :meth:`attached` gives it the training thread's waits."""
@@ -77,8 +77,8 @@ class BaftStrategy(Strategy):
 
     @property
     def shm_dir(self) -> Path:
-        if self.config.shm_dir:
-            return Path(self.config.shm_dir)
+        if self.config.baft.shm_dir:
+            return Path(self.config.baft.shm_dir)
         root = self.root
         key = str(root.resolve()) if isinstance(root, Path) else root
         tag = hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
@@ -160,8 +160,8 @@ class BaftStrategy(Strategy):
                         "sealed on every rank")
             return False
         v = max(common)
-        if self.config.persist_writer == "process" and self._files is None:
-            self._files = WriterProcess(self.config.persist_nice, self.config.writer_priority)
+        if self.config.baft.writer == "process" and self._files is None:
+            self._files = WriterProcess(self.config.persist_nice, self.config.baft.writer_priority)
             events.emit("background_priority", process="writer", pid=self._files.pid, **self._files.applied.fields())
         snap.pinned.add(slot_of(v))
         self._persisted = v
@@ -177,7 +177,7 @@ class BaftStrategy(Strategy):
         t0, gated = time.perf_counter(), gate.waited
         events.emit("phase", phase="persist", step=version)
         rank, world = rank_world()
-        direct = self.config.persist_writer != "dcp"
+        direct = self.config.baft.writer != "dcp"
         try:
             # direct: written from views of the pinned slot (no copy; the slot stays pinned while its
             # bytes go to the file); dcp: a private copy, the slot released once its state dict is made

@@ -46,16 +46,16 @@ class AsyncDCPStrategy(Strategy):
 
         self.group = checkpoint_group()
         self.places = self.gather_places()
-        process = self.config.dcp_async == "process"
+        process = self.config.async_dcp.mode == "process"
         self._mode = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
-        if self.config.dcp_stager:
+        if self.config.async_dcp.stager:
             self._stager = dcp_stager(shared_memory=process)
 
     def settings(self) -> dict[str, Any]:
         """What this baseline runs with (for a benchmark's record)."""
-        return {"async": self.config.dcp_async, "stager": "DefaultStager" if self.config.dcp_stager else "default copy",
+        return {"async": self.config.async_dcp.mode, "stager": "DefaultStager" if self.config.async_dcp.stager else "default copy",
                 "pinned_memory": bool(self._stager is not None and torch.cuda.is_available()),
-                "shared_memory": self.config.dcp_async == "process" and self._stager is not None}
+                "shared_memory": self.config.async_dcp.mode == "process" and self._stager is not None}
 
     def restore(self) -> int | None:
         return restore_dcp(self, self.group)

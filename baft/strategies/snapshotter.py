@@ -137,7 +137,7 @@ class BubbleSnapshotter:
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
         self.world = world
         self.tp = tp
-        self.profiler = BubbleProfiler(config.profiler)
+        self.profiler = BubbleProfiler(config.baft.profiler)
         # Process-wide: the copier thread must hand the GIL back within half a millisecond when the
         # training thread wants it. Said in the log, and put back by close().
         self._switch_interval = sys.getswitchinterval()
@@ -145,7 +145,7 @@ class BubbleSnapshotter:
             sys.setswitchinterval(SWITCH_INTERVAL)
             log.info("baft: sys.setswitchinterval(%g) (was %g) while the snapshotter is attached, so the copier "
                      "thread yields the GIL to training quickly", SWITCH_INTERVAL, self._switch_interval)
-        self.engine = CopyEngine(config.planner.copier, budget=self._window_budget)
+        self.engine = CopyEngine(config.baft.planner.copier, budget=self._window_budget)
         self.profiler.listeners.append(self.engine.on_wait)
         self.buffer = SnapshotBuffer(shm_dir, rank)
         self.specs: list[TensorSpec] | None = None
@@ -158,7 +158,7 @@ class BubbleSnapshotter:
         self._jobs: dict[int, list[CopyJob]] = {}
         self._staged: dict[str, torch.Tensor] = {}  # the model's buffers at the last boundary (_stage_buffers)
         self._static: tuple[tuple[Any, ...], bytes | None] | None = None
-        self.store = StoreClient(config.store) if config.store else None
+        self.store = StoreClient(config.baft.store) if config.baft.store else None
         self.traffic: TrafficFlag | None = None
         if self.store is not None:  # tell the node's store when pipeline traffic is in flight
             traffic = self.traffic = TrafficFlag(Path(shm_dir) / TRAFFIC_FILE, rank)
@@ -255,7 +255,7 @@ class BubbleSnapshotter:
         """Seconds of snapshot work the current plan allows in the window at ``window``."""
         if self.plan is None or window >= len(self.plan.windows):
             return 0.0
-        return self.plan.windows[window] * self.config.planner.fill
+        return self.plan.windows[window] * self.config.baft.planner.fill
 
     def _bulk_identity(self) -> tuple[Any, ...]:
         """Which storages hold the bulk state: unchanged while training updates them in place.
@@ -349,7 +349,7 @@ class BubbleSnapshotter:
     def _relayout(self, specs: list[TensorSpec]) -> None:
         reason = "first snapshot" if self.specs is None else "state layout changed"
         self.specs = specs
-        self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.config.planner.chunk_bytes)
+        self.chunks = make_chunks([(s.offset, s.nbytes) for s in specs], self.config.baft.planner.chunk_bytes)
         self.mine = owned(self.chunks, self.replica, self.replicas)
         if self.tp is not None and self.tp[0] != 0:  # TP rank 0 copies what the TP ranks hold alike
             shared = shared_tensors(specs, self.state, self.placements, self._tp_peers())
@@ -372,7 +372,7 @@ class BubbleSnapshotter:
         version = pending["version"]
         pending["slot"].complete(version, pending["meta"])
         self.last_sealed = version
-        if (self.store is not None and version % self.config.replicate_every == 0
+        if (self.store is not None and version % self.config.baft.replicate_every == 0
                 and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)),
                                       *(self.persistent() if self.persistent is not None else (None, None)))):
             events.emit("phase", phase="replicate", step=version)  # the store is now copying it to a peer
@@ -408,7 +408,7 @@ class BubbleSnapshotter:
         windows = self.profiler.accept() if self.profiler.warm else []
         if iteration_seconds <= 0 and self.profiler.history:
             iteration_seconds = self.profiler.history[-1].seconds  # e.g. a layout change between profiles
-        self.plan = plan(self.mine, windows, self.bandwidth, self.config.planner,
+        self.plan = plan(self.mine, windows, self.bandwidth, self.config.baft.planner,
                          iteration_seconds=iteration_seconds, reason=reason)
         events.emit("replan", **self.plan.describe())
 
@@ -467,7 +467,7 @@ class BubbleSnapshotter:
             self.buffer.close()
             source = self.store.pull(self.rank, version, self.buffer.path(slot_of(version)))
             complete = {v: k for v, k in self._open_slots().items() if self._written_as_mine(self.buffer.slots[k])}
-            tier = "peer" if source is not None and source != self.config.node else "shm"
+            tier = "peer" if source is not None and source != self.config.baft.node else "shm"
         if all_min(int(version in complete)) == 0:  # some rank could not get it: all fall back together
             self.buffer.close()
             return None
@@ -519,7 +519,7 @@ class BubbleSnapshotter:
                     buf = here[o] = SnapshotBuffer(pulled, o)
                     pulled.mkdir(parents=True, exist_ok=True)
                     source = self.store.pull(o, version, buf.path(slot_of(version))) if self.store else None
-                    tier = "peer" if source is not None and source != self.config.node else tier
+                    tier = "peer" if source is not None and source != self.config.baft.node else tier
                     buf.open_existing()
                 slot = buf.slots.get(slot_of(version))
                 info = slot.info(slot_of(version)) if slot is not None else None

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -27,7 +27,7 @@ from baft.config import CheckpointConfig
 from baft.traits import TRAITS, Traits
 
 from harness.campaign.layouts import LAYOUTS
-from harness.errors import HarnessError, ScenarioError
+from harness.errors import ConfigValueError, HarnessError, ScenarioError
 from harness.scenario import parse
 from harness.schema import build
 from harness.worker.spec import WorkloadConfig
@@ -87,8 +87,8 @@ def phase_steps(data: dict[str, Any]) -> dict[str, list[int]]:
     out = {p: every_step for p in DRAWN_LOOP_PHASES + strategy.step_phases}
     if "persist" in strategy.phases:
         out["persist"] = [s for s in every_step if s % ck.every == 0]
-    if "replicate" in strategy.phases and w.nodes > 1 and ck.replicas >= 1:
-        out["replicate"] = [s for s in every_step if s % ck.replicate_every == 0]
+    if "replicate" in strategy.phases and w.nodes > 1 and ck.baft.replication.replicas >= 1:
+        out["replicate"] = [s for s in every_step if s % ck.baft.replicate_every == 0]
     return {p: steps for p, steps in out.items() if steps}
 
 
@@ -119,15 +119,28 @@ def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
 def policies(data: dict[str, Any]) -> Any:
     """A hypothesis strategy of checkpoint policies around the scenario's: ``every`` and, under
     ``baft``, ``replicate_every`` drawn (shrinking toward 1); the rest as the scenario has it."""
+    import warnings
+
     from hypothesis import strategies as st
 
-    ck = dict(data.get("checkpoint") or {})
+    from baft.config import nest_renamed
+
+    with warnings.catch_warnings():  # the base scenario's load said so already
+        warnings.simplefilter("ignore")
+        ck = nest_renamed(data.get("checkpoint") or {})
     steps = int((data.get("workload") or {}).get("steps", 30))
     top = max(1, min(8, steps // 2))
     fields: dict[str, Any] = {"every": st.integers(1, top)}
     if ck.get("strategy") == "baft":
         fields["replicate_every"] = st.integers(1, 6)
-    return st.fixed_dictionaries(fields).map(lambda drawn: {**ck, **drawn})
+
+    def policy(drawn: dict[str, Any]) -> dict[str, Any]:
+        out = {**ck, "every": drawn["every"]}
+        if "replicate_every" in drawn:
+            out["baft"] = {**(ck.get("baft") or {}), "replicate_every": drawn["replicate_every"]}
+        return out
+
+    return st.fixed_dictionaries(fields).map(policy)
 
 
 def with_schedule(data: dict[str, Any], schedule: list[dict[str, Any]], name: str,
@@ -157,31 +170,87 @@ class _Spent(Exception):
     """The trial budget is used up (while shrinking)."""
 
 
-def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None, max_faults: int = 3,
-         shrink_budget: int | None = None, *, layout: str | None = None, vary_policy: bool = False, seed: int = 0,
-         echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> FuzzResult:
-    """Run up to ``budget`` generated schedules; once one fails, up to ``shrink_budget`` more
-    (default ``2 * budget``) to shrink it. ``layout`` (:data:`LAYOUTS`) sets the workload's layout;
-    ``vary_policy`` draws the checkpoint intervals too (:func:`policies`). The search is
-    deterministic: the same scenario, budget and ``seed`` try the same schedules."""
-    from hypothesis import HealthCheck, Phase, find, settings
-    from hypothesis import strategies as st
-    from hypothesis.errors import NoSuchExample
+Layout = Literal["pp-fsdp", "pp-tp", "pp-fsdp-tp", "stage-major-dp"]
 
-    from harness.run.runner import run_scenario
 
+@dataclass(kw_only=True, slots=True)
+class FuzzConfig:
+    """How ``baft fuzz`` searches (its flags are these fields)."""
+
+    budget: int = 10
+    """Generated schedules to try."""
+    shrink_budget: int | None = None
+    """More runs to shrink a failure (default: twice the budget)."""
+    max_faults: int = 3
+    """Faults per schedule at most."""
+    seed: int = 0
+    """Seed of the search: the same seed tries the same schedules."""
+    layout: Layout | None = None
+    """Run the base scenario's workload on this layout (pp-fsdp: PP2 x FSDP2; pp-tp: PP2 x TP2; pp-fsdp-tp:
+    PP2 x FSDP2 x TP2; stage-major-dp: PP2 x DP2, stage-major, on 2 nodes)."""
+    vary_policy: bool = False
+    """Draw the checkpoint's every (and baft's replicate_every) with each schedule."""
+
+    def __post_init__(self) -> None:
+        for key in ("budget", "max_faults"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigValueError(key, "an integer >= 1", value)
+        if self.shrink_budget is not None and (isinstance(self.shrink_budget, bool)
+                                               or not isinstance(self.shrink_budget, int) or self.shrink_budget < 0):
+            raise ConfigValueError("shrink_budget", "an integer >= 0 (unset: twice the budget)", self.shrink_budget)
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ConfigValueError("layout", "one of " + ", ".join(sorted(LAYOUTS)), self.layout)
+
+    @property
+    def limit(self) -> int:
+        """Trials at most, the shrinking included."""
+        return self.budget + (2 * self.budget if self.shrink_budget is None else self.shrink_budget)
+
+
+def _base(scenario_file: Path, layout: str | None) -> dict[str, Any]:
+    """The base scenario's mapping (on ``layout``, if given), checked to be a valid scenario."""
     data = yaml.safe_load(scenario_file.read_text())
     if not isinstance(data, dict) or "name" not in data:
         raise ScenarioError(str(scenario_file), "name", "a scenario mapping with a name", type(data).__name__)
     if layout is not None:
         data = with_layout(data, layout)
-    parse(data, str(scenario_file))  # the base scenario must be valid
+    parse(data, str(scenario_file))
+    return data
+
+
+def _run_trial(scenario: Any, schedule: list[dict[str, Any]], policy: dict[str, Any] | None, run_dir: Path,
+               cache: Path | None) -> Trial:
+    """One trial run and its outcome; a failure whose only cause is a persist or replicate fault that found
+    no version to hit (an earlier fault's restart went past it) is *unrealized*, not failed."""
+    from harness.run.runner import run_scenario
+
+    try:
+        v = run_scenario(scenario, run_dir, cache, report=False)
+    except HarnessError as e:
+        return Trial(schedule, False, run_dir, [f"harness error: {e}"], policy)
+    unrealized = (not v.passed and len(v.failures) == 1 and bool(v.faults_unfired)
+                  and all(_phase(schedule[i]) in UNREALIZABLE for i in v.faults_unfired))
+    return Trial(schedule, v.passed or unrealized, run_dir, list(v.failures), policy, unrealized)
+
+
+def fuzz(scenario_file: Path, config: FuzzConfig, out: Path, cache: Path | None = None,
+         echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> FuzzResult:
+    """Run up to ``config.budget`` generated schedules; once one fails, up to ``config.shrink_budget`` more
+    to shrink it (:class:`FuzzConfig`). The search is deterministic: the same scenario, budget and seed
+    try the same schedules."""
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis import strategies as st
+    from hypothesis.errors import NoSuchExample
+
+    budget, layout, seed = config.budget, config.layout, config.seed
+    data = _base(scenario_file, layout)
     base = data["name"]
     out.mkdir(parents=True, exist_ok=True)
     trials: list[Trial] = []
     seen: dict[str, Trial] = {}
 
-    limit = budget + (2 * budget if shrink_budget is None else shrink_budget)
+    limit = config.limit
 
     def fails(drawn: tuple[dict[str, Any] | None, list[dict[str, Any]]]) -> bool:
         policy, schedule = drawn
@@ -198,14 +267,7 @@ def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None,
             echo(f"trial {n:03d}: skipped ({e.expected})")
             seen[key] = Trial(schedule, True, out, [f"invalid: {e}"], policy)
             return False
-        run_dir = out / f"trial-{n:03d}"
-        try:
-            v = run_scenario(scenario, run_dir, cache, report=False)
-            unrealized = (not v.passed and len(v.failures) == 1 and bool(v.faults_unfired)
-                          and all(_phase(schedule[i]) in UNREALIZABLE for i in v.faults_unfired))
-            trial = Trial(schedule, v.passed or unrealized, run_dir, list(v.failures), policy, unrealized)
-        except HarnessError as e:
-            trial = Trial(schedule, False, run_dir, [f"harness error: {e}"], policy)
+        trial = _run_trial(scenario, schedule, policy, out / f"trial-{n:03d}", cache)
         trials.append(trial)
         seen[key] = trial
         outcome = "unrealized" if trial.unrealized else "passed" if trial.passed else "FAILED"
@@ -220,11 +282,11 @@ def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None,
     minimal: list[dict[str, Any]] | None = None
     minimal_policy: dict[str, Any] | None = None
     minimal_file = None
-    if vary_policy:  # the schedule after the policy: a persist or replicate fault needs a version it writes
+    if config.vary_policy:  # the schedule after the policy: a persist or replicate fault needs a version it writes
         drawn = policies(data).flatmap(
-            lambda ck: st.tuples(st.just(ck), schedules({**data, "checkpoint": ck}, max_faults)))
+            lambda ck: st.tuples(st.just(ck), schedules({**data, "checkpoint": ck}, config.max_faults)))
     else:
-        drawn = st.tuples(st.none(), schedules(data, max_faults))
+        drawn = st.tuples(st.none(), schedules(data, config.max_faults))
     try:
         minimal_policy, minimal = find(drawn, fails, settings=cfg, random=random.Random(seed))
     except NoSuchExample:
@@ -235,12 +297,8 @@ def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None,
         minimal, minimal_policy = smallest.schedule, smallest.policy
         echo(f"trial budget ({limit}) spent while shrinking; keeping the smallest failure seen")
     if minimal is not None:
-        doc = with_schedule(data, minimal, f"{base}-minimal", minimal_policy)
-        doc["description"] = (f"The smallest failing fault schedule `baft fuzz` found for {scenario_file.name}: "
-                              f"{_describe(minimal, minimal_policy)}. It failed with: "
-                              + "; ".join(seen[json.dumps((minimal_policy, minimal), sort_keys=True)].why))
-        minimal_file = out / "minimal.yaml"
-        minimal_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
+        why = seen[json.dumps((minimal_policy, minimal), sort_keys=True)].why
+        minimal_file = _write_minimal(data, scenario_file, minimal, minimal_policy, why, out)
     (out / "fuzz.json").write_text(json.dumps({
         "scenario": str(scenario_file), "budget": budget, "seed": seed, "layout": layout, "workload": data.get("workload"),
         "trials": [{"schedule": t.schedule, "checkpoint": t.policy, "passed": t.passed, "out": str(t.out),
@@ -250,8 +308,21 @@ def fuzz(scenario_file: Path, budget: int, out: Path, cache: Path | None = None,
     return FuzzResult(trials=trials, minimal=minimal, minimal_file=minimal_file)
 
 
+def _write_minimal(data: dict[str, Any], scenario_file: Path, minimal: list[dict[str, Any]],
+                   policy: dict[str, Any] | None, why: list[str], out: Path) -> Path:
+    """The smallest failing schedule as a scenario of its own (``OUT/minimal.yaml``), saying how it failed."""
+    doc = with_schedule(data, minimal, f"{data['name']}-minimal", policy)
+    doc["description"] = (f"The smallest failing fault schedule `baft fuzz` found for {scenario_file.name}: "
+                          f"{_describe(minimal, policy)}. It failed with: " + "; ".join(why))
+    path = out / "minimal.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
+    return path
+
+
 def _describe(schedule: list[dict[str, Any]], policy: dict[str, Any] | None = None) -> str:
-    head = "" if policy is None else " ".join(f"{k}={policy[k]}" for k in ("every", "replicate_every") if k in policy) + ": "
+    drawn = {} if policy is None else {"every": policy.get("every"),
+                                       "replicate_every": (policy.get("baft") or {}).get("replicate_every")}
+    head = "" if policy is None else " ".join(f"{k}={v}" for k, v in drawn.items() if v is not None) + ": "
     parts = []
     for f in schedule:
         ((kind, body),) = f.items()

@@ -191,7 +191,7 @@ def worker_spec(scenario: Scenario, cfg: DeployConfig) -> WorkerSpec:
     No faults: on a cluster Chaos Mesh injects them from outside the job. A faulted run (``harness``) of
     a ``command`` workload matches a restarted script's first state against the reference run's
     fingerprints (``/shared/{reference_run}``), and fingerprints as ``probe:`` says."""
-    checkpoint = replace(scenario.checkpoint, shm_dir=f"{SHM}/baft",
+    checkpoint = replace(scenario.checkpoint.with_baft(shm_dir=f"{SHM}/baft"),
                          dir=scenario.checkpoint.dir if "://" in scenario.checkpoint.dir else CHECKPOINTS)
     stores = TRAITS[scenario.checkpoint.strategy].node_stores
     faulted = cfg.harness and cfg.reference_run is not None and scenario.workload.command is not None

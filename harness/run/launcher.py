@@ -54,6 +54,19 @@ class LaunchResult:
         return not self.timed_out and not self.failed_nodes() and not self.errors
 
 
+def _wait(agents: AgentSet, preempt: PreemptController | None, deadline: float) -> bool:
+    """Wait until every agent ended and no preemption is bringing a node back (busy is read before and after
+    the agents: it clears only once a replacement agent is up); False if ``deadline`` (monotonic) came first."""
+    def busy() -> bool:
+        return preempt is not None and preempt.busy and preempt.error is None
+
+    while busy() or agents.alive() or busy():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResult:
     """Start the node stores (if any), write the worker spec (``spec`` placed: the stores' addresses,
     the run directory, the start time), start one torchrun agent per node, wait for all of them;
@@ -117,15 +130,7 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
                 controller = FaultController(run_dir, config.harness_faults, config.topology, journal, started_at)
                 undo.callback(controller.stop)  # rolls back every link fault still in place
                 controller.start()
-            deadline = t0 + config.timeout
-            # until every agent ended and no preemption is bringing a node back (busy is read before and after
-            # the agents: it clears only once a replacement agent is up)
-            busy = (lambda: preempt is not None and preempt.busy and preempt.error is None)
-            while busy() or agents.alive() or busy():
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
-                time.sleep(0.1)
+            timed_out = not _wait(agents, preempt, t0 + config.timeout)
         except Cancelled as c:
             journal.write("aborted", signal=c.name, seconds=round(time.monotonic() - t0, 3))
             raise

@@ -236,7 +236,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     # ends, whatever happened. baft gets a store per node for replicas and restores.
     shm = claim_shm()  # names this process, so `baft cleanup` can tell it from a killed run's
     given = scenario.checkpoint.dir  # a URL (object store) is the user's; a directory goes into the run
-    checkpoint = dataclasses.replace(scenario.checkpoint, shm_dir=str(shm),
+    checkpoint = dataclasses.replace(scenario.checkpoint.with_baft(shm_dir=str(shm)),
                                      dir=given if "://" in given else str((faulted / "checkpoints").resolve()))
     stores = (StoreSpec(base=shm, replication=checkpoint.replication)
               if TRAITS[checkpoint.strategy].node_stores else None)

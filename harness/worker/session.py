@@ -180,5 +180,5 @@ def place_on_node(ckpt_cfg: CheckpointConfig, spec: LaunchFacts) -> tuple[int, P
     node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
     node_memory = Path(spec.node_memory) / f"node{node}" if spec.node_memory else None
     if node_memory is not None and spec.stores is not None:  # the spec has both or neither
-        ckpt_cfg.shm_dir, ckpt_cfg.store, ckpt_cfg.node = str(node_memory), spec.stores[node], node
+        ckpt_cfg.baft.shm_dir, ckpt_cfg.baft.store, ckpt_cfg.baft.node = str(node_memory), spec.stores[node], node
     return node, node_memory

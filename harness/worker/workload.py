@@ -97,6 +97,31 @@ def announce_compute(stage: Any, trainer: Any) -> None:
         setattr(stage, name, wrapper)
 
 
+def _stage_chunks(cfg: WorkloadConfig, shape: Any, s: int, mesh: Any) -> list[Any]:
+    """Rank ``s``'s model chunks (chunks s, s+P, s+2P, ...: one without interleaving), tensor-parallel
+    first and then FSDP-sharded as the layout asks (as torchtitan does: FSDP then shards the TP shards,
+    2-D DTensors), under autocast with ``amp``. Collective: every rank calls it."""
+    from harness.worker.models import build_stage
+
+    P, V = cfg.stages, cfg.virtual_stages
+    chunks = [build_stage(shape, cfg.seed, s + k * P, P * V) for k in range(V)]
+    if cfg.tp > 1:
+        from harness.worker.models import parallelize_mlps
+
+        for m in chunks:
+            parallelize_mlps(m, mesh["tp"])
+    if cfg.dp_shard > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        shard_mesh = mesh["dp_shard"] if cfg.data_parallel == 1 else mesh["dp_replicate", "dp_shard"]
+        for m in chunks:
+            fully_shard(m, mesh=shard_mesh)
+    if cfg.amp != "none":
+        for m in chunks:
+            m.autocast = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
+    return chunks
+
+
 class PipelineTrainer:
     """One rank of the reference workload: its stage, schedule, optimizer and data.
 
@@ -120,7 +145,7 @@ class PipelineTrainer:
             make_loader,
             mix,
         )
-        from harness.worker.models import build_stage, loss_fn, stage_io
+        from harness.worker.models import loss_fn, stage_io
 
         self.cfg = cfg
         self.rank = dist.get_rank()
@@ -143,22 +168,7 @@ class PipelineTrainer:
 
         shape = PRESETS[cfg.model]
         V = cfg.virtual_stages
-        # Rank s holds model chunks s, s+P, s+2P, ... (one chunk without interleaving).
-        chunks = [build_stage(shape, cfg.seed, s + k * P, P * V) for k in range(V)]
-        if T > 1:  # before FSDP (as torchtitan does): FSDP then shards the TP shards, 2-D DTensors
-            from harness.worker.models import parallelize_mlps
-
-            for m in chunks:
-                parallelize_mlps(m, self.mesh["tp"])
-        if F > 1:
-            from torch.distributed.fsdp import fully_shard
-
-            shard_mesh = self.mesh["dp_shard"] if D == 1 else self.mesh["dp_replicate", "dp_shard"]
-            for m in chunks:
-                fully_shard(m, mesh=shard_mesh)
-        if cfg.amp != "none":
-            for m in chunks:
-                m.autocast = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
+        chunks = _stage_chunks(cfg, shape, s, self.mesh)
         self.module = chunks[0] if V == 1 else torch.nn.ModuleList(chunks)
         seed_everything(mix(cfg.seed, 100, seed_rank))  # dropout differs per data-parallel rank, reproducibly
         self.stages = [

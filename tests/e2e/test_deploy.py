@@ -42,7 +42,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # four ranks with rest
 
 SCENARIO = {"name": "deployed", "workload": {"model": "gpt-tiny", "stages": 2, "data_parallel": 2, "microbatches": 4,
                                              "schedule": "1f1b", "steps": 12, "seed": 0, "nodes": 2},
-            "checkpoint": {"strategy": "baft", "every": 50, "replicas": 1}, "faults": [], "expect": {"bitwise": True}}
+            "checkpoint": {"strategy": "baft", "every": 50, "baft": {"replication": {"replicas": 1}}}, "faults": [],
+            "expect": {"bitwise": True}}
 
 
 class Pods:

@@ -21,7 +21,7 @@ def scenario(placement: str, lost: tuple[int, int]) -> dict:
     return {"name": f"{placement}-lose-{lost[0]}-{lost[1]}",
             "workload": {"model": "gpt-tiny", "stages": 4, "microbatches": 4, "schedule": "1f1b", "steps": 16,
                          "nodes": 4},
-            "checkpoint": {"strategy": "baft", "every": 4, "replicas": 1, "placement": placement},
+            "checkpoint": {"strategy": "baft", "every": 4, "baft": {"replication": {"replicas": 1, "placement": placement}}},
             "faults": [{"node_loss": {"node": n, "at_step": 11}} for n in lost],
             "expect": {"bitwise": True, "max_lost_steps": 8}}
 

@@ -9,6 +9,7 @@ import torch
 
 from baft import CheckpointConfig, TrainState, digest_components, events
 from baft.bubbles.profiler import BubbleProfiler, ProfilerConfig
+from baft.config import BaftConfig
 from baft.snapshot.slotfile import COMPLETE, HEAD, HEADER, SLOTS, WRITING, own_slot
 from baft.snapshot.slots import SnapshotBuffer
 from baft.state.layout import layout, rebuild, split, total_bytes
@@ -173,7 +174,7 @@ def test_the_snapshotter_takes_its_policy_from_the_checkpoint_config(tmp_path: P
     from baft.bubbles.planner import PlannerConfig
 
     st = make_state(3)
-    config = CheckpointConfig(strategy="baft", planner=PlannerConfig(chunk_bytes=4096))
+    config = CheckpointConfig(strategy="baft", baft=BaftConfig(planner=PlannerConfig(chunk_bytes=4096)))
     snap = BubbleSnapshotter(st, config, tmp_path, rank=0)
     try:
         step(st, snap)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from baft import CheckpointConfig, TrainState
+from baft.config import BaftConfig
 from baft.persist import commits as persist
 from baft.strategies import BaftStrategy
 
@@ -77,7 +78,7 @@ def test_an_fsdp_checkpoint_loads_into_an_unsharded_model_in_one_process(tmp_pat
     # baft's own restore into an unsharded model and optimizer (the shared memory is another job's)
     model = plain_model()
     state = TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
-    strategy = BaftStrategy(CheckpointConfig(strategy="baft", every=2, dir=str(root), shm_dir=str(tmp_path / "none")),
+    strategy = BaftStrategy(CheckpointConfig(strategy="baft", every=2, dir=str(root), baft=BaftConfig(shm_dir=str(tmp_path / "none"))),
                             state)
     strategy.attach(model)
     assert strategy.restore() == 4 and state.step == 4

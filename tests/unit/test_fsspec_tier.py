@@ -22,6 +22,7 @@ from baft import (
     Checkpointer,
     digest_components,
 )
+from baft.config import BaftConfig
 from baft.persist import commits as persist
 from baft.persist import dcpformat, storage
 
@@ -278,7 +279,7 @@ def test_steps_newer_than_latest_are_ignored(url: str) -> None:
 
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "none"])
 def test_strategy_restores_from_url(url: str, tmp_path: Path, strategy: str) -> None:
-    cfg = CheckpointConfig(strategy=strategy, every=2, dir=url, shm_dir=str(tmp_path / "shm"))
+    cfg = CheckpointConfig(strategy=strategy, every=2, dir=url, baft=BaftConfig(shm_dir=str(tmp_path / "shm")))
     st = make_state(0)
     ck = Checkpointer(cfg, st)
     ck.attach(torch.nn.Identity())

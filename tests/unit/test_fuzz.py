@@ -46,7 +46,7 @@ def test_each_layout_draws_faults_on_all_its_ranks_and_valid_policies(data: st.D
     world *= LAYOUTS[layout]["data_parallel"]
     assert w.world_size == world and w.nodes == 2 and (w.dp_shard, w.tp, w.layout) == (
         LAYOUTS[layout]["dp_shard"], LAYOUTS[layout]["tp"], LAYOUTS[layout]["layout"])
-    assert 1 <= s.checkpoint.every <= 8 and 1 <= s.checkpoint.replicate_every <= 6
+    assert 1 <= s.checkpoint.every <= 8 and 1 <= s.checkpoint.baft.replicate_every <= 6
     assert all(0 <= f.config.rank < world for f in s.faults if f.kind != "node_loss")
 
 
@@ -85,7 +85,7 @@ def test_checkpoint_phase_faults_are_drawn_at_versions_the_policy_writes(data: s
         if f.config.phase == "persist":
             assert f.config.at_step % policy["every"] == 0
         if f.config.phase == "replicate":
-            assert s.workload.nodes > 1 and f.config.at_step % policy["replicate_every"] == 0
+            assert s.workload.nodes > 1 and f.config.at_step % policy["baft"]["replicate_every"] == 0
 
 
 def test_every_phase_baft_announces_is_drawn() -> None:
@@ -103,3 +103,19 @@ def test_every_phase_baft_announces_is_drawn() -> None:
         assert _phase(found[0]) == phase
     # one node: nothing to replicate to
     assert "replicate" not in phase_steps({**base, "workload": {**base["workload"], "nodes": 1}})
+
+
+def test_the_fuzz_config_offers_every_layout_and_checks_its_fields() -> None:
+    from typing import get_args
+
+    import pytest
+
+    from harness.campaign.fuzz import FuzzConfig, Layout
+    from harness.campaign.layouts import LAYOUTS
+    from harness.errors import ConfigValueError
+
+    assert set(get_args(Layout)) == set(LAYOUTS)
+    assert FuzzConfig(budget=4).limit == 12 and FuzzConfig(budget=4, shrink_budget=0).limit == 4
+    for bad in ({"budget": 0}, {"max_faults": True}, {"shrink_budget": -1}, {"layout": "pp-zz"}):
+        with pytest.raises(ConfigValueError):
+            FuzzConfig(**bad)  # type: ignore[arg-type]

@@ -153,7 +153,7 @@ def fake_topology(nodes: int = 2) -> NetworkTopology:
 
 def delay_scenario() -> dict[str, Any]:
     return {"name": "delayed", "workload": {"model": "gpt-tiny", "stages": 2, "microbatches": 4, "steps": 20, "nodes": 2},
-            "checkpoint": {"strategy": "baft", "every": 50, "replicas": 1},
+            "checkpoint": {"strategy": "baft", "every": 50, "baft": {"replication": {"replicas": 1}}},
             "faults": [{"delay": {"link": ["node0", "node1"], "ms": 20, "from_step": 5}}], "expect": {"bitwise": True}}
 
 

@@ -71,7 +71,7 @@ def _faulted(root: Path, fault: str = "kill", persist_every: int = 5, restored: 
                          "fatal": True, "step": 12, "phase": "iteration", "node": 1, "replacement": True})
     _write(root / "journal" / "launcher.jsonl", launcher)
     spec = {"workload": {"stages": 2, "nodes": nodes},
-            "checkpoint": {"strategy": "baft", "every": persist_every, "replicas": 1}}
+            "checkpoint": {"strategy": "baft", "every": persist_every, "baft": {"replication": {"replicas": 1}}}}
     (root / "worker-spec.json").write_text(json.dumps(spec))
 
 

@@ -71,7 +71,10 @@ def test_smoke_scenario_in_repo_is_valid() -> None:
         ("- kill: {rank: 1, at_step: 17}", "- node_loss: {node: 1, at_step: 3}", "faults[0].node_loss.node", "0..0"),
         ("microbatches: 4,", "microbatches: 1,", "workload.microbatches", "at least stages"),
         ("every: 5", "every: -5", "checkpoint.every", ">= 1"),
-        ("every: 5", "every: 5, domain_nodes: -2", "checkpoint.domain_nodes", "an integer >= 0"),
+        ("every: 5", "every: 5, baft: {replication: {domain_nodes: -2}}", "checkpoint.baft.replication.domain_nodes",
+         "an integer >= 0"),
+        # a key the strategies' sections replaced: judged, and named, at its path now
+        ("every: 5", "every: 5, domain_nodes: -2", "checkpoint.baft.replication.domain_nodes", "an integer >= 0"),
         ("strategy: sync", "strategy: magic", "checkpoint.strategy", "one of none, sync"),
         ("rank: 1,", "rank: 2,", "faults[0].kill.rank", "0..1"),
         ("rank: 1,", "rank: -1,", "faults[0].kill.rank", ">= 0"),

@@ -61,8 +61,17 @@ def test_the_round_trip_gives_back_the_same_json(tmp_path: Path) -> None:
         assert again[key] == OLD_SPEC[key], key
     assert {k: again["workload"][k] for k in OLD_SPEC["workload"]} == OLD_SPEC["workload"]
     assert again["workload"]["dp_shard"] == 1  # a field added since: its default
-    assert {k: again["checkpoint"][k] for k in OLD_SPEC["checkpoint"]} == OLD_SPEC["checkpoint"]
-    assert again["checkpoint"]["planner"]["copier"] == "inline"
+    # the checkpoint keys the strategies' sections replaced, each at its path now (baft.config.RENAMED_KEYS)
+    from baft.config import RENAMED_KEYS
+
+    def at(tree: dict, path: str) -> object:
+        for part in path.split("."):
+            tree = tree[part]
+        return tree
+
+    assert {k: at(again["checkpoint"], RENAMED_KEYS.get(k, k)) for k in OLD_SPEC["checkpoint"]} == OLD_SPEC["checkpoint"]
+    assert not set(again["checkpoint"]) & set(RENAMED_KEYS)
+    assert again["checkpoint"]["baft"]["planner"]["copier"] == "inline"
     assert again["faults"][1]["config"]["node"] == 1 and again["faults"][1]["config"]["replacement"] is True
     assert WorkerSpec.from_plain(again, "again") == spec
 
@@ -88,11 +97,17 @@ def test_the_reference_runs_spec_with_a_bare_checkpoint_section_loads(tmp_path: 
     ({"faults": [{"kind": "kill", "config": {"rank": 0, "colour": "red"}}]}, "faults[0].config.colour", "one of the keys"),
     ({"workload": {"stages": 0}}, "workload.stages", ">= 1"),
     ({"checkpoint": {"every": 0}}, "checkpoint.every", ">= 1"),
-    ({"checkpoint": {"dcp_async": "fiber"}}, "checkpoint.dcp_async", "one of"),
-    ({"checkpoint": {"dcp_stager": "yes"}}, "checkpoint.dcp_stager", "true or false"),
+    ({"checkpoint": {"async_dcp": {"mode": "fiber"}}}, "checkpoint.async_dcp.mode", "one of"),
+    ({"checkpoint": {"async_dcp": {"stager": "yes"}}}, "checkpoint.async_dcp.stager", "true or false"),
     ({"checkpoint": {"persist_nice": 20}}, "checkpoint.persist_nice", "0 to 19"),
-    ({"checkpoint": {"persist_window_ms": -1}}, "checkpoint.persist_window_ms", ">= 0"),
-    ({"checkpoint": {"persist_window_ms": "2ms"}}, "checkpoint.persist_window_ms", "a number"),
+    ({"checkpoint": {"baft": {"persist_window_ms": -1}}}, "checkpoint.baft.persist_window_ms", ">= 0"),
+    ({"checkpoint": {"baft": {"persist_window_ms": "2ms"}}}, "checkpoint.baft.persist_window_ms", "a number"),
+    ({"checkpoint": {"baft": {"replication": {"rate": -1}}}}, "checkpoint.baft.replication.rate", ">= 0"),
+    ({"checkpoint": {"baft": {"colour": 1}}}, "checkpoint.baft.colour", "one of the keys"),
+    # a key the sections replaced is judged at its new path, and given at both paths is refused
+    ({"checkpoint": {"dcp_async": "fiber"}}, "checkpoint.async_dcp.mode", "one of"),
+    ({"checkpoint": {"replicas": 1, "baft": {"replication": {"replicas": 2}}}}, "checkpoint.baft.replication.replicas",
+     "not both"),
     ({"stores": None}, "node_memory", "both stores and node_memory"),
     ({"workload": {"amp": "fp8"}}, "workload.amp", "one of"),
     ({"workload": {"amp": "fp16", "amp_init_scale": 0}}, "workload.amp_init_scale", "> 0"),

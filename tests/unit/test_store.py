@@ -373,26 +373,30 @@ def test_the_store_help_documents_every_replication_key(capsys: pytest.CaptureFi
     assert "Peer nodes that keep a copy" in out and "The node's shared-memory directory" in out
 
 
-def test_the_checkpoint_section_maps_onto_the_replication_config() -> None:
+def test_the_checkpoint_section_holds_the_replication_config() -> None:
     from baft import BaftConfigError, CheckpointConfig
+    from baft.config import BaftConfig
 
-    c = CheckpointConfig(strategy="baft", replicas=2, replication_rate=1e6, replication_yield=False)
-    assert c.replication == ReplicationConfig(replicas=2, rate=1e6, yield_to_training=False)
-    assert CheckpointConfig().replication == ReplicationConfig()  # the section's defaults are the store's
-    for key, value in (("replicas", -1), ("replication_rate", -1.0)):
+    c = CheckpointConfig(strategy="baft", baft=BaftConfig(replication=ReplicationConfig(replicas=2, rate=1e6,
+                                                                                       yield_to_training=False)))
+    assert c.baft.replication == ReplicationConfig(replicas=2, rate=1e6, yield_to_training=False)
+    assert CheckpointConfig().baft.replication == ReplicationConfig()  # the section's defaults are the store's
+    for key, value in (("replicas", -1), ("rate", -1.0)):
         with pytest.raises(BaftConfigError) as info:
-            CheckpointConfig(**{key: value})
-        assert info.value.field == key  # named by the scenario's key, not the store's
+            CheckpointConfig(baft=BaftConfig(replication=ReplicationConfig(**{key: value})))
+        assert info.value.field == key
 
 
 def test_the_fleet_hands_each_store_the_scenarios_replication_config(tmp_path: Path) -> None:
     from baft import CheckpointConfig
+    from baft.config import BaftConfig
     from baft.store.cli import parse_args
 
     from analysis.journal import JournalWriter
     from harness.run.storefleet import StoreFleet, StoreSpec
 
-    ckpt = CheckpointConfig(strategy="baft", replicas=2, replication_rate=3e6, replication_yield=False)
+    ckpt = CheckpointConfig(strategy="baft", baft=BaftConfig(replication=ReplicationConfig(replicas=2, rate=3e6,
+                                                                                          yield_to_training=False)))
     journal = JournalWriter(tmp_path / "launcher.jsonl")
     fleet = StoreFleet(StoreSpec(base=tmp_path / "shm", replication=ckpt.replication), 3, tmp_path, journal,
                        secret=SECRET, world_size=6)

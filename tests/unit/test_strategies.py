@@ -16,6 +16,7 @@ from baft import (
     TrainState,
     digest_components,
 )
+from baft.config import AsyncDcpConfig, BaftConfig
 from baft.persist import commits as persist
 
 
@@ -43,8 +44,9 @@ def train(st: TrainState, ck: Checkpointer, steps: int) -> None:
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "none"] + ["async-dcp:default-copy"])
 def test_strategy_restores_its_last_persistent_checkpoint(tmp_path: Path, strategy: str) -> None:
     strategy, _, variant = strategy.partition(":")  # async-dcp with and without DCP's DefaultStager
-    cfg = CheckpointConfig(strategy=strategy, every=3, dir=str(tmp_path / "ckpt"), shm_dir=str(tmp_path / "shm"),
-                           dcp_stager=variant != "default-copy")
+    cfg = CheckpointConfig(strategy=strategy, every=3, dir=str(tmp_path / "ckpt"),
+                           baft=BaftConfig(shm_dir=str(tmp_path / "shm")),
+                           async_dcp=AsyncDcpConfig(stager=variant != "default-copy"))
     st = make_state(0)
     ck = Checkpointer(cfg, st)
     ck.attach(torch.nn.Identity())
@@ -66,7 +68,7 @@ def test_strategy_restores_its_last_persistent_checkpoint(tmp_path: Path, strate
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "none"])
 def test_a_flush_persists_the_state_now_and_only_once(tmp_path: Path, strategy: str) -> None:
     """What a preempted job does in its grace: the state after the last step, between two due boundaries."""
-    cfg = CheckpointConfig(strategy=strategy, every=3, dir=str(tmp_path / "ckpt"), shm_dir=str(tmp_path / "shm"))
+    cfg = CheckpointConfig(strategy=strategy, every=3, dir=str(tmp_path / "ckpt"), baft=BaftConfig(shm_dir=str(tmp_path / "shm")))
     st = make_state(0)
     ck = Checkpointer(cfg, st)
     ck.attach(torch.nn.Identity())
@@ -91,7 +93,7 @@ def test_a_flush_persists_the_state_now_and_only_once(tmp_path: Path, strategy: 
 
 
 def test_baft_restores_from_shared_memory_first(tmp_path: Path) -> None:
-    cfg = CheckpointConfig(strategy="baft", every=100, dir=str(tmp_path / "ckpt"), shm_dir=str(tmp_path / "shm"))
+    cfg = CheckpointConfig(strategy="baft", every=100, dir=str(tmp_path / "ckpt"), baft=BaftConfig(shm_dir=str(tmp_path / "shm")))
     st = make_state(0)
     ck = Checkpointer(cfg, st)
     ck.attach(torch.nn.Identity())
