@@ -71,7 +71,7 @@ Event fields:
 ``store_start`` / ``store_exit`` (launcher) node, pid / returncode
 
 ``background_priority`` process (``writer``), pid, cpu_class, io_class, priority_note (what a baft writer process
-                        runs at: the idle classes unless ``checkpoint.writer_priority: normal``; the note says what
+                        runs at: the idle classes unless ``checkpoint.baft.writer_priority: normal``; the note says what
                         the kernel refused)
 
 Each node's store writes ``journal/store-node<N>.jsonl``: store_start (pid, address, cpu_seconds spent

@@ -107,7 +107,7 @@ class Target:
     topology-aware scheduler hands them out), interleaved (node i in domain i mod the number of domains)
     or random."""
     domain_aware: bool = False
-    """The stores are told the domains as aligned ones (baft's ``checkpoint.domain_nodes``) and send each
+    """The stores are told the domains as aligned ones (baft's ``checkpoint.baft.replication.domain_nodes``) and send each
     replica to another domain; false: they place by node index alone."""
     memory_probability: float = field(default=1.0, init=False)
     """The probability that a failure of ``simultaneous`` nodes leaves a copy of every state in peer memory

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 from types import ModuleType
 from typing import Any
@@ -67,6 +68,15 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module = importlib.import_module(new)
         self._specs[spec.name] = module.__spec__
         return module
+
+    def get_code(self, fullname: str) -> Any:
+        """``python -m OLD``: the new module's code, run as ``__main__`` (after the warning)."""
+        new = MOVED[fullname]
+        deprecated(fullname, new, stacklevel=3)
+        spec = importlib.util.find_spec(new)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{new} (the new path of {fullname}) is not found")
+        return spec.loader.get_code(new)  # type: ignore[attr-defined]
 
     def exec_module(self, module: ModuleType) -> None:
         """The module at the new path ran already; the import machinery set its ``__spec__`` to the old

@@ -10,6 +10,7 @@ names the new path (:data:`RENAMED_KEYS`), for one release.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,12 +122,9 @@ def nest_renamed(data: Mapping[str, Any], where: str = "checkpoint", source: str
         node = out
         for i, key in enumerate(parents):
             child = node.get(key)
-            if child is None:
-                child = node[key] = {}
-            elif not isinstance(child, Mapping):
+            if child is not None and not isinstance(child, Mapping):
                 raise BaftConfigError(".".join(parents[:i + 1]), f"a mapping (it also receives {old})", child)
-            elif not isinstance(child, dict):
-                child = node[key] = dict(child)
+            node[key] = child = dict(child or {})  # a copy: the caller's mappings stay as given
             node = child
         if leaf in node:
             raise BaftConfigError(new, f"one of {old} (deprecated) and {new}, not both", data[old])
@@ -138,14 +136,16 @@ def _with(value: Any, cls: type, changes: Mapping[str, Any]) -> Any:
     """``value`` (an instance of dataclass ``cls``, or None: its defaults) with ``changes`` (nested mappings
     for nested dataclass fields) applied."""
     base = value if value is not None else cls()
-    kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+    defaults = cls()
     updates = {}
     for key, v in changes.items():
+        if key not in {f.name for f in dataclasses.fields(cls)}:
+            raise BaftConfigError(key, "a field of " + cls.__name__, v)
         inner = getattr(base, key)
         if isinstance(v, Mapping) and dataclasses.is_dataclass(inner):
             v = _with(inner, type(inner), v)
-        elif key not in kinds:
-            raise BaftConfigError(key, "a field of " + cls.__name__, v)
+        elif inner != getattr(defaults, key) and inner != v:  # the section given sets it too, otherwise
+            raise BaftConfigError(key, f"one value: the deprecated key and {cls.__name__}({key}=...) differ", v)
         updates[key] = v
     return dataclasses.replace(base, **updates)
 
@@ -244,6 +244,7 @@ class CheckpointConfig:
 _generated_init = CheckpointConfig.__init__
 
 
+@functools.wraps(_generated_init)
 def _init(self: CheckpointConfig, **kwargs: Any) -> None:
     """The dataclass's ``__init__``, taking the keys the strategies' sections replaced too (with a warning):
     ``CheckpointConfig(strategy="baft", replicas=1)`` is ``CheckpointConfig(strategy="baft",
@@ -262,3 +263,7 @@ def _init(self: CheckpointConfig, **kwargs: Any) -> None:
 
 
 CheckpointConfig.__init__ = _init  # type: ignore[method-assign]
+
+#: Deprecated: the checkpoint section's old replication keys -> the fields of
+#: :class:`~baft.store.config.ReplicationConfig` (they are ``baft.replication.<field>`` now).
+REPLICATION_KEYS = {k: v.rsplit(".", 1)[1] for k, v in RENAMED_KEYS.items() if v.startswith("baft.replication.")}

@@ -10,7 +10,7 @@ bytes are (a range of the slot file, mapped here read-only, or the bytes themsel
 patches the CRCs, writes the file under a temporary name, fsyncs and renames it, and answers with
 the file's size and blake2b checksum, or the error.
 
-This file runs as a script (``python writerproc.py``) and imports only the standard library, so the
+This file runs as a script (``python writer.py``) and imports only the standard library, so the
 process starts in milliseconds without torch. It reads requests from stdin and answers on stdout,
 each a length-prefixed pickle: the pipe is its parent's alone. At the end of stdin (the parent
 closed it, or died) it exits. :class:`WriterProcess` is the parent's handle.

@@ -5,9 +5,9 @@ Tiers, nearest first:
 1. shared memory (``BubbleSnapshotter``): every iteration, copied inside the
    pipeline bubbles into slots that outlive the worker;
 2. persistent storage (DCP format, ``dcpformat``): every ``every`` steps a
-   background thread has the rank's writer process (``writerproc``) write the
+   background thread has the rank's writer process (``persist.writer``) write the
    sealed version straight from its slot (pinned meanwhile) into the rank's DCP
-   data file (``dcpwrite``; ``persist_writer: thread`` writes from the thread,
+   data file (``dcpwrite``; ``baft.writer: thread`` writes from the thread,
    ``dcp`` with ``dcp.save`` of a copy), the ranks exchange what they wrote over a
    process group of their own, and rank 0 writes DCP's metadata and commits
    (checksums, manifest, ``latest`` moved only after the files are durable).
@@ -72,7 +72,7 @@ class BaftStrategy(Strategy):
         """What the persister thread passes before each step of a persist (``persist_window_ms``); open until
         :meth:`attached` gives it the training thread's waits."""
         self._files: WriterProcess | None = None
-        """The rank's writer process (``persist_writer: process``), started by the training thread at the
+        """The rank's writer process (``baft.writer: process``), started by the training thread at the
         first persist (a process started from the persister's thread would die with that thread)."""
 
     @property

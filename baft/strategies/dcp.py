@@ -1,8 +1,8 @@
 """``async-dcp``: ``torch.distributed.checkpoint.async_save`` every ``every`` steps.
 
 DCP stages a copy of the state dict (through its ``DefaultStager`` with cached
-buffers unless ``dcp_stager`` is off), then writes it in a background thread or
-a checkpoint process of its own (``dcp_async``) over a process group of its own
+buffers unless ``async_dcp.stager`` is off), then writes it in a background thread or
+a checkpoint process of its own (``async_dcp.mode``) over a process group of its own
 (so its collectives never interleave with training's). Rank 0 commits the directory (checksums,
 manifest, ``latest``) once its save has finished, which as DCP's coordinator
 means every rank's has. At most one save is in flight: the next waits.
@@ -22,6 +22,7 @@ from baft.persist import dcpformat
 from baft.state.dtensor import local_view
 from baft.strategies.base import WRITE_ERRORS, Strategy, persist_failed
 from baft.strategies.restore import checkpoint_group, place_map, restore_dcp
+from baft.strategies.restore import meta_rank as meta_rank  # its path before baft.strategies.restore
 
 COMMIT_TIMEOUT = 300.0
 """Seconds a rank other than 0 waits, when it must, for rank 0 to commit a save."""

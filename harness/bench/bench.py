@@ -119,7 +119,7 @@ class BenchConfig:
     """``baft`` with ``--persist-writer process``: the writer processes' CPU and I/O class."""
     persist_window_ms: float = 2.0
     """``baft``: the persister thread's steps wait for training's pipeline waits of at least this many ms (0: no
-    gate; see ``CheckpointConfig.persist_window_ms``)."""
+    gate; see ``BaftConfig.persist_window_ms``)."""
     floor_arm: bool = True
     """With 2+ nodes and ``baft``: the arm ``floor:replicate``, training with no checkpoint while a plain program
     (in the stores' CPU class) moves each rank's state bytes to the next node every iteration, as a store does

@@ -25,6 +25,7 @@ normal exit, journals ``finish``.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -180,5 +181,6 @@ def place_on_node(ckpt_cfg: CheckpointConfig, spec: LaunchFacts) -> tuple[int, P
     node = int(os.environ.get("BAFT_NODE_INDEX", "0"))
     node_memory = Path(spec.node_memory) / f"node{node}" if spec.node_memory else None
     if node_memory is not None and spec.stores is not None:  # the spec has both or neither
-        ckpt_cfg.baft.shm_dir, ckpt_cfg.baft.store, ckpt_cfg.baft.node = str(node_memory), spec.stores[node], node
+        # a new section, not the one given changed: a config made by replace() shares its sections with another
+        ckpt_cfg.baft = dataclasses.replace(ckpt_cfg.baft, shm_dir=str(node_memory), store=spec.stores[node], node=node)
     return node, node_memory

@@ -84,7 +84,10 @@ def kill_pair(name: str = "kill-rank0-step12") -> tuple[dict[str, Any], dict[str
 #: the two cores or the links.
 SERIAL_FILES = {"test_bench.py", "test_links.py", "test_network.py", "test_cancel.py"}
 SERIAL_TESTS = {"test_hang_is_detected_by_the_watchdog_and_restarted", "test_straggler_slows_one_rank_and_stays_bitwise",
-                "test_slow_storage_delays_persistence_not_training"}
+                "test_slow_storage_delays_persistence_not_training",
+                # a drift baft must see after the jitter: under a loaded parallel part the windows drifted before it
+                # (idle 51 -> 175 ms at step 5) and the re-planned windows already held the jitter's
+                "test_loader_jitter_makes_baft_replan_and_changes_no_sample"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -32,7 +32,7 @@ def test_baft_loses_at_most_one_iteration(tmp_path: Path, ref_cache: Path) -> No
         assert bubbles and all(b["windows"] > 0 for b in bubbles)
     # The run's snapshots lived in the directory the harness claimed (/dev/shm/baft-<12 hex digits>, see
     # harness.run.leftovers.claim_shm): the workers were told it and restored from inside it, and it is gone.
-    shm = Path(json.loads((tmp_path / "out" / "faulted" / "worker-spec.json").read_text())["checkpoint"]["shm_dir"])
+    shm = Path(json.loads((tmp_path / "out" / "faulted" / "worker-spec.json").read_text())["checkpoint"]["baft"]["shm_dir"])
     assert shm.parent == Path("/dev/shm") and re.fullmatch(r"baft-[0-9a-f]{12}", shm.name), shm
     restored_from = {Path(e["path"]) for e in j.events("checkpoint_restored")}
     assert restored_from and all(shm in p.parents for p in restored_from), (shm, restored_from)

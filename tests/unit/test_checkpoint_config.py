@@ -134,3 +134,40 @@ def test_with_baft_changes_only_that_section() -> None:
     cfg = CheckpointConfig(strategy="baft", every=7)
     moved = cfg.with_baft(shm_dir="/dev/shm/y")
     assert moved.baft.shm_dir == "/dev/shm/y" and moved.every == 7 and cfg.baft.shm_dir == ""
+
+
+def test_loading_a_mapping_leaves_it_as_given() -> None:
+    """``baft fuzz`` builds the base scenario's mapping several times: the first build must not move the old
+    keys into the caller's sections (the second then saw both paths and refused)."""
+    data = {"strategy": "baft", "replicas": 1, "baft": {"replicate_every": 2}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = build(CheckpointConfig, data, "s.yaml", "checkpoint")
+        second = build(CheckpointConfig, data, "s.yaml", "checkpoint")
+    assert data == {"strategy": "baft", "replicas": 1, "baft": {"replicate_every": 2}}
+    assert first == second and first.baft.replication.replicas == 1 and first.baft.replicate_every == 2
+
+
+def test_an_old_keyword_against_a_section_that_sets_it_otherwise_is_refused() -> None:
+    with pytest.raises(errors.BaftConfigError, match="differ"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        CheckpointConfig(baft=BaftConfig(writer="thread"), persist_writer="dcp")
+    with pytest.raises(errors.BaftConfigError, match="a field of BaftConfig"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        CheckpointConfig(baft={"colour": 1}, replicas=1)  # type: ignore[arg-type]
+
+
+def test_the_signature_is_the_dataclass_one() -> None:
+    import inspect
+
+    assert {"strategy", "every", "baft", "async_dcp"} <= set(inspect.signature(CheckpointConfig).parameters)
+
+
+def test_python_m_an_old_module_path_runs_the_new_module() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-W", "always", "-m", "baft.placement", "--nodes", "4", "--replicas", "1",
+                          "--lost", "1"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "baft.placement is deprecated" in out.stderr and "baft.store.placement" in out.stderr
