@@ -484,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.run.processes import cancellation
 
     argv = sys.argv[1:] if argv is None else argv
+    _plain_deprecations()
     # The command is the first word that is not an option (``baft`` itself has none but --help).
     args = _parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     try:
@@ -495,6 +496,24 @@ def main(argv: list[str] | None = None) -> int:
     except Cancelled as c:
         print(f"baft: {c}; stopped what the run had started", file=sys.stderr)
         return c.exit_code
+
+
+def _plain_deprecations() -> None:
+    """A moved key or flag said as ``baft: warning: ...`` on one line: the message names the user's file and key;
+    the line of the harness that noticed it would only be noise."""
+    import warnings
+
+    from baft.errors import BaftDeprecationWarning
+
+    default = warnings.formatwarning
+
+    def formatwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+        if issubclass(category, BaftDeprecationWarning):
+            return f"baft: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatwarning
 
 
 def _command(args: argparse.Namespace) -> int:

@@ -39,3 +39,16 @@ def test_bad_input_exits_2_with_one_line(argv: list[str], message: str, capsys: 
     captured = capsys.readouterr()
     assert captured.err.startswith(message), captured.err
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err and captured.out == ""
+
+
+def test_a_moved_key_is_one_warning_line_naming_the_file_and_the_new_path(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    scenario = tmp_path / "old.yaml"
+    scenario.write_text("name: old\nworkload: {model: gpt-tiny, stages: 2, microbatches: 4, steps: 10, nodes: 2}\n"
+                        "checkpoint: {strategy: baft, every: 5, replicas: 1}\nfaults: []\n")
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "validate", str(scenario)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [f"baft: warning: {scenario}: checkpoint.replicas is deprecated and will be "
+                                       "removed in the next release: use checkpoint.baft.replication.replicas"]
