@@ -99,49 +99,35 @@ BAFT_FLOORS: tuple[frozenset[str], ...] = (
 
 
 def harness_room(mod: str) -> str:
+    """The room of a module of a package: ``harness.run.agent`` -> ``run``; the package itself -> ``""``."""
     parts = mod.split(".")
     return parts[1] if len(parts) > 1 else ""
 
 
-def floor_of(room: str) -> int:
-    for i, floor in enumerate(HARNESS_FLOORS):
+FLOORS = {"harness": HARNESS_FLOORS, "baft": BAFT_FLOORS}
+
+
+def floor_of(room: str, package: str = "harness") -> int:
+    for i, floor in enumerate(FLOORS[package]):
         if room in floor:
             return i
-    raise AssertionError(f"harness.{room} is on no floor of HARNESS_FLOORS: put it in a room")
+    raise AssertionError(f"{package}.{room} is on no floor of {package.upper()}_FLOORS: put it in a room")
 
 
-@pytest.mark.parametrize("room", sorted({harness_room(m) for m in MODULES if m.startswith("harness.")} - {""}))
-def test_harness_rooms_import_only_lower_floors(room: str) -> None:
-    floor = floor_of(room)
+@pytest.mark.parametrize(("package", "room"), sorted({(m.split(".")[0], harness_room(m)) for m in MODULES
+                                                      if m.split(".")[0] in FLOORS and harness_room(m)}))
+def test_rooms_import_only_lower_floors(package: str, room: str) -> None:
+    """In ``harness`` and ``baft`` a room imports only rooms on lower floors (the package's own ``__init__``,
+    its public names, is on none)."""
+    floor = floor_of(room, package)
     for mod, deps in GRAPH.items():
-        if not mod.startswith("harness.") or harness_room(mod) != room:
+        if not mod.startswith(package + ".") or harness_room(mod) != room:
             continue
         for dep in deps:
-            if not dep.startswith("harness.") or dep == "harness" or harness_room(dep) == room:
+            if not dep.startswith(package + ".") or harness_room(dep) == room:
                 continue
-            assert floor_of(harness_room(dep)) > floor, (
-                f"{mod} (floor {floor}) imports {dep} (floor {floor_of(harness_room(dep))}): "
-                "a room imports only the floors below its own")
-
-
-def baft_floor(room: str) -> int:
-    for i, floor in enumerate(BAFT_FLOORS):
-        if room in floor:
-            return i
-    raise AssertionError(f"baft.{room} is on no floor of BAFT_FLOORS: put it in a room")
-
-
-@pytest.mark.parametrize("room", sorted({harness_room(m) for m in MODULES if m.startswith("baft.")}))
-def test_baft_rooms_import_only_lower_floors(room: str) -> None:
-    floor = baft_floor(room)
-    for mod, deps in GRAPH.items():
-        if not mod.startswith("baft.") or harness_room(mod) != room:
-            continue
-        for dep in deps:
-            if not dep.startswith("baft.") or harness_room(dep) == room:
-                continue
-            assert baft_floor(harness_room(dep)) > floor, (
-                f"{mod} (floor {floor}) imports {dep} (floor {baft_floor(harness_room(dep))}): "
+            assert floor_of(harness_room(dep), package) > floor, (
+                f"{mod} (floor {floor}) imports {dep} (floor {floor_of(harness_room(dep), package)}): "
                 "a room imports only the floors below its own")
 
 
