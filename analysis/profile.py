@@ -202,9 +202,10 @@ def profile_of_bench(path: Path) -> Profile:
     restores = {("persistent" if k.startswith("persistent") else k): v["seconds_median"]
                 for k, v in data.get("restore", {}).items() if v.get("seconds_median") is not None}
     repl = data.get("replication") or {}
-    ranks = config["stages"] * config.get("dp_shard", 1) * config.get("tp", 1)
+    w = config.get("workload", config)  # a bench.json from before the workload section kept its keys flat
+    ranks = w["stages"] * w.get("data_parallel", 1) * w.get("dp_shard", 1) * w.get("tp", 1)
     return Profile(
-        source=str(path), strategy="baft", ranks=ranks, stages=config["stages"], nodes=config.get("nodes", 1),
+        source=str(path), strategy="baft", ranks=ranks, stages=w["stages"], nodes=w.get("nodes", 1),
         iteration_seconds=iteration,
         bubble_share=(b["idle_ms_per_iteration"] / none["median_iteration_ms"]) if b.get("idle_ms_per_iteration") else None,
         state_bytes_per_rank=b.get("snapshot_bytes_per_rank"), copy_gbytes_per_s=b.get("snapshot_gbytes_per_s"),

@@ -235,8 +235,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.probe:
         return _probe_bench(args.out)
     cfg = config_from_args(BenchConfig, args)
-    inside = "".join(f" x {label}{n}" for label, n in (("FSDP", cfg.dp_shard), ("TP", cfg.tp)) if n > 1)
-    print(f"baft: bench {cfg.model}, {cfg.stages} stages{inside} ({cfg.world_size} ranks), {cfg.microbatches} microbatches, {cfg.schedule}; "
+    w = cfg.workload
+    inside = "".join(f" x {label}{n}" for label, n in (("DP", w.data_parallel), ("FSDP", w.dp_shard), ("TP", w.tp)) if n > 1)
+    print(f"baft: bench {w.model}, {w.stages} stages{inside} ({cfg.world_size} ranks), {w.microbatches} microbatches, {w.schedule}; "
           f"{cfg.cycles} cycles x {len(cfg.arms())} arms x {cfg.block} iterations -> {args.out}", flush=True)
     try:
         result = run_bench(cfg, args.out)

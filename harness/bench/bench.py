@@ -24,19 +24,19 @@ Worker: ``python -m harness.bench.rank SPEC.json`` (started by the launcher; :mo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import random
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from baft import STRATEGIES
+from baft import STRATEGIES, CheckpointConfig
 
 from harness.errors import ConfigValueError
-from harness.worker.shapes import PRESETS
-from harness.worker.spec import LaunchFacts
+from harness.worker.spec import LaunchFacts, WorkloadConfig
 
 ALL = list(STRATEGIES)
 SNAPSHOT_ARMS = {"baft": "baft:snapshot", "checkfreq": "checkfreq:snapshot", "async-dcp": "async-dcp:staging"}
@@ -58,27 +58,50 @@ class Arm:
     every: int
 
 
+#: The workload fields the bench sets itself or has no use for (it trains the built-in pipeline for as many
+#: steps as its blocks take): no flag, and a value other than the default is refused.
+BENCH_WORKLOAD_FIELDS = ("steps", "script", "command", "nproc", "adapters", "deterministic", "reproducible", "args",
+                         "omit", "mutant")
+#: The checkpoint fields the bench sets per arm (strategy, interval, directories, the node's store).
+BENCH_CHECKPOINT_FIELDS = ("strategy", "every", "mtbf_hours", "every_min", "every_max", "dir", "baft.shm_dir",
+                           "baft.store", "baft.node")
+
+
+def _bench_workload() -> WorkloadConfig:
+    return WorkloadConfig(microbatches=8)
+
+
+def _bench_checkpoint() -> CheckpointConfig:
+    return CheckpointConfig(keep=2)
+
+
 @dataclass(kw_only=True, slots=True)
 class BenchConfig:
-    """What ``baft bench`` measures."""
+    """What ``baft bench`` measures: the training job, what every arm's checkpointer shares, and the arms, cycles
+    and blocks of the paired comparison."""
 
-    model: Literal["gpt-tiny", "gpt-small", "mlp"] = "gpt-tiny"
-    """Model preset of the reference workload."""
-    stages: int = 2
-    """Pipeline stages."""
-    dp_shard: int = 1
-    """FSDP2 inside each stage: every stage sharded over this many ranks (``fully_shard``)."""
-    tp: int = 1
-    """Tensor parallelism inside each stage (gpt models): every block's MLP split over this many ranks."""
-    nodes: int = 1
-    """Hosts to spread the ranks over; with 2+ and ``baft``, node stores replicate and the
-    restore from a peer's replica is timed too."""
-    microbatches: int = 8
-    """Microbatches per iteration."""
-    microbatch_size: int = 4
-    """Samples per microbatch."""
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
-    """Pipeline schedule."""
+    FLAGLESS: ClassVar[tuple[str, ...]] = (tuple(f"workload.{n}" for n in BENCH_WORKLOAD_FIELDS)
+                                           + tuple(f"checkpoint.{n}" for n in BENCH_CHECKPOINT_FIELDS))
+    #: The flags before the bench took the workload and checkpoint sections (one release, with a warning).
+    RENAMED_FLAGS: ClassVar[dict[str, str]] = {
+        **{n: f"workload.{n}" for n in ("model", "stages", "dp_shard", "tp", "nodes", "microbatches",
+                                         "microbatch_size", "schedule", "seed")},
+        "persist_nice": "checkpoint.persist_nice", "persist_writer": "checkpoint.baft.writer",
+        "dcp_async": "checkpoint.async_dcp.mode", "dcp_stager": "checkpoint.async_dcp.stager",
+        "replicate_every": "checkpoint.baft.replicate_every",
+        "replication_yield": "checkpoint.baft.replication.yield_to_training",
+        "replication_max_slowdown": "checkpoint.baft.replication.max_slowdown",
+        "store_priority": "checkpoint.baft.replication.priority", "writer_priority": "checkpoint.baft.writer_priority",
+        "persist_window_ms": "checkpoint.baft.persist_window_ms", "baft_copier": "checkpoint.baft.planner.copier",
+    }
+
+    workload: WorkloadConfig = field(default_factory=_bench_workload)
+    """The training job the arms take turns on: the built-in pipeline, as a scenario's ``workload:`` section
+    (the bench trains it for as many steps as its blocks take)."""
+    checkpoint: CheckpointConfig = field(default_factory=_bench_checkpoint)
+    """What every arm's checkpointer shares, as a scenario's ``checkpoint:`` section: baft's slots, writers,
+    replication (with 2+ nodes, through the node stores), profiler and planner; async-dcp's writer and stager. The
+    bench sets each arm's strategy, interval and directories."""
     strategies: list[str] = field(default_factory=lambda: list(ALL))
     """Strategies to compare; ``none`` is always added (it is the baseline). Each persists in the
     persistent tier; baft, checkfreq and async-dcp also bring their snapshot step to the snapshot tier."""
@@ -91,35 +114,12 @@ class BenchConfig:
     persist_every: list[int] = field(default_factory=lambda: [1, 10])
     """Persistent tier: every strategy persists every k iterations, for each k given (the same k for all).
     With 2+ nodes the baft arm of the first k replicates through the node stores (bench.json says which)."""
-    persist_nice: int = 0
-    """``baft`` and ``checkfreq`` alike: the nice increment of their background persisting thread."""
-    persist_writer: Literal["process", "thread", "dcp"] = "process"
-    """``baft``: each rank's DCP file straight from its slot by a writer process (``process``) or by the
-    persister thread (``thread``), or ``dcp.save`` of a copy (``dcp``)."""
-    dcp_async: Literal["thread", "process"] = "thread"
-    """``async-dcp``: DCP's background writer, a thread or a checkpoint process per rank."""
-    dcp_stager: bool = True
-    """``async-dcp``: stage through DCP's ``DefaultStager`` (cached buffers, a staging thread)."""
-    replicate_every: int = 1
-    """``baft`` with 2+ nodes: replicate every this many versions."""
     link_rate: str | None = None
     """With 2+ nodes: run each node in its own network namespace and throttle every node's
     link to this rate (tc units, e.g. ``50mbit``); the rate achieved is measured. Needs root."""
     link_classes: bool = True
     """With ``link_rate``: the throttled link serves packets by socket priority (strict, like a NIC's traffic
     classes), so the stores' replicas, marked as filler, go only when no training packet waits."""
-    replication_yield: bool = True
-    """With 2+ nodes: the stores send replica data only while the node's pipeline traffic is idle."""
-    replication_max_slowdown: float = 0.0
-    """With 2+ nodes: the stores stop replicating when it slows the ranks' versions by more than this share
-    (0, the default: never; see ``ReplicationConfig.max_slowdown``)."""
-    store_priority: Literal["idle", "normal"] = "idle"
-    """With 2+ nodes: the node stores' CPU and I/O class (``idle``: they run on what the ranks leave idle)."""
-    writer_priority: Literal["idle", "normal"] = "idle"
-    """``baft`` with ``--persist-writer process``: the writer processes' CPU and I/O class."""
-    persist_window_ms: float = 2.0
-    """``baft``: the persister thread's steps wait for training's pipeline waits of at least this many ms (0: no
-    gate; see ``BaftConfig.persist_window_ms``)."""
     floor_arm: bool = True
     """With 2+ nodes and ``baft``: the arm ``floor:replicate``, training with no checkpoint while a plain program
     (in the stores' CPU class) moves each rank's state bytes to the next node every iteration, as a store does
@@ -129,19 +129,20 @@ class BenchConfig:
     floor_count: int = 800
     """With 2+ nodes: copies of a replica the floor (a plain sendfile loop on loopback, both sides' CPU) moves
     in each of its three measurements, after the job (0: no floor)."""
-    baft_copier: Literal["inline", "thread"] = "inline"
-    """``baft`` only: who does the snapshot work inside the waits (see ``baft.bubbles.copier``)."""
     restore_repeats: int = 3
     """Timed restores per tier."""
-    seed: int = 0
-    """Seed of the model, the data and the block order."""
 
     @property
     def world_size(self) -> int:
-        return self.stages * self.dp_shard * self.tp
+        return self.workload.world_size
+
+    @property
+    def nodes(self) -> int:
+        return self.workload.nodes
 
     def __post_init__(self) -> None:
-        for name in ("stages", "dp_shard", "tp", "nodes", "replicate_every", "microbatches", "microbatch_size", "cycles", "block", "restore_repeats"):
+        self._check_sections()
+        for name in ("cycles", "block", "restore_repeats"):
             if getattr(self, name) < 1:
                 raise ConfigValueError(name, "an integer >= 1", getattr(self, name))
         if not self.persist_every or any(k < 1 for k in self.persist_every) or len(set(self.persist_every)) < len(self.persist_every):
@@ -151,20 +152,10 @@ class BenchConfig:
         if self.block % self.period:
             raise ConfigValueError("block", f"a multiple of {self.period} (every persist interval: whole persist cycles "
                                    "in a block)", self.block)
-        if self.persist_window_ms < 0:
-            raise ConfigValueError("persist_window_ms", "a number >= 0 (0: no gate)", self.persist_window_ms)
         if self.floor_count < 0:
             raise ConfigValueError("floor_count", "an integer >= 0 (0: no floor)", self.floor_count)
         if self.warmup < 0:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
-        if self.stages > PRESETS[self.model].layers:
-            raise ConfigValueError("stages", f"at most {PRESETS[self.model].layers} for {self.model}", self.stages)
-        if self.tp > 1 and not self.model.startswith("gpt"):
-            raise ConfigValueError("tp", f"1 with model {self.model} (tensor parallelism splits gpt blocks' MLPs)", self.tp)
-        if self.world_size % self.nodes:
-            raise ConfigValueError("nodes", f"a divisor of stages*dp_shard*tp ({self.world_size})", self.nodes)
-        if self.microbatches < self.stages:
-            raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
         for s in self.strategies:
             if s not in ALL:
                 raise ConfigValueError("strategies", "names among " + ", ".join(ALL), s)
@@ -179,6 +170,21 @@ class BenchConfig:
                 raise ConfigValueError("link_rate", "a tc rate such as 50mbit or 1gbit", self.link_rate) from None
         if "none" not in self.strategies:
             self.strategies.insert(0, "none")
+
+    def _check_sections(self) -> None:
+        """The workload is the built-in pipeline and the fields the bench sets are left at their defaults."""
+        if not isinstance(self.workload, WorkloadConfig) or not isinstance(self.checkpoint, CheckpointConfig):
+            raise ConfigValueError("workload" if not isinstance(self.workload, WorkloadConfig) else "checkpoint",
+                                   "a WorkloadConfig and a CheckpointConfig", self.workload)
+        for section, names, default in (("workload", BENCH_WORKLOAD_FIELDS, WorkloadConfig()),
+                                        ("checkpoint", BENCH_CHECKPOINT_FIELDS, CheckpointConfig())):
+            for name in names:
+                value, expected = getattr(self, section), default
+                for part in name.split("."):
+                    value, expected = getattr(value, part), getattr(expected, part)
+                if value != expected:
+                    raise ConfigValueError(f"{section}.{name}", f"{expected!r}, its default (the bench sets it, or "
+                                           "trains the built-in pipeline without it)", value)
 
     @property
     def period(self) -> int:
@@ -196,7 +202,7 @@ class BenchConfig:
 
     def order(self) -> list[tuple[int, str]]:
         """(cycle, arm) per block; cycle -1 for the untimed warm-up."""
-        rng = random.Random(self.seed)
+        rng = random.Random(self.workload.seed)
         names = [a.name for a in self.arms()]
         out = [(-1, a) for _ in range(self.warmup) for a in names]
         for c in range(self.cycles):
@@ -231,25 +237,26 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
         if names:
             tiers[tier] = {"statistic": stat, "arms": paired_ratios(raw["iterations"], stat=stat, only=names)}
     settings: dict[str, dict[str, Any]] = {}
+    ck, baft = cfg.checkpoint, cfg.checkpoint.baft
     for a in arms:
         s: dict[str, Any] = {"tier": a.tier, "strategy": a.strategy,
                              "persist_every": a.every if a.tier == "persistent" else None}
         if a.strategy == "baft":
-            s.update(snapshot="every iteration, in the bubbles", copier=cfg.baft_copier,
+            s.update(snapshot="every iteration, in the bubbles", copier=baft.planner.copier,
                      replicates=cfg.nodes > 1 and a.tier == "persistent" and a.every == cfg.persist_every[0])
         if a.strategy == "checkfreq":
             s["snapshot"] = "copy into buffers allocated once, at the boundary"
         if a.strategy in ("baft", "checkfreq") and a.tier == "persistent":
-            s["persist_nice"] = cfg.persist_nice
+            s["persist_nice"] = ck.persist_nice
         if a.strategy == "baft" and a.tier == "persistent":
-            s["writer_priority"] = cfg.writer_priority if cfg.persist_writer == "process" else None
-            s["persist_window_ms"] = cfg.persist_window_ms
+            s["writer_priority"] = baft.writer_priority if baft.writer == "process" else None
+            s["persist_window_ms"] = baft.persist_window_ms
             s["writer"] = {"process": "each rank's DCP file straight from its slot by a writer process",
                            "thread": "each rank's DCP file straight from its slot by the persister thread",
-                           "dcp": "dcp.save of a copy"}[cfg.persist_writer]
+                           "dcp": "dcp.save of a copy"}[baft.writer]
         if a.name == FLOOR_ARM:
             s["replicates"] = ("the floor: no checkpoint; a plain program moves the state's bytes to the next node every "
-                               f"iteration (kept copy, sendfile, recv_into a mapping), {cfg.store_priority} class")
+                               f"iteration (kept copy, sendfile, recv_into a mapping), {baft.replication.priority} class")
         if a.name == SNAPSHOT_ARMS["async-dcp"]:
             s["staging"] = "DefaultStager, synchronous, cached buffers"
         s.update((raw.get("settings") or {}).get(a.name) or {})
@@ -281,7 +288,7 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
         for tier in ("peer", "persistent-dcp", "persistent-sync"):
             if restores.get(tier, {}).get("seconds_median"):
                 restores[tier]["slower_than_shm"] = restores[tier]["seconds_median"] / restores["shm"]["seconds_median"]
-    return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "tiers": tiers,
+    return {"config": dataclasses.asdict(cfg), "tiers": tiers,
             "baft": baft, "restore": restores}
 
 
@@ -360,8 +367,6 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     import shutil
     import uuid
 
-    from baft.store.config import ReplicationConfig
-
     from harness.bench.replstats import (
         floor_replicator_stats,
         floor_stats,
@@ -374,9 +379,7 @@ def run_bench(cfg: BenchConfig, out: Path, timeout: float = 3600) -> dict[str, A
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "journal", ignore_errors=True)
     shm = Path("/dev/shm") / f"baft-bench-{uuid.uuid4().hex[:10]}"
-    stores = (StoreSpec(base=shm, replication=ReplicationConfig(replicas=1, yield_to_training=cfg.replication_yield,
-                                                                 max_slowdown=cfg.replication_max_slowdown,
-                                                                 priority=cfg.store_priority))
+    stores = (StoreSpec(base=shm, replication=cfg.checkpoint.baft.replication)
               if "baft" in cfg.strategies and cfg.nodes > 1 else None)
     link: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:

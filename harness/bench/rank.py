@@ -4,6 +4,7 @@ blocks, times each iteration and what each block left in the background, times t
 ``bench-raw.json`` for :func:`harness.bench.bench.summarize`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -38,9 +39,7 @@ def _write_raw(run_dir: Path, times: list[dict[str, Any]], settings: dict[str, A
 def _checkpointers(spec: BenchSpec, arms: dict[str, Arm], trainer: Any) -> dict[str, Any]:
     """Each arm's checkpointer, attached to the trainer's stages (collective: every rank calls it). The first
     persistent ``baft`` arm is the one placed on its node's store (with 2+ nodes it replicates)."""
-    from baft import CheckpointConfig, Checkpointer
-    from baft.bubbles.planner import PlannerConfig
-    from baft.config import AsyncDcpConfig, BaftConfig
+    from baft import Checkpointer
 
     from harness.worker.session import place_on_node
 
@@ -49,15 +48,10 @@ def _checkpointers(spec: BenchSpec, arms: dict[str, Arm], trainer: Any) -> dict[
     placed = False
     for arm in arms.values():
         own_snapshot = arm.tier == "snapshot" and arm.strategy != "baft"  # a step done here, beside a `none` ckpt
-        c = CheckpointConfig(strategy="none" if own_snapshot else cast(StrategyName, arm.strategy), every=arm.every, keep=2,
-                             dir=str(run_dir / "checkpoints" / _dirname(arm.name)),
-                             persist_nice=cfg.persist_nice,
-                             baft=BaftConfig(shm_dir=str(Path(spec.shm_dir) / _dirname(arm.name)),
-                                             planner=PlannerConfig(copier=cfg.baft_copier),
-                                             replicate_every=cfg.replicate_every, writer=cfg.persist_writer,
-                                             writer_priority=cfg.writer_priority,
-                                             persist_window_ms=cfg.persist_window_ms),
-                             async_dcp=AsyncDcpConfig(mode=cfg.dcp_async, stager=cfg.dcp_stager))
+        c = dataclasses.replace(
+            cfg.checkpoint, strategy="none" if own_snapshot else cast(StrategyName, arm.strategy), every=arm.every,
+            dir=str(run_dir / "checkpoints" / _dirname(arm.name)),
+            baft=dataclasses.replace(cfg.checkpoint.baft, shm_dir=str(Path(spec.shm_dir) / _dirname(arm.name))))
         if arm.strategy == "baft" and arm.tier == "persistent" and not placed:
             place_on_node(c, spec)  # with 2+ nodes this arm replicates through the node stores
             placed = True
@@ -71,18 +65,14 @@ def worker(spec_path: Path) -> int:
     from baft import events
     from baft.strategies.restore import restore_dcp, restore_shards
 
-    from harness.worker.workload import PipelineTrainer, WorkloadConfig, set_determinism
+    from harness.worker.workload import PipelineTrainer, set_determinism
 
     spec = BenchSpec.load(spec_path)
     cfg = spec.bench
     run_dir = Path(spec.run_dir)
     set_determinism()
     dist.init_process_group("gloo")
-    wl = WorkloadConfig(model=cfg.model, stages=cfg.stages, dp_shard=cfg.dp_shard, tp=cfg.tp, nodes=cfg.nodes,
-                        microbatches=cfg.microbatches,
-                        microbatch_size=cfg.microbatch_size, schedule=cfg.schedule,
-                        steps=cfg.iterations + cfg.period, seed=cfg.seed, dataset_size=max(512, cfg.microbatches * cfg.microbatch_size))
-    trainer = PipelineTrainer(wl)
+    trainer = PipelineTrainer(dataclasses.replace(cfg.workload, steps=cfg.iterations + cfg.period))
     arms = {a.name: a for a in cfg.arms()}
     ckpts = _checkpointers(spec, arms, trainer)
     snapshot_steps = _snapshot_steps(cfg, trainer.state)
@@ -90,7 +80,7 @@ def worker(spec_path: Path) -> int:
     if FLOOR_ARM in arms:
         from harness.bench.floorlink import join
 
-        floor = join(cfg.nodes, cfg.store_priority, spec.stores, Path(spec.shm_dir) / "floor", trainer.state)
+        floor = join(cfg.nodes, cfg.checkpoint.baft.replication.priority, spec.stores, Path(spec.shm_dir) / "floor", trainer.state)
         snapshot_steps[FLOOR_ARM] = floor[1]
 
     baft_events: list[dict[str, Any]] = []

@@ -20,7 +20,7 @@ def test_bench_writes_both_tiers_with_equal_settings(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "bench", "--out", str(out), "--cycles", "3", "--warmup", "1",
-         "--strategies", "sync,checkfreq,baft", "--block", "4", "--persist-every", "2,4", "--microbatches", "4"],
+         "--strategies", "sync,checkfreq,baft", "--block", "4", "--persist-every", "2,4", "--workload.microbatches", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -88,8 +88,8 @@ def test_two_nodes_pair_baft_with_the_floor_of_its_replication(tmp_path: Path) -
     """With 2 nodes on loopback the plain replicator's arm (``floor:replicate``) is timed beside the stores'."""
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "bench", "--out", str(out), "--nodes", "2", "--strategies", "baft",
-         "--cycles", "2", "--warmup", "1", "--block", "3", "--persist-every", "3", "--microbatches", "4",
+        [sys.executable, "-m", "harness.cli", "bench", "--out", str(out), "--workload.nodes", "2", "--strategies", "baft",
+         "--cycles", "2", "--warmup", "1", "--block", "3", "--persist-every", "3", "--workload.microbatches", "4",
          "--floor-count", "0"],
         cwd=ROOT, capture_output=True, text=True, timeout=280,
     )

@@ -91,7 +91,7 @@ def test_delay_without_netem_is_refused_up_front(tmp_path: Path) -> None:
 
 def test_bench_on_a_throttled_link_reports_the_link_and_replication(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "bench", "--out", str(tmp_path / "b"), "--nodes", "2", "--strategies", "baft",
+        [sys.executable, "-m", "harness.cli", "bench", "--out", str(tmp_path / "b"), "--workload.nodes", "2", "--strategies", "baft",
          "--cycles", "3", "--block", "3", "--persist-every", "3", "--warmup", "1", "--link-rate", "40mbit"],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )

@@ -58,11 +58,14 @@ def test_a_replica_lands_whole_in_the_peer_and_an_intruder_is_dropped(tmp_path: 
 def test_the_floor_arm_runs_beside_a_replicating_baft_only() -> None:
     from harness.bench.bench import FLOOR_ARM, BenchConfig
 
-    def names(**kw: object) -> list[str]:
-        return [a.name for a in BenchConfig(**kw).arms()]  # type: ignore[arg-type]
+    from harness.worker.spec import WorkloadConfig
+
+    def names(nodes: int, **kw: object) -> list[str]:
+        return [a.name for a in BenchConfig(workload=WorkloadConfig(nodes=nodes, microbatches=8), **kw).arms()]  # type: ignore[arg-type]
 
     assert FLOOR_ARM in names(nodes=2, strategies=["baft"])
-    floor = next(a for a in BenchConfig(nodes=2, strategies=["baft"]).arms() if a.name == FLOOR_ARM)
+    floor = next(a for a in BenchConfig(workload=WorkloadConfig(nodes=2), strategies=["baft"]).arms()
+                 if a.name == FLOOR_ARM)
     assert floor.tier == "persistent" and floor.strategy == "none"  # paired like baft@k, block mean with its drain
     assert FLOOR_ARM not in names(nodes=1, strategies=["baft"])  # nothing to replicate to
     assert FLOOR_ARM not in names(nodes=2, strategies=["sync"])  # no store replicates: nothing to set it beside

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from baft import CheckpointConfig
+from baft import BaftConfig, CheckpointConfig
 
 from harness.bench.bench import BenchConfig, BenchSpec
 from harness.errors import ScenarioError
@@ -165,6 +165,9 @@ def test_the_probe_apis_old_import_and_key_paths_work_with_one_warning_each(
 
 
 def test_the_bench_spec_round_trips(tmp_path: Path) -> None:
-    spec = BenchSpec(bench=BenchConfig(strategies=["baft"], cycles=2), shm_dir="/dev/shm/b", run_dir="/r")
+    bench = BenchConfig(strategies=["baft"], cycles=2, workload=WorkloadConfig(stages=4, microbatches=8, nodes=2),
+                        checkpoint=CheckpointConfig(keep=2, baft=BaftConfig(writer="thread")))
+    spec = BenchSpec(bench=bench, shm_dir="/dev/shm/b", run_dir="/r")
     back = BenchSpec.load(write(tmp_path, spec.plain()))
     assert back == spec and back.bench.strategies == ["none", "baft"]
+    assert back.bench.workload.stages == 4 and back.bench.checkpoint.baft.writer == "thread"
