@@ -237,26 +237,26 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
         if names:
             tiers[tier] = {"statistic": stat, "arms": paired_ratios(raw["iterations"], stat=stat, only=names)}
     settings: dict[str, dict[str, Any]] = {}
-    ck, baft = cfg.checkpoint, cfg.checkpoint.baft
+    ck, own = cfg.checkpoint, cfg.checkpoint.baft
     for a in arms:
         s: dict[str, Any] = {"tier": a.tier, "strategy": a.strategy,
                              "persist_every": a.every if a.tier == "persistent" else None}
         if a.strategy == "baft":
-            s.update(snapshot="every iteration, in the bubbles", copier=baft.planner.copier,
+            s.update(snapshot="every iteration, in the bubbles", copier=own.planner.copier,
                      replicates=cfg.nodes > 1 and a.tier == "persistent" and a.every == cfg.persist_every[0])
         if a.strategy == "checkfreq":
             s["snapshot"] = "copy into buffers allocated once, at the boundary"
         if a.strategy in ("baft", "checkfreq") and a.tier == "persistent":
             s["persist_nice"] = ck.persist_nice
         if a.strategy == "baft" and a.tier == "persistent":
-            s["writer_priority"] = baft.writer_priority if baft.writer == "process" else None
-            s["persist_window_ms"] = baft.persist_window_ms
+            s["writer_priority"] = own.writer_priority if own.writer == "process" else None
+            s["persist_window_ms"] = own.persist_window_ms
             s["writer"] = {"process": "each rank's DCP file straight from its slot by a writer process",
                            "thread": "each rank's DCP file straight from its slot by the persister thread",
-                           "dcp": "dcp.save of a copy"}[baft.writer]
+                           "dcp": "dcp.save of a copy"}[own.writer]
         if a.name == FLOOR_ARM:
             s["replicates"] = ("the floor: no checkpoint; a plain program moves the state's bytes to the next node every "
-                               f"iteration (kept copy, sendfile, recv_into a mapping), {baft.replication.priority} class")
+                               f"iteration (kept copy, sendfile, recv_into a mapping), {own.replication.priority} class")
         if a.name == SNAPSHOT_ARMS["async-dcp"]:
             s["staging"] = "DefaultStager, synchronous, cached buffers"
         s.update((raw.get("settings") or {}).get(a.name) or {})

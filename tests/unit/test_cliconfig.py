@@ -5,7 +5,6 @@ from before the sections still work, with a warning."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 

@@ -57,7 +57,6 @@ def test_a_replica_lands_whole_in_the_peer_and_an_intruder_is_dropped(tmp_path: 
 
 def test_the_floor_arm_runs_beside_a_replicating_baft_only() -> None:
     from harness.bench.bench import FLOOR_ARM, BenchConfig
-
     from harness.worker.spec import WorkloadConfig
 
     def names(nodes: int, **kw: object) -> list[str]:
