@@ -31,42 +31,17 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _run_flags(sub: Any) -> None:
-    """The flags of ``baft run`` (local, or against a cluster with ``--target k8s``)."""
+    """The flags of ``baft run`` (local, or against a cluster with ``--target k8s``): from
+    :class:`~harness.run.options.RunOptions` and :class:`~harness.cluster.config.ClusterOptions`."""
+    from harness.cluster.config import ClusterOptions
+    from harness.run.options import RunOptions
+
     run = sub.add_parser("run", help="run a scenario against its reference and print the verdict")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument("--out", type=Path, help="output directory (default runs/NAME-TIMESTAMP)")
-    run.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
-    run.add_argument("--no-report", dest="report", action="store_false", help="skip report.html / report.md and the plots")
-    run.add_argument("--target", choices=("local", "k8s"), default="local",
-                     help="local (default): torchrun here; k8s: the faults as Chaos Mesh objects on a cluster")
-    run.add_argument("--namespace", help="k8s: the training job's namespace")
-    run.add_argument("--selector", help="k8s: label selector of the job's pods, k=v[,k=v...]")
-    run.add_argument("--rank-label", dest="rank_label", help="k8s: the pod label holding the pod index")
-    run.add_argument("--kubeconfig", help="k8s: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the pod's "
-                                          "service account in-cluster)")
-    run.add_argument("--context", help="k8s: kubeconfig context (default: its current one)")
-    run.add_argument("--job-dir", dest="job_dir", type=Path,
-                     help="k8s: the job's run directory on a shared volume (the ranks' journals; steps are read there)")
-    run.add_argument("--wandb-run", dest="wandb_run", metavar="ENTITY/PROJECT/RUN_ID",
-                     help="k8s: read the steps from the job's W&B run instead of --job-dir (needs WANDB_API_KEY)")
-    run.add_argument("--wandb-base-url", dest="wandb_base_url",
-                     help="k8s, with --wandb-run: the W&B server (default $WANDB_BASE_URL or wandb's own)")
-    run.add_argument("--reference", type=Path,
-                     help="k8s: run directory of an uninterrupted run of the same job, for the bitwise verdict")
-    run.add_argument("--inject-timeout", dest="inject_timeout", type=float, default=60.0,
-                     help="k8s: seconds Chaos Mesh has to report a fault injected (default 60)")
-    run.add_argument("--recover-timeout", dest="recover_timeout", type=float, default=120.0,
-                     help="k8s: seconds Chaos Mesh has to undo a deleted fault (default 120)")
-    run.add_argument("--workflow", action="store_true",
-                     help="k8s, with --dry-run: the time-triggered faults as one Chaos Mesh Workflow (the cluster's "
-                          "clock runs them; step triggers need the harness following the journal)")
-    run.add_argument("--dry-run", dest="dry_run", action="store_true",
-                     help="k8s: print every object it would create as YAML documents (kubectl apply -f -); touch no cluster")
-    run.add_argument("--crds", type=Path, metavar="DIR",
-                     help="k8s, with --dry-run: directory of the Chaos Mesh CRDs (YAML) to validate against (default "
-                          "$BAFT_CHAOS_CRDS); on a cluster the CRDs it serves are read")
-    run.add_argument("--wandb", action="store_true", help="also publish the run to Weights & Biases (offline unless --wandb-online)")
-    run.add_argument("--wandb-online", dest="wandb_online", action="store_true", help="publish online (needs WANDB_API_KEY)")
+    add_config_arguments(run, RunOptions)
+    add_config_arguments(run.add_argument_group("--target k8s", "The job on the cluster and how the harness "
+                                                "follows it (harness.cluster.config.ClusterOptions)."),
+                         ClusterOptions)
 
 
 def _campaign_flags(sub: Any, command: str | None) -> None:
@@ -339,67 +314,57 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1
 
 
-def _k8s_flags(args: argparse.Namespace) -> dict[str, str]:
-    """``--target k8s``'s flags checked together (a usage error names what is missing or wrong); the
-    label selector as a mapping."""
-    if not args.namespace or not args.selector:
-        raise UsageError("--target k8s needs --namespace and --selector k=v[,k=v]")
-    if not args.dry_run and args.job_dir is None and args.wandb_run is None:
-        raise UsageError("--target k8s needs --job-dir: the job's run directory on a volume shared with this "
-                         "process (the ranks' journal/rank-*/events.jsonl, from which the harness reads the steps); or "
-                         "--wandb-run ENTITY/PROJECT/RUN_ID to read them from the job's W&B run; or --dry-run to "
-                         "print the objects")
-    if args.reference is not None and args.job_dir is None and not args.dry_run:
-        raise UsageError("--reference needs --job-dir: the verdict compares the job's journal with the reference's")
-    if args.wandb_run is not None:
-        from harness.cluster.wandbprogress import check_run_path
+def _run_options(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``baft run``'s options and, with ``--target k8s``, the cluster path's (None otherwise; a cluster flag
+    given without ``--target k8s`` is refused)."""
+    import dataclasses
 
-        try:
-            check_run_path(args.wandb_run)
-        except ValueError as e:
-            raise UsageError(f"--wandb-run: {e}") from None
-    try:
-        selector = dict(kv.split("=", 1) for kv in args.selector.split(",") if kv)
-    except ValueError as e:
-        raise UsageError(f"--selector: expected k=v[,k=v], found {args.selector!r} ({e})") from None
-    if args.crds is not None and not args.dry_run:
-        raise UsageError("--crds is for --dry-run: on a cluster the objects are validated against the CRDs the "
-                         "cluster serves")
-    return selector
+    from harness.cluster.config import ClusterOptions
+    from harness.run.options import RunOptions
+
+    options = config_from_args(RunOptions, args)
+    if options.target == "k8s":
+        return options, config_from_args(ClusterOptions, args)
+    cluster_flags = [f.name for f in dataclasses.fields(ClusterOptions) if hasattr(args, f.name)]
+    cluster_flags += [name for name in vars(args) if name.startswith("follow.")]
+    if cluster_flags:
+        from harness.cliconfig import flag
+
+        raise UsageError(f"{flag(cluster_flags[0].removeprefix('follow.'))} is for --target k8s (a job on a cluster); "
+                         "this run is local")
+    return options, None
 
 
-def _k8s(scenario: Any, args: argparse.Namespace) -> int:
+def _k8s(scenario: Any, options: Any, cluster: Any) -> int:
     """``--target k8s``: the scenario's faults as Chaos Mesh objects, printed (``--dry-run``) or driven
     against the job on the cluster (:mod:`harness.cluster.run`)."""
+    import dataclasses
+
     from analysis.summary import format_summary
-    from harness.cluster.run import ClusterConfig, ClusterRunError, plan, run_on_cluster
+    from harness.cluster.run import ClusterRunError, plan, run_on_cluster
     from injectors.chaosmesh.manifests import ClusterTarget, Crds, CrdUnavailable, Unmappable, to_yaml, validate
     from injectors.chaosmesh.schema import ManifestInvalid
     from injectors.errors import InjectorError
 
-    selector = _k8s_flags(args)
     crds = None  # on a cluster: the ones it serves, read through the client (ClusterRun validates against them)
-    if args.dry_run:
+    if cluster.dry_run:
         try:
-            crds = Crds.from_user(args.crds)
+            crds = Crds.from_user(cluster.crds)
         except CrdUnavailable as e:
             raise UsageError(str(e)) from None
     run_id = time.strftime("%m%d%H%M%S")
     try:
-        extra = {"rank_label": args.rank_label} if args.rank_label else {}
+        extra = {"rank_label": cluster.rank_label} if cluster.rank_label else {}
         # One pod per scenario node (a torchrun agent each), so a pod holds world_size / nodes ranks.
         w = scenario.workload
-        target = ClusterTarget(namespace=args.namespace, selector=selector, ranks_per_pod=w.world_size // w.nodes,
+        target = ClusterTarget(namespace=cluster.namespace, selector=cluster.labels(), ranks_per_pod=w.world_size // w.nodes,
                                **extra)
         firings = plan(scenario, target, run_id, crds)
     except (Unmappable, ManifestInvalid, InjectorError) as e:
         raise UsageError(f"{scenario.source}: {e}") from None
-    if args.workflow:
+    if cluster.workflow:  # with --dry-run (ClusterOptions says so otherwise)
         from injectors.chaosmesh.workflow import workflow_manifest
 
-        if not args.dry_run:
-            raise UsageError("--workflow prints one Chaos Mesh Workflow for the time-triggered faults; it needs "
-                             "--dry-run (apply it with kubectl when the job starts: its clock starts at creation)")
         try:
             workflow = workflow_manifest([(i, f.kind, f.config) for i, f in enumerate(scenario.faults)], target, run_id)
             assert crds is not None  # --workflow needs --dry-run, which read them
@@ -408,27 +373,23 @@ def _k8s(scenario: Any, args: argparse.Namespace) -> int:
             raise UsageError(f"{scenario.source}: {e}") from None
         sys.stdout.write(to_yaml([workflow]))
         return 0
-    if args.dry_run:
+    if cluster.dry_run:
         sys.stdout.write(to_yaml(obj for f in firings for obj in f.objects))
         return 0
-    if args.reference is not None and not (args.reference / "journal").is_dir():
-        raise UsageError(f"--reference {args.reference}: expected a run directory with a journal/ (an "
+    if cluster.reference is not None and not (cluster.reference / "journal").is_dir():
+        raise UsageError(f"--reference {cluster.reference}: expected a run directory with a journal/ (an "
                          "uninterrupted run of the same job), found none")
     from injectors.chaosmesh.client import ChaosClient
 
-    out = args.out or Path("runs") / f"{scenario.name}-k8s-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = options.out or Path("runs") / f"{scenario.name}-k8s-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        config = ClusterConfig(job_dir=args.job_dir, wandb_run=args.wandb_run, wandb_base_url=args.wandb_base_url,
-                               inject_timeout=args.inject_timeout, recover_timeout=args.recover_timeout,
-                               timeout=scenario.run.timeout)
-        client = ChaosClient(args.kubeconfig, context=args.context)
-        source = f"W&B run {args.wandb_run}" if args.wandb_run else f"the job in {args.job_dir}"
-        print(f"baft: following {source} ({len(firings)} firings on namespace {args.namespace}) -> {out}", flush=True)
-        verdict = run_on_cluster(scenario, client, target, config, out, run_id, args.reference, report=args.report)
+        config = dataclasses.replace(cluster.follow, timeout=scenario.run.timeout)
+        client = ChaosClient(cluster.kubeconfig, context=cluster.context)
+        source = f"W&B run {config.wandb_run}" if config.wandb_run else f"the job in {config.job_dir}"
+        print(f"baft: following {source} ({len(firings)} firings on namespace {cluster.namespace}) -> {out}", flush=True)
+        verdict = run_on_cluster(scenario, client, target, config, out, run_id, cluster.reference, report=options.report)
     except (ClusterRunError, InjectorError) as e:
         raise UsageError(str(e)) from None
-    except ValueError as e:  # ClusterConfig's fields are the --*-timeout flags
-        raise UsageError(f"--{str(e).replace('_', '-')}") from None
     except OSError as e:
         raise UsageError(f"{e.filename or out}: {e.strerror or e}") from None
     print(format_summary(verdict, out))
@@ -548,23 +509,24 @@ def _command(args: argparse.Namespace) -> int:
         return 0
     # On a cluster Chaos Mesh injects the faults: this host need not be able to (root, tc, netem), and the
     # training script is in the pods' image, not beside the scenario (the harness Job's copy of it).
-    local = args.target == "local"
+    options, cluster = _run_options(args)
+    local = cluster is None
     scenario = load(args.scenario, host=local, files=local)
-    if args.target == "k8s":
-        return _k8s(scenario, args)
+    if cluster is not None:
+        return _k8s(scenario, options, cluster)
     from analysis.summary import format_summary
     from harness.run.runner import run_scenario
 
-    out = args.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = options.out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"baft: running {scenario.name} ({scenario.workload.world_size} ranks on {scenario.workload.nodes} node(s)) -> {out}", flush=True)
     try:
-        verdict = run_scenario(scenario, out, args.cache, report=args.report)
+        verdict = run_scenario(scenario, out, options.cache, report=options.report)
     except HarnessError as e:
         print(f"baft: error: {e}", file=sys.stderr)
         return 1
     print(format_summary(verdict, out))
-    if args.wandb or args.wandb_online:
-        _publish(out, args.wandb_online)
+    if options.wandb or options.wandb_online:
+        _publish(out, options.wandb_online)
     return 0 if verdict.passed else 1
 
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from baft.errors import deprecated
@@ -73,6 +75,8 @@ class _Option:
 
     path: str
     """Its dotted path from the top config (``checkpoint.baft.writer``)."""
+    name: str
+    """Its flag's name: the path, less the sections that are ``FLAT`` (``--job-dir`` for ``follow.job_dir``)."""
     tp: Any
     """Its type, ``X`` for ``X | None``."""
     default: Any
@@ -83,11 +87,14 @@ class _Option:
     """The path of the section it is in ("" at the top)."""
 
 
-def _options(cls: type, prefix: str = "", base: Any = None, skip: frozenset[str] = frozenset()) -> Iterator[_Option]:
+def _options(cls: type, prefix: str = "", base: Any = None, skip: frozenset[str] = frozenset(),
+             named: str = "") -> Iterator[_Option]:
     """Every flag-carrying field of ``cls`` and its sections, depth first (``base``: the section's default
-    instance; ``skip``: paths below ``prefix`` that get no flag, with the class's own ``FLAGLESS``)."""
+    instance; ``skip``: paths below ``prefix`` that get no flag, with the class's own ``FLAGLESS``; ``named``:
+    the flag names' prefix)."""
     docs, hints = field_docs(cls), get_type_hints(cls)
     skip = skip | frozenset(getattr(cls, "FLAGLESS", ()))
+    flat = set(getattr(cls, "FLAT", ()))
     for f in dataclasses.fields(cls):
         path = prefix + f.name
         if not f.init or f.name in skip:
@@ -98,9 +105,9 @@ def _options(cls: type, prefix: str = "", base: Any = None, skip: frozenset[str]
         default = getattr(base, f.name) if base is not None else _default(f)
         if _is_section(tp):
             below = frozenset(p[len(f.name) + 1:] for p in skip if p.startswith(f.name + "."))
-            yield from _options(tp, path + ".", default, below)
+            yield from _options(tp, path + ".", default, below, named if f.name in flat else named + f.name + ".")
         else:
-            yield _Option(path, tp, default, docs[f.name], prefix[:-1])
+            yield _Option(path, named + f.name, tp, default, docs[f.name], prefix[:-1])
 
 
 def _kind(o: _Option) -> dict[str, Any]:
@@ -113,12 +120,12 @@ def _kind(o: _Option) -> dict[str, Any]:
         return {"type": type(choices[0]), "choices": choices}
     if get_origin(tp) is list and get_args(tp) in ((str,), (int,)):
         return {"type": str, "metavar": o.path.rsplit(".", 1)[-1].upper() + ",..."}
-    if tp in (int, float, str):
+    if tp in (int, float, str, Path):
         return {"type": tp, "metavar": o.path.rsplit(".", 1)[-1].upper()}
     raise TypeError(f"{o.path}: no flag for a field of type {tp!r}")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
     """A flag per init field of config dataclass ``cls`` and of its sections on ``parser``, and its
     ``RENAMED_FLAGS`` as hidden aliases that warn (see the module's docstring).
 
@@ -128,18 +135,24 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     groups: dict[str, Any] = {"": parser}
     section_docs = _section_docs(cls)
     by_path: dict[str, _Option] = {}
-    for o in _options(cls):
+    options = list(_options(cls))
+    # A docstring names other fields (``dry_run``); the help names their flags (--dry-run).
+    named = {o.path.rsplit(".", 1)[-1]: flag(o.name) for o in options if "_" in o.path.rsplit(".", 1)[-1]}
+    pattern = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, named)) + r")(?![\w-])") if named else None
+    for o in options:
         by_path[o.path] = o
         kw: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": o.path, **_kind(o)}
-        help_text = o.doc.replace("%", "%%")
+        doc = pattern.sub(lambda m: named[m.group(1)], o.doc) if pattern else o.doc
+        help_text = doc.replace("%", "%%")
         if get_origin(o.tp) is list:
             help_text += " Comma-separated."
         required = o.default is dataclasses.MISSING
         if not required and o.default is not None:
             help_text += f" (default {_shown(o.default).replace('%', '%%')})"
-        if o.section not in groups:
-            groups[o.section] = parser.add_argument_group(f"{o.section}", section_docs.get(o.section))
-        groups[o.section].add_argument(flag(o.path), required=required, help=help_text, **kw)
+        section = o.section if o.name != o.path.rsplit(".", 1)[-1] else ""  # a FLAT section's flags: with the others
+        if section not in groups:
+            groups[section] = parser.add_argument_group(section, section_docs.get(section))
+        groups[section].add_argument(flag(o.name), required=required, help=help_text, **kw)
     for old, new in getattr(cls, "RENAMED_FLAGS", {}).items():
         o = by_path[new]
         kw = {"default": argparse.SUPPRESS, "dest": o.path, **_kind(o)}
@@ -198,21 +211,24 @@ def _value(o_tp: Any, path: str, raw: Any) -> Any:
     return value
 
 
-def _build(cls: type[C], args: argparse.Namespace, prefix: str, base: Any) -> C | None:
-    """``cls`` (at ``prefix``) from the flags given: ``base`` (its default instance, None at the top) with them
-    applied; None when no flag of it or its sections was given."""
+def _build(cls: type[C], args: argparse.Namespace, prefix: str, base: Any, named: str = "") -> C | None:
+    """``cls`` (at ``prefix``; its flags named from ``named``) from the flags given: ``base`` (its default
+    instance, None at the top or for an optional section) with them applied; None when no flag of it or its
+    sections was given."""
     hints = get_type_hints(cls)
+    flat = set(getattr(cls, "FLAT", ()))
     given: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if not f.init:
             continue
         path, tp = prefix + f.name, _plain_type(hints[f.name])
         if _is_section(tp):
-            inner = _build(tp, args, path + ".", getattr(base, f.name) if base is not None else _default(f))
+            inner = _build(tp, args, path + ".", getattr(base, f.name) if base is not None else _default(f),
+                           named if f.name in flat else named + f.name + ".")
             if inner is not None:
                 given[f.name] = inner
         elif hasattr(args, path):
-            given[f.name] = _value(tp, path, getattr(args, path))
+            given[f.name] = _value(tp, named + f.name, getattr(args, path))
     if not given and prefix:
         return None
     try:
@@ -220,7 +236,7 @@ def _build(cls: type[C], args: argparse.Namespace, prefix: str, base: Any) -> C 
     except ValueError as e:
         if not hasattr(e, "field"):
             raise
-        raise flag_error(e, prefix) from None
+        raise flag_error(e, named) from None
 
 
 def flag_error(e: Any, prefix: str = "") -> UsageError:
@@ -236,11 +252,11 @@ def argv_of(cfg: Any, changed_only: bool = False) -> list[str]:
     for o in _options(type(cfg)):
         v = cfg
         for part in o.path.split("."):
-            v = getattr(v, part)
+            v = getattr(v, part) if v is not None else None
         if v is None or (changed_only and v == o.default):
             continue
         if isinstance(v, bool):
-            out.append(flag(o.path) if v else "--no-" + flag(o.path)[2:])
+            out.append(flag(o.name) if v else "--no-" + flag(o.name)[2:])
         else:
-            out.append(f"{flag(o.path)}={','.join(map(str, v)) if isinstance(v, list) else v}")
+            out.append(f"{flag(o.name)}={','.join(map(str, v)) if isinstance(v, list) else v}")
     return out

@@ -41,6 +41,7 @@ from typing import Any
 
 from analysis.journal import Journal, JournalWriter, launcher_journal, read_events
 from analysis.verdict import ChaosFiring, ClusterFacts, Verdict, WallSeconds, judge
+from harness.cluster.config import ClusterConfig
 from harness.errors import HarnessError
 from harness.run.progress import JournalProgress, Progress
 from harness.scenario import Scenario
@@ -53,42 +54,6 @@ from injectors.worker import describe
 
 class ClusterRunError(HarnessError):
     """The run on the cluster could not go on (the job never started, a selector matches no pod, a timeout)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class ClusterConfig:
-    """How the harness follows a job on a cluster and how long it waits for Chaos Mesh."""
-
-    job_dir: Path | None = None
-    """The training job's run directory as this process sees it (a shared volume): the ranks write
-    ``journal/rank-*/events.jsonl`` there, the harness reads steps from it (unless ``wandb_run``)
-    and, at the end, copies the journal for the verdict."""
-    wandb_run: str | None = None
-    """``ENTITY/PROJECT/RUN_ID``: read the steps from the job's W&B run instead (:mod:`harness.cluster.wandbprogress`)."""
-    wandb_base_url: str | None = None
-    """The W&B server (default: ``WANDB_BASE_URL`` or wandb's own)."""
-    inject_timeout: float = 60.0
-    """Seconds Chaos Mesh has to report a fault injected on every target."""
-    recover_timeout: float = 120.0
-    """Seconds Chaos Mesh has, after a delete, to undo a fault (the object is gone)."""
-    start_timeout: float = 600.0
-    """Seconds to wait for the job's first ``start`` event in the journal."""
-    timeout: float = 3600.0
-    """Seconds the whole run may take once the job has started."""
-    poll: float = 0.5
-    """Seconds between two reads of the journal (and of an object's status)."""
-
-    def __post_init__(self) -> None:
-        if self.job_dir is None and self.wandb_run is None:
-            raise ValueError("job_dir: the job's run directory on a shared volume, or wandb_run, is needed to "
-                             "follow its steps")
-        if self.wandb_run is not None:
-            from harness.cluster.wandbprogress import check_run_path
-
-            check_run_path(self.wandb_run)
-        for name in ("inject_timeout", "recover_timeout", "start_timeout", "timeout", "poll"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: expected seconds > 0, found {getattr(self, name)!r}")
 
 
 @dataclass(kw_only=True, slots=True)

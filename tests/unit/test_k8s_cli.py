@@ -69,7 +69,7 @@ def test_workflow_prints_one_validated_workflow_for_time_triggers(capsys: pytest
 @needs_schema
 @pytest.mark.parametrize("argv, message", [
     (["--dry-run", "--workflow", *CRDS_ARGS], "cluster's clock"),  # kill-rank.yaml triggers at a step
-    (["--workflow", "--job-dir", "/tmp"], "needs --dry-run"),
+    (["--workflow", "--job-dir", "/tmp"], "--dry-run with it"),
 ])
 def test_workflow_refusals_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     rc = cli_main(["run", str(ROOT / "scenarios" / "smoke" / "kill-rank.yaml"), "--target", "k8s",
@@ -134,5 +134,5 @@ def test_crds_that_are_not_a_directory_exit_2(capsys: pytest.CaptureFixture[str]
 def test_crds_are_for_dry_run_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [a for a in KILL_RANK if a != "--dry-run"]
     assert cli_main([*argv, "--job-dir", str(tmp_path), "--crds", str(tmp_path)]) == 2
-    assert "--crds is for --dry-run: on a cluster the objects are validated against the CRDs the cluster serves" \
+    assert "--crds: expected --dry-run with it: on a cluster the objects are validated against the CRDs the cluster serves" \
         in capsys.readouterr().err

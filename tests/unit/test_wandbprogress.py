@@ -243,7 +243,7 @@ def test_cli_follows_a_wandb_run_and_prints_each_firing(wb: WandbStandIn, standi
 
 @pytest.mark.parametrize("extra, message", [
     (["--wandb-run", "no-slashes"], "--wandb-run: expected ENTITY/PROJECT/RUN_ID"),
-    (["--wandb-run", RUN, "--reference", "ref"], "--reference needs --job-dir"),
+    (["--wandb-run", RUN, "--reference", "ref"], "--reference: expected --job-dir with it"),
 ])
 def test_cli_refuses_a_bad_wandb_run_or_a_reference_without_the_journal(extra: list[str], message: str,
                                                                        tmp_path: Path,
