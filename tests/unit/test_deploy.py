@@ -12,7 +12,7 @@ import yaml
 
 from baft import CheckpointConfig
 
-from harness.cli import _parser
+from harness.cli import _parser, _run_options
 from harness.cli import main as cli_main
 from harness.cluster.deploy import HARNESS_KINDS, INDEX_LABEL, DeployConfig, deployment, pod_workload, worker_spec
 from harness.errors import ConfigValueError
@@ -114,12 +114,12 @@ def test_the_harness_job_runs_a_command_baft_accepts_against_the_training_pods()
     assert pod["serviceAccountName"] == "baft-harness"
     command = pod["containers"][0]["command"]
     assert command[0] == "baft"
-    args = _parser().parse_args(command[1:])
-    assert (args.target, args.namespace, args.rank_label) == ("k8s", "ml", INDEX_LABEL)
-    assert str(args.job_dir) == "/shared/faulted" and str(args.reference) == "/shared/reference"
+    options, cluster = _run_options(_parser("run").parse_args(command[1:]))  # the options it checks together
+    assert (options.target, cluster.namespace, cluster.rank_label) == ("k8s", "ml", INDEX_LABEL)
+    assert str(cluster.follow.job_dir) == "/shared/faulted" and str(cluster.reference) == "/shared/reference"
     training = next(o for o in docs if o["kind"] == "Job" and o is not harness)
     labels = training["spec"]["template"]["metadata"]["labels"]
-    assert dict(kv.split("=") for kv in args.selector.split(",")).items() <= labels.items()
+    assert cluster.labels().items() <= labels.items()
     assert "scenario.yaml" in next(o for o in docs if o["kind"] == "ConfigMap")["data"]
 
 
