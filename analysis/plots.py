@@ -207,9 +207,13 @@ def timeline_figure(run: Journal, path: Path) -> Path | None:
     ax.set_xlabel(f"milliseconds into step {step}")
     ax.set_title("per-stage timeline of one iteration: compute, bubbles (grey) and checkpoint copies in them (green)",
                  fontsize=9)
-    handles = [Rectangle((0, 0), 1, 1, color=c) for k, c in _SPAN_COLORS.items() if k != "backward_weight"]
-    fig.legend(handles, [k if k != "wait" else "wait (bubble)" for k in _SPAN_COLORS if k != "backward_weight"],
-               fontsize=7, ncol=5, loc="lower center")
+    # the weight-gradient passes only where a zero-bubble schedule split the backward
+    drawn = {kind for rank in rows for kind, *_ in rows[rank]["spans"]}
+    shown = [k for k in _SPAN_COLORS if k != "backward_weight" or k in drawn]
+    names = {"wait": "wait (bubble)", "backward": "backward (input grads)" if "backward_weight" in drawn else "backward",
+             "backward_weight": "backward (weight grads)"}
+    fig.legend([Rectangle((0, 0), 1, 1, color=_SPAN_COLORS[k]) for k in shown], [names.get(k, k) for k in shown],
+               fontsize=7, ncol=len(shown), loc="lower center")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path)

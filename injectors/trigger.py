@@ -40,7 +40,8 @@ class PointFault(FaultConfig):
     """0-based iteration at which it fires (that many steps have completed)."""
     phase: str = "iteration"
     """Where in the iteration: ``iteration`` (its start), ``forward`` / ``backward`` (first
-    microbatch), ``optimizer`` (before the optimizer step), or a checkpoint phase —
+    microbatch), ``backward_weight`` (the first weight-gradient pass, on a zero-bubble schedule),
+    ``optimizer`` (before the optimizer step), or a checkpoint phase —
     ``snapshot``, ``replicate``, ``persist``, ``restore`` (``step`` is then the version)."""
     every: int | None = None
     """With ``at_step``: fire again every this many steps (up to ``times`` in all)."""
@@ -168,8 +169,9 @@ class WindowFault(FaultConfig):
 
 
 #: The phases the harness's training loop announces: ``iteration`` (the step begins), ``data`` (about to
-#: fetch the batch), ``forward``/``backward`` (per microbatch) and ``optimizer``; in an unmodified script
-#: (``workload.command``) also ``save`` (``torch.save`` is called: the script writes a checkpoint).
-TRAINING_PHASES: tuple[str, ...] = ("iteration", "data", "forward", "backward", "optimizer", "save")
+#: fetch the batch), ``forward``/``backward`` (per microbatch), ``backward_weight`` (per microbatch, on the
+#: zero-bubble schedules: the weight-gradient half of a split backward) and ``optimizer``; in an unmodified
+#: script (``workload.command``) also ``save`` (``torch.save`` is called: the script writes a checkpoint).
+TRAINING_PHASES: tuple[str, ...] = ("iteration", "data", "forward", "backward", "backward_weight", "optimizer", "save")
 #: Every phase name a trigger may use: the loop's, then those baft's strategies announce.
 ALL_PHASES: tuple[str, ...] = TRAINING_PHASES + PHASES

@@ -88,8 +88,10 @@ class InWorkerInjector(WorkerInjector):
         self.inject(fields)
 
     def accepts(self, fields: dict[str, Any]) -> bool:
-        """A further condition on the phase event (e.g. the first microbatch only)."""
-        return fields.get("microbatch", 0) == 0
+        """A further condition on the phase event: the first microbatch only; for ``backward_weight`` the step's
+        first weight-gradient pass, whichever microbatch it is (a zero-bubble schedule such as DualPipeV may run a
+        rank's weight passes only for its last microbatches)."""
+        return fields.get("phase") == "backward_weight" or fields.get("microbatch", 0) == 0
 
     def _mark(self, occurrence: int) -> None:
         self.ctx.fault_dir.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from harness.campaign.layouts import LAYOUTS
 from harness.errors import ConfigValueError, HarnessError, ScenarioError
 from harness.scenario import parse
 from harness.schema import build
-from harness.worker.spec import WorkloadConfig
+from harness.worker.spec import ZERO_BUBBLE, WorkloadConfig
 from injectors.trigger import ALL_PHASES
 
 
@@ -77,14 +77,15 @@ _DRAW_ORDER = ("snapshot", "replicate", "persist", *[p for p in ALL_PHASES if p 
 def phase_steps(data: dict[str, Any]) -> dict[str, list[int]]:
     """The steps (versions, for a checkpoint phase) at which an uninterrupted run of the scenario
     announces each phase a fault can be keyed to: every step for the loop's phases and those the
-    strategy announces in its iterations; the multiples of ``checkpoint.every`` for ``persist``; under
+    strategy announces in its iterations (``backward_weight`` too on a zero-bubble schedule); the multiples of ``checkpoint.every`` for ``persist``; under
     replication (two nodes or more, ``replicas`` >= 1), the multiples of ``replicate_every`` for
     ``replicate``. ``restore`` is left out: its version is known only once an earlier fault has hit."""
     w = build(WorkloadConfig, data.get("workload"), "the base scenario", "workload")
     ck = build(CheckpointConfig, data.get("checkpoint"), "the base scenario", "checkpoint")
     strategy = TRAITS.get(ck.strategy, Traits())
     every_step = list(range(1, max(1, w.steps - 2) + 1))
-    out = {p: every_step for p in DRAWN_LOOP_PHASES + strategy.step_phases}
+    loop = DRAWN_LOOP_PHASES + (("backward_weight",) if w.schedule in ZERO_BUBBLE else ())  # a split backward
+    out = {p: every_step for p in loop + strategy.step_phases}
     if "persist" in strategy.phases:
         out["persist"] = [s for s in every_step if s % ck.every == 0]
     if "replicate" in strategy.phases and w.nodes > 1 and ck.baft.replication.replicas >= 1:

@@ -33,7 +33,15 @@ SPEC_VARIABLE = "BAFT_SPEC"
 
 P = TypeVar("P", bound="LaunchFacts")
 
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev"]
+#: The schedules that give each rank several model chunks (``virtual_stages``).
+MULTI_CHUNK: tuple[str, ...] = ("interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev")
+#: The schedules whose two chunks per rank sit in a V: rank s holds stages s and 2P-1-s (rank 0 the first
+#: and the last).
+V_SHAPED: tuple[str, ...] = ("zbv", "dualpipev")
+#: The zero-bubble schedules: each backward split into an input-gradient and a weight-gradient pass, the latter
+#: filling what were bubbles.
+ZERO_BUBBLE: tuple[str, ...] = ("interleaved-zb", "zbv", "dualpipev")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,9 +69,14 @@ class WorkloadConfig:
     microbatch_size: int = 4
     """Samples per microbatch."""
     schedule: Schedule = "1f1b"
-    """Pipeline schedule; ``interleaved-1f1b`` gives each rank ``virtual_stages`` model chunks."""
+    """Pipeline schedule. ``gpipe``, ``1f1b``: one model chunk per rank. ``interleaved-1f1b`` and the
+    zero-bubble ``interleaved-zb`` (torch's ``ScheduleInterleavedZeroBubble``): ``virtual_stages`` chunks per
+    rank, looped (rank s holds stages s, s+P, ...). ``zbv`` (ZB-V) and ``dualpipev`` (DeepSeek's DualPipeV): two
+    chunks per rank in a V (rank s holds stages s and 2P-1-s). The zero-bubble ones split each backward into an
+    input-gradient and a weight-gradient pass and fill the bubbles with the latter."""
     virtual_stages: int = 1
-    """Model chunks per rank (interleaved schedules: >= 2; the others: 1)."""
+    """Model chunks per rank: ``interleaved-1f1b``, ``interleaved-zb``: >= 2; ``zbv``, ``dualpipev``: 2; the
+    others: 1."""
     steps: int = 30
     """Optimizer steps (iterations) to train."""
     seed: int = 0
@@ -122,11 +135,19 @@ class WorkloadConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ConfigValueError(name, "an integer >= 1", value)
-        if self.schedule == "interleaved-1f1b":
+        if self.schedule in V_SHAPED:
+            if self.virtual_stages != 2:
+                raise ConfigValueError("virtual_stages", f"2 with schedule {self.schedule} (two model chunks per rank, "
+                                       "in a V)", self.virtual_stages)
+            if self.schedule == "dualpipev" and self.microbatches < 2 * self.stages:
+                raise ConfigValueError("microbatches", f"at least 2*stages ({2 * self.stages}: one per model chunk) "
+                                       "with schedule dualpipev", self.microbatches)
+        if self.schedule in MULTI_CHUNK:
             if self.virtual_stages < 2:
-                raise ConfigValueError("virtual_stages", "at least 2 with schedule interleaved-1f1b", self.virtual_stages)
+                raise ConfigValueError("virtual_stages", f"at least 2 with schedule {self.schedule}", self.virtual_stages)
             if self.microbatches % self.stages:
-                raise ConfigValueError("microbatches", f"a multiple of stages ({self.stages}) with an interleaved schedule", self.microbatches)
+                raise ConfigValueError("microbatches", f"a multiple of stages ({self.stages}) with schedule "
+                                       f"{self.schedule}", self.microbatches)
         elif self.virtual_stages != 1:
             raise ConfigValueError("virtual_stages", f"1 with schedule {self.schedule}", self.virtual_stages)
         if self.stages * self.virtual_stages > layers:

@@ -38,7 +38,7 @@ from baft.components import COMPONENTS
 from harness.errors import ConfigValueError, ScenarioError
 from harness.worker.amp import StageScaler
 from harness.worker.shapes import PRESETS
-from harness.worker.spec import WorkloadConfig
+from harness.worker.spec import MULTI_CHUNK, V_SHAPED, WorkloadConfig
 
 __all__ = ["PipelineTrainer", "WorkloadConfig", "announce_compute", "lr_lambda", "main", "seed_everything",
            "set_determinism"]
@@ -78,14 +78,18 @@ def seed_everything(seed: int) -> None:
 def announce_compute(stage: Any, trainer: Any) -> None:
     """Wrap a stage's per-microbatch forward and backward so each announces itself.
 
-    Before: ``phase`` (``forward`` / ``backward``, step, microbatch) — where faults keyed
+    Before: ``phase`` (``forward`` / ``backward`` / ``backward_weight``, step, microbatch; the last on the
+    zero-bubble schedules, whose backward is split) — where faults keyed
     to those phases fire. After: ``compute`` (kind, step, microbatch, seconds) — what a
     straggler scales. Cheap: ``events.emit`` returns at once when nobody listens.
     """
     from baft import events
 
-    for name, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
-        fn = getattr(stage, name)
+    for name, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward"),
+                       ("backward_weight_one_chunk", "backward_weight")):
+        fn = getattr(stage, name, None)
+        if fn is None:
+            continue
 
         def wrapper(mb: int, *args: Any, _fn: Any = fn, _kind: str = kind, **kwargs: Any) -> Any:
             events.emit("phase", phase=_kind, step=trainer.step, microbatch=mb)
@@ -97,14 +101,23 @@ def announce_compute(stage: Any, trainer: Any) -> None:
         setattr(stage, name, wrapper)
 
 
+def chunk_stages(cfg: WorkloadConfig, s: int) -> list[int]:
+    """The pipeline stage each of rank ``s``'s model chunks is: s, s+P, s+2P, ... (looped; one chunk without
+    virtual stages), or s and 2P-1-s on a V-shaped schedule (ZB-V, DualPipeV: rank 0 holds the first and the
+    last stage)."""
+    P, V = cfg.stages, cfg.virtual_stages
+    if cfg.schedule in V_SHAPED:
+        return [s, 2 * P - 1 - s]
+    return [s + k * P for k in range(V)]
+
+
 def _stage_chunks(cfg: WorkloadConfig, shape: Any, s: int, mesh: Any) -> list[Any]:
-    """Rank ``s``'s model chunks (chunks s, s+P, s+2P, ...: one without interleaving), tensor-parallel
+    """Rank ``s``'s model chunks (:func:`chunk_stages`), tensor-parallel
     first and then FSDP-sharded as the layout asks (as torchtitan does: FSDP then shards the TP shards,
     2-D DTensors), under autocast with ``amp``. Collective: every rank calls it."""
     from harness.worker.models import build_stage
 
-    P, V = cfg.stages, cfg.virtual_stages
-    chunks = [build_stage(shape, cfg.seed, s + k * P, P * V) for k in range(V)]
+    chunks = [build_stage(shape, cfg.seed, i, cfg.stages * cfg.virtual_stages) for i in chunk_stages(cfg, s)]
     if cfg.tp > 1:
         from harness.worker.models import parallelize_mlps
 
@@ -135,8 +148,11 @@ class PipelineTrainer:
         from torch.distributed.pipelining import (
             PipelineStage,
             Schedule1F1B,
+            ScheduleDualPipeV,
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
+            ScheduleInterleavedZeroBubble,
+            ScheduleZBVZeroBubble,
         )
 
         from harness.worker.data import (
@@ -171,10 +187,12 @@ class PipelineTrainer:
         chunks = _stage_chunks(cfg, shape, s, self.mesh)
         self.module = chunks[0] if V == 1 else torch.nn.ModuleList(chunks)
         seed_everything(mix(cfg.seed, 100, seed_rank))  # dropout differs per data-parallel rank, reproducibly
+        held = chunk_stages(cfg, s)
+        self.first, self.last = 0 in held, P * V - 1 in held  # the rank feeding the data, the one with the loss
         self.stages = [
-            PipelineStage(m, s + k * P, P * V, torch.device("cpu"), *stage_io(shape, cfg.microbatch_size, s + k * P, P * V),
+            PipelineStage(m, i, P * V, torch.device("cpu"), *stage_io(shape, cfg.microbatch_size, i, P * V),
                           group=self.pp_group)
-            for k, m in enumerate(chunks)
+            for i, m in zip(held, chunks)
         ]
         self.step = 0
         for st in self.stages:
@@ -184,10 +202,11 @@ class PipelineTrainer:
                                   growth_interval=cfg.amp_growth_interval) if cfg.amp == "fp16" else None
         loss = loss_fn if self.scaler is None else (lambda out, target: self.scaler.scale(loss_fn(out, target)))
         self.schedule: Any
-        if cfg.schedule == "interleaved-1f1b":
+        if cfg.schedule in MULTI_CHUNK:
+            multi = {"interleaved-1f1b": ScheduleInterleaved1F1B, "interleaved-zb": ScheduleInterleavedZeroBubble,
+                     "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}[cfg.schedule]
             # a list of PipelineStage where torch annotates list[_PipelineStageBase] (a list is invariant)
-            self.schedule = ScheduleInterleaved1F1B(self.stages, n_microbatches=cfg.microbatches,  # type: ignore[arg-type]
-                                                    loss_fn=loss)
+            self.schedule = multi(self.stages, n_microbatches=cfg.microbatches, loss_fn=loss)  # type: ignore[arg-type]
         else:
             schedule_cls = Schedule1F1B if cfg.schedule == "1f1b" else ScheduleGPipe
             self.schedule = schedule_cls(self.stages[0], n_microbatches=cfg.microbatches, loss_fn=loss)
@@ -214,7 +233,7 @@ class PipelineTrainer:
         from baft import events
 
         cfg = self.cfg
-        first, last = self.stage_index == 0, self.stage_index == cfg.stages - 1
+        first, last = self.first, self.last
         self.step = step
         events.emit("phase", phase="iteration", step=step)
         ckpt.begin_iteration()

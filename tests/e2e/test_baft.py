@@ -77,6 +77,21 @@ def test_a_kill_in_the_first_iteration_restores_the_untrained_snapshot_bitwise(t
     assert v is not None and v["recoveries"][0]["restored_step"] == 0 and v["recoveries"][0]["restored_tier"] == "shm"
 
 
+def test_baft_on_the_zero_bubble_zbv_schedule_survives_a_fault_at_every_phase(tmp_path: Path, ref_cache: Path) -> None:
+    """ZB-V: two chunks per rank in a V, every backward split into input and weight passes. A kill in each
+    phase baft announces and in the weight pass; each time training continues bit for bit, and the profiler saw
+    the weight passes and the windows that remain."""
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-zbv.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and [r["fault"]["phase"] for r in v["recoveries"]] == \
+        ["snapshot", "replicate", "persist", "backward_weight"]
+    j = Journal.load(tmp_path / "out" / "faulted")
+    for rank in (0, 1):
+        spans = {s[0] for e in j.events("timeline", rank) for s in e["spans"]}
+        assert {"forward", "backward", "backward_weight", "wait"} <= spans, (rank, spans)
+        assert all(b["windows"] > 0 for b in j.events("bubbles", rank))
+
+
 def test_baft_interleaved_schedule(tmp_path: Path, ref_cache: Path) -> None:
     rc, out, v = run_cli(ROOT / "scenarios/ci/baft-interleaved.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out

@@ -105,6 +105,13 @@ def test_every_phase_baft_announces_is_drawn() -> None:
     assert "replicate" not in phase_steps({**base, "workload": {**base["workload"], "nodes": 1}})
 
 
+def test_a_zero_bubble_schedule_draws_its_weight_passes_too() -> None:
+    base = yaml.safe_load((ROOT / "scenarios/ci/baft-zbv.yaml").read_text())
+    assert "backward_weight" in phase_steps(base)
+    one_f_one_b = {**base, "workload": {**base["workload"], "schedule": "1f1b", "virtual_stages": 1}}
+    assert "backward_weight" not in phase_steps(one_f_one_b)  # no split backward: the phase never comes
+
+
 def test_the_fuzz_config_offers_every_layout_and_checks_its_fields() -> None:
     from typing import get_args
 

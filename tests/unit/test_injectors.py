@@ -148,6 +148,25 @@ def test_point_injector_ignores_other_ranks(tmp_path: Path) -> None:
     assert inj.ctx.record.kinds() == []
 
 
+def test_a_microbatch_phase_fires_at_the_first_microbatch_and_a_weight_pass_at_the_first_one(tmp_path: Path) -> None:
+    """forward/backward: microbatch 0 only; backward_weight: the step's first weight pass, whichever microbatch (a
+    zero-bubble schedule may give a rank weight passes for its last microbatches only)."""
+    backward = Fires(KillConfig(rank=1, at_step=2, phase="backward"), 0, ctx(tmp_path))
+    weight = Fires(KillConfig(rank=1, at_step=2, phase="backward_weight"), 1, ctx(tmp_path))
+    backward.arm()
+    weight.arm()
+    for mb in (7, 6, 0):
+        events.emit("phase", phase="backward", step=2, microbatch=mb)
+        events.emit("phase", phase="backward_weight", step=2, microbatch=mb)
+    def fired_at(inj: Fires) -> list[int]:
+        assert inj.ctx.record.kinds().count("injected") == 1
+        return [f["microbatch"] for kind, f in inj.ctx.record.events if kind == "fault"]
+
+    assert fired_at(backward) == [0]  # the last emitted
+    assert fired_at(weight) == [7]  # the first emitted, and only it
+    assert backward.fired() == {0} and weight.fired() == {0}
+
+
 class Window(WindowInjector):
     def begin(self) -> None:
         self.ctx.record("begin")

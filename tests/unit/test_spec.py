@@ -110,6 +110,16 @@ def test_the_reference_runs_spec_with_a_bare_checkpoint_section_loads(tmp_path: 
      "not both"),
     ({"stores": None}, "node_memory", "both stores and node_memory"),
     ({"workload": {"amp": "fp8"}}, "workload.amp", "one of"),
+    # the zero-bubble schedules: two chunks per rank in a V, or looped ones in whole rounds
+    ({"workload": {"schedule": "zbv", "virtual_stages": 3, "stages": 1}}, "workload.virtual_stages", "2 with schedule zbv"),
+    ({"workload": {"schedule": "zbv"}}, "workload.virtual_stages", "2 with schedule zbv"),
+    ({"workload": {"schedule": "dualpipev", "virtual_stages": 2, "microbatches": 2}}, "workload.microbatches",
+     "at least 2*stages (4"),
+    ({"workload": {"schedule": "interleaved-zb", "virtual_stages": 1}}, "workload.virtual_stages",
+     "at least 2 with schedule interleaved-zb"),
+    ({"workload": {"schedule": "interleaved-zb", "virtual_stages": 2, "microbatches": 3}}, "workload.microbatches",
+     "a multiple of stages (2) with schedule interleaved-zb"),
+    ({"workload": {"schedule": "zero-bubble"}}, "workload.schedule", "one of"),
     ({"workload": {"amp": "fp16", "amp_init_scale": 0}}, "workload.amp_init_scale", "> 0"),
 ])
 def test_a_bad_spec_names_the_key(tmp_path: Path, change: dict, path: str, expected: str) -> None:
@@ -171,3 +181,21 @@ def test_the_bench_spec_round_trips(tmp_path: Path) -> None:
     back = BenchSpec.load(write(tmp_path, spec.plain()))
     assert back == spec and back.bench.strategies == ["none", "baft"]
     assert back.bench.workload.stages == 4 and back.bench.checkpoint.baft.writer == "thread"
+
+
+def test_each_schedule_places_its_chunks() -> None:
+    """Rank s's model chunks: looped (s, s+P, ...) or in a V (s, 2P-1-s: rank 0 holds the first and last stage),
+    every stage on exactly one rank."""
+    from types import SimpleNamespace
+
+    from harness.worker.workload import chunk_stages
+
+    for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-zb", 3), ("zbv", 2), ("dualpipev", 2)):
+        for stages in (1, 2, 3, 4):
+            cfg = SimpleNamespace(stages=stages, virtual_stages=v, schedule=schedule)
+            held = [chunk_stages(cfg, s) for s in range(stages)]  # type: ignore[arg-type]
+            assert sorted(i for h in held for i in h) == list(range(stages * v)), (schedule, stages)
+            if schedule in ("zbv", "dualpipev"):
+                assert all(h == [s, 2 * stages - 1 - s] for s, h in enumerate(held)) and held[0][-1] == 2 * stages - 1
+            else:
+                assert all(h == [s + k * stages for k in range(v)] for s, h in enumerate(held))
