@@ -1,5 +1,6 @@
 """What the checkpointing did besides recovering, from the journals: checkpoints refused or failed, the persist
-interval adapting, the stores stopping and resuming replication. The verdict lists each (``verdict.json``)."""
+interval adapting, the stores stopping and resuming replication, baft's planner finding a stage's windows too
+small for its state. The verdict lists each (``verdict.json``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,4 +81,57 @@ def replication_changes(run: Journal) -> list[ReplicationChange]:
             step = max((s for t, s in marks if t <= e["t"]), default=None)
             out.append(ReplicationChange(node=str(e.get("node")), step=step, stopped=e["event"] == "replication_degraded",
                                          reason=str(e.get("reason", ""))))
+    return out
+
+
+@dataclass(kw_only=True, slots=True)
+class PlanOverflow(Record):
+    """baft's planner finding a stage's pipeline windows too small for its state, and what it did instead
+    (``checkpoint.baft.planner.overflow``): snapshot every ``every`` iterations, or copy the rest at the step
+    boundary and stall."""
+
+    rank: int
+    """The rank whose windows did not hold its state."""
+    step: int | None
+    """The step of the plan (the first of the same decision on that rank)."""
+    bytes: int
+    """The state per snapshot, bytes."""
+    overflow_bytes: int
+    """What the windows could not hold, bytes."""
+    windows: int
+    """Windows per iteration the plan used."""
+    idle_ms: float
+    """Their length in all, ms per iteration."""
+    policy: str
+    """``every_k`` or ``stall``."""
+    every: int
+    """Snapshot every this many iterations."""
+    stall_ms: float
+    """The stall per snapshot (copying what did not fit at the step boundary), ms."""
+
+    def describe(self) -> str:
+        held = (self.bytes - self.overflow_bytes) / 1e6
+        what = (f"a snapshot every {self.every} iterations (overflow every_k)" if self.policy == "every_k"
+                else f"the rest copied at the step boundary, {self.stall_ms:.1f} ms stall per snapshot (overflow stall)")
+        return (f"rank {self.rank} from step {self.step}: {self.windows} windows, {self.idle_ms:.1f} ms idle, hold "
+                f"{held:.2f} of {self.bytes / 1e6:.2f} MB; {what}")
+
+
+def plan_overflows(run: Journal) -> list[PlanOverflow]:
+    """The plans whose windows could not hold the state, per rank each time the decision changed (a replan to the
+    same policy and interval is the same decision)."""
+    out: list[PlanOverflow] = []
+    for rank in sorted(run.ranks):
+        last: tuple[str, int] | None = None
+        for e in run.events("replan", rank):
+            if not e.get("overflow_bytes"):
+                last = None
+                continue
+            decision = (str(e.get("policy")), int(e.get("every", 1)))
+            if decision != last:
+                out.append(PlanOverflow(rank=rank, step=e.get("step"), bytes=int(e["bytes"]),
+                                        overflow_bytes=int(e["overflow_bytes"]), windows=int(e.get("windows", 0)),
+                                        idle_ms=float(e.get("idle_ms", 0.0)), policy=decision[0], every=decision[1],
+                                        stall_ms=float(e.get("stall_ms", 0.0))))
+            last = decision
     return out

@@ -209,6 +209,17 @@ def _event_blocks(v: Verdict) -> list[Block]:
                    ("table", (["step", "every before", "every after", "cost per persist (ms)", "why"], [
                        [_fmt(c.step), _fmt(c.before), _fmt(c.every), _fmt(c.cost_seconds * 1e3), c.why]
                        for c in v.interval_changes]))]
+    if v.plan_overflows:
+        blocks += [("h2", "Snapshots the windows could not hold"),
+                   ("p", "baft's planner places each stage's snapshot inside the pipeline windows it measured; where "
+                         "they are too short for the state (a zero-bubble schedule, a large stage), it does what "
+                         "checkpoint.baft.planner.overflow says: every_k snapshots every k iterations, stall copies "
+                         "the rest at the step boundary (one row per rank and decision)."),
+                   ("table", (["rank", "from step", "windows", "idle ms", "state MB", "not held MB", "decision"], [
+                       [_fmt(p.rank), _fmt(p.step), _fmt(p.windows), _fmt(p.idle_ms), _fmt(p.bytes / 1e6),
+                        _fmt(p.overflow_bytes / 1e6),
+                        f"every {p.every} iterations" if p.policy == "every_k" else f"stall {p.stall_ms:.1f} ms"]
+                       for p in v.plan_overflows]))]
     if v.replication_changes:
         blocks += [("h2", "Replication stopped or resumed"),
                    ("p", "A node's store stops replicating when its link makes the newest peer copy older than the "

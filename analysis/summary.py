@@ -116,8 +116,8 @@ def _recovery_lines(v: Verdict) -> list[str]:
 
 
 def _change_lines(v: Verdict) -> list[str]:
-    """The persist interval's changes (the first and the last, the others counted), replication stopped or
-    resumed, checkpoints refused or failed."""
+    """The persist interval's changes (the first and the last, the others counted), the snapshot plans whose
+    windows could not hold the state, replication stopped or resumed, checkpoints refused or failed."""
     lines: list[str] = []
     changes = v.interval_changes
     for i, c in enumerate(changes):
@@ -127,6 +127,11 @@ def _change_lines(v: Verdict) -> list[str]:
                              + " steps; all in verdict.json)")
             continue
         lines.append(f"  persist interval step {c.step}: every {c.before} -> {c.every} steps ({c.why})")
+    for i, po in enumerate(v.plan_overflows):
+        if i == 3:
+            lines.append(f"    ({len(v.plan_overflows) - 3} more plans the windows could not hold; all in verdict.json)")
+            break
+        lines.append(f"  snapshot plan    {po.describe()}")
     for rc in v.replication_changes:
         at = f"at step {rc.step}" if rc.step is not None else "before the first step"
         lines.append(f"  replication {rc.node} {'stopped' if rc.stopped else 'resumed'} {at}: {rc.reason}")

@@ -12,8 +12,9 @@ from typing import Any
 
 from .changes import CheckpointIssue as CheckpointIssue
 from .changes import IntervalChange as IntervalChange
+from .changes import PlanOverflow as PlanOverflow
 from .changes import ReplicationChange as ReplicationChange
-from .changes import checkpoint_issues, interval_changes, replication_changes
+from .changes import checkpoint_issues, interval_changes, plan_overflows, replication_changes
 from .compare import Comparison, Divergence, PartialStep, compare
 from .diagnosis import Cause, diagnose
 from .errors import AnalysisError, ConfigFieldError
@@ -264,6 +265,9 @@ class Verdict(Record):
     replication_changes: list[ReplicationChange] = field(default_factory=list)
     """When and why a node's store stopped replicating (its link too slow for a replica to be fresher than
     the persistent tier) or resumed."""
+    plan_overflows: list[PlanOverflow] = field(default_factory=list)
+    """Where baft's windows could not hold a stage's state and what the planner did instead (a snapshot every k
+    iterations, or a stall), per rank and decision."""
     worker_failures: list[WorkerFailure] = field(default_factory=list)
     """Every worker that ended badly (a fault's victims too), as the torchrun agents saw it."""
     partial_steps: list[PartialStep] = field(default_factory=list)
@@ -327,6 +331,7 @@ class Verdict(Record):
             "checkpoints_failed": [CheckpointIssue.from_json(c) for c in data.get("checkpoints_failed", [])],
             "interval_changes": [IntervalChange.from_json(c) for c in data.get("interval_changes", [])],
             "replication_changes": [ReplicationChange.from_json(c) for c in data.get("replication_changes", [])],
+            "plan_overflows": [PlanOverflow.from_json(c) for c in data.get("plan_overflows", [])],
             "worker_failures": [WorkerFailure.from_json(c) for c in data.get("worker_failures", [])],
             "teardown_hangs": [TeardownHang.from_json(c) for c in data.get("teardown_hangs", [])],
             "preemptions": [Preemption.from_json(c) for c in data.get("preemptions", [])],
@@ -533,6 +538,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         checkpoints_failed=checkpoint_issues(run.events("checkpoint_failed")),
         interval_changes=interval_changes(run.events("interval_changed")),
         replication_changes=replication_changes(run),
+        plan_overflows=plan_overflows(run),
         worker_failures=exits,
         partial_steps=cmp.partial,
         teardown_hangs=teardown_hangs(reference, "reference") + teardown_hangs(run, "faulted"),

@@ -82,3 +82,6 @@ def test_overflow_every_k_snapshots_less_often_and_stays_restorable(tmp_path: Pa
     snaps = [e["step"] for e in j.events("snapshot", 0) if e["incarnation"] == 0]
     assert len(snaps) < 17  # not one per iteration
     assert v["bitwise_equal"] and v["lost_steps"] <= 8
+    # the summary and the verdict say what the planner did where the windows could not hold the state
+    assert v["plan_overflows"] and all(p["policy"] == "every_k" for p in v["plan_overflows"])
+    assert "snapshot plan" in out and "(overflow every_k)" in out

@@ -216,6 +216,28 @@ def test_interval_changes_are_one_per_step_and_a_long_run_of_them_is_folded_in_t
     assert Verdict.from_json(v.to_json()).interval_changes == changes
 
 
+def test_a_plan_the_windows_cannot_hold_is_said_once_per_rank_and_decision() -> None:
+    from analysis.journal import Journal
+    from analysis.verdict import plan_overflows
+
+    def replan(step: int, overflow: int, policy: str = "every_k", every: int = 1) -> dict:
+        return {"event": "replan", "rank": 1, "step": step, "windows": 6, "idle_ms": 4.0, "bytes": 2_000_000,
+                "overflow_bytes": overflow, "policy": policy, "every": every, "stall_ms": 0.0, "bandwidth_gbps": 3.0}
+
+    run = Journal(Path("run"), ranks={0: [{**replan(1, 0), "rank": 0}],  # rank 0's windows held it: nothing to say
+                         1: [replan(1, 500_000, every=2), replan(4, 400_000, every=2), replan(9, 900_000, every=4),
+                             replan(12, 0), replan(15, 300_000, "stall")]})
+    found = plan_overflows(run)
+    assert [(p.rank, p.step, p.policy, p.every) for p in found] == [(1, 1, "every_k", 2), (1, 9, "every_k", 4),
+                                                                   (1, 15, "stall", 1)]
+    assert found[0].describe() == ("rank 1 from step 1: 6 windows, 4.0 ms idle, hold 1.50 of 2.00 MB; a snapshot "
+                                   "every 2 iterations (overflow every_k)")
+    v = Verdict(scenario="s", passed=True, failures=[], plan_overflows=found)
+    lines = [line for line in format_summary(v, OUT).splitlines() if "snapshot plan" in line]
+    assert len(lines) == 3 and lines[2].endswith("ms stall per snapshot (overflow stall)")
+    assert Verdict.from_json(v.to_json()).plan_overflows == found
+
+
 def test_the_stores_stops_and_resumptions_are_in_the_verdict_at_the_step_the_ranks_had_reached(tmp_path: Path) -> None:
     from analysis.verdict import replication_changes
 
