@@ -76,10 +76,10 @@ _DRAW_ORDER = ("snapshot", "replicate", "persist", *[p for p in ALL_PHASES if p 
 
 def phase_steps(data: dict[str, Any]) -> dict[str, list[int]]:
     """The steps (versions, for a checkpoint phase) at which an uninterrupted run of the scenario
-    announces each phase a fault can be keyed to: every step for the loop's phases and those the
-    strategy announces in its iterations (``backward_weight`` too on a zero-bubble schedule); the multiples of ``checkpoint.every`` for ``persist``; under
-    replication (two nodes or more, ``replicas`` >= 1), the multiples of ``replicate_every`` for
-    ``replicate``. ``restore`` is left out: its version is known only once an earlier fault has hit."""
+    announces each phase a fault can be keyed to: every step for the loop's phases (``backward_weight`` too on
+    a zero-bubble schedule) and those the strategy announces in its iterations; the multiples of
+    ``checkpoint.every`` for ``persist``; under replication (two nodes or more, ``replicas`` >= 1), the multiples
+    of ``replicate_every`` for ``replicate``. ``restore`` is left out: its version is known only once an earlier fault has hit."""
     w = build(WorkloadConfig, data.get("workload"), "the base scenario", "workload")
     ck = build(CheckpointConfig, data.get("checkpoint"), "the base scenario", "checkpoint")
     strategy = TRAITS.get(ck.strategy, Traits())
@@ -171,7 +171,7 @@ class _Spent(Exception):
     """The trial budget is used up (while shrinking)."""
 
 
-Layout = Literal["pp-fsdp", "pp-tp", "pp-fsdp-tp", "stage-major-dp"]
+Layout = Literal["pp-fsdp", "pp-tp", "pp-fsdp-tp", "stage-major-dp", "pp-zbv", "pp-dualpipev", "pp-interleaved-zb"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -188,7 +188,8 @@ class FuzzConfig:
     """Seed of the search: the same seed tries the same schedules."""
     layout: Layout | None = None
     """Run the base scenario's workload on this layout (pp-fsdp: PP2 x FSDP2; pp-tp: PP2 x TP2; pp-fsdp-tp:
-    PP2 x FSDP2 x TP2; stage-major-dp: PP2 x DP2, stage-major, on 2 nodes)."""
+    PP2 x FSDP2 x TP2; stage-major-dp: PP2 x DP2, stage-major, on 2 nodes; the zero-bubble schedules pp-zbv,
+    pp-dualpipev and pp-interleaved-zb: PP2 with two model chunks per rank, one rank per node)."""
     vary_policy: bool = False
     """Draw the checkpoint's every (and baft's replicate_every) with each schedule."""
 
