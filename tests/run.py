@@ -4,7 +4,7 @@ Two pytest processes run side by side (and, with ``--types``, the type checker b
 
 * the tests marked ``serial`` (they measure times or rates, shape links, bound a stop in seconds), one at a
   time, at normal CPU priority;
-* everything else on four pytest-xdist workers (``--dist loadgroup``) at the lowest priority (nice 19),
+* everything else on three pytest-xdist workers (``--dist loadgroup``) at the lowest priority (nice 19),
   what their torchrun jobs inherit;
 * with ``--types``, ``mypy`` (pyproject's ``[tool.mypy]``) at nice 10: a minute of one core that the tests,
   which wait on their jobs more than they compute, leave idle.
@@ -27,7 +27,7 @@ import time
 
 NO_TESTS = 5  # pytest's exit status when it collected nothing
 SERIAL = ["-m", "serial"]
-PARALLEL = ["-n", "4", "--dist", "loadgroup", "-m", "not serial"]
+PARALLEL = ["-n", "3", "--dist", "loadgroup", "-m", "not serial"]
 TYPES = ["-m", "mypy"]
 
 
