@@ -25,7 +25,7 @@ from baft.traits import CHECKPOINT_PHASES, TRAITS
 from analysis.verdict import ExpectConfig
 from harness.errors import ConfigValueError, ScenarioError
 from harness.schema import build, found_repr
-from harness.worker.spec import FaultSpec, ProbeConfig, WorkloadConfig
+from harness.worker.spec import ZERO_BUBBLE, FaultSpec, ProbeConfig, WorkloadConfig
 from injectors import FAULTS, FaultConfig, HostUnsupported, PointFault, RunShape
 
 #: Seconds a worker may take to exit once every rank journaled its last step (``run.exit_timeout``).
@@ -152,7 +152,8 @@ def parse(data: Any, file: str, host: bool = True, files: bool = True) -> Scenar
     probe = build(ProbeConfig, data.get("probe"), file, "probe")
     shape = RunShape(world_size=workload.world_size, steps=workload.steps, nodes=workload.nodes)
     faults = parse_faults(data.get("faults") or [], file, shape, host)
-    check_phases(faults, checkpoint, file, workload.nodes, command=workload.command is not None)
+    check_phases(faults, checkpoint, file, workload.nodes, command=workload.command is not None,
+                 split_backward=workload.schedule in ZERO_BUBBLE)
     check_restarts(faults, run, file, workload.steps)
     check_elastic(faults, workload, checkpoint, expect, file)
     if expect.caught is not None and workload.mutant is None:
@@ -206,10 +207,11 @@ COMMAND_PHASES = ("iteration", "data", "save")
 
 
 def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int,
-                 command: bool = False) -> None:
+                 command: bool = False, split_backward: bool = False) -> None:
     """A fault keyed to a strategy's phase must be able to fire under this scenario's strategy
     (each strategy declares the phases it announces, ``baft.strategies.Strategy.phases``); in an
-    unmodified script (``command``) only :data:`COMMAND_PHASES` are announced."""
+    unmodified script (``command``) only :data:`COMMAND_PHASES` are announced; ``backward_weight`` only where
+    the schedule splits the backward (``split_backward``: a zero-bubble one)."""
     strategy = TRAITS[checkpoint.strategy]
     for i, f in enumerate(faults):
         phase = getattr(f.config, "phase", "iteration")
@@ -222,6 +224,10 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
         if not command and phase == "save":
             raise ScenarioError(file, f"{path}.phase", "a phase of this workload (save is torch.save in an unmodified "
                                 "script, workload.command; a strategy's write is persist)", phase)
+        if not command and phase == "backward_weight" and not split_backward:
+            raise ScenarioError(file, f"{path}.phase", "a phase of this workload (backward_weight, the weight-gradient "
+                                "half of a split backward, comes only on a zero-bubble schedule: "
+                                + ", ".join(ZERO_BUBBLE) + ")", phase)
         announced = _FOLLOWS.get(phase, phase)
         if announced in CHECKPOINT_PHASES and announced not in strategy.phases:
             names = " or ".join(n for n, t in TRAITS.items() if announced in t.phases)

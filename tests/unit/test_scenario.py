@@ -159,6 +159,9 @@ def test_fault_bounds_follow_the_workload(tmp_path_factory: pytest.TempPathFacto
         ("- kill: {rank: 0, at_step: 5, phase: saved}", "{}", "faults[0].kill.phase", "a phase of kill"),
         ("- corrupt: {at_step: 7}", "{}", "faults[0].corrupt.at_step", "a step baft persists"),
         ("- jitter: {from_step: 3, ranks: [2]}", "{}", "faults[0].jitter.ranks", "'all' or a non-empty list"),
+        # the weight pass comes only where a zero-bubble schedule splits the backward (GOOD runs 1F1B)
+        ("- kill: {rank: 1, at_step: 5, phase: backward_weight}", "{}", "faults[0].kill.phase",
+         "comes only on a zero-bubble schedule"),
     ],
 )
 def test_fault_schedule_problems_are_caught_before_running(tmp_path: Path, faults: str, run: str, path: str, expected: str) -> None:
