@@ -113,7 +113,8 @@ class PlanOverflow(Record):
         held = (self.bytes - self.overflow_bytes) / 1e6
         what = (f"a snapshot every {self.every} iterations (overflow every_k)" if self.policy == "every_k"
                 else f"the rest copied at the step boundary, {self.stall_ms:.1f} ms stall per snapshot (overflow stall)")
-        return (f"rank {self.rank} from step {self.step}: {self.windows} windows, {self.idle_ms:.1f} ms idle, hold "
+        since = f" from step {self.step}" if self.step is not None else ""
+        return (f"rank {self.rank}{since}: {self.windows} windows, {self.idle_ms:.1f} ms idle, hold "
                 f"{held:.2f} of {self.bytes / 1e6:.2f} MB; {what}")
 
 
@@ -124,8 +125,8 @@ def plan_overflows(run: Journal) -> list[PlanOverflow]:
     for rank in sorted(run.ranks):
         last: tuple[str, int] | None = None
         for e in run.events("replan", rank):
-            if not e.get("overflow_bytes"):
-                last = None
+            if not e.get("overflow_bytes") or not e.get("windows"):
+                last = None  # held; or planned before the profiler measured any window (the warm-up copies)
                 continue
             decision = (str(e.get("policy")), int(e.get("every", 1)))
             if decision != last:

@@ -52,7 +52,7 @@ Event fields:
 ``timeline``            step, seconds, spans [[kind, index, start, end]] (seconds from the iteration's start;
                         kinds forward, backward, optimizer, wait = a bubble, snapshot = copy work inside it);
                         every 10th iteration and after each re-plan (baft only)
-``replan``              windows, idle_ms, bandwidth_gbps, bytes, overflow_bytes, stall_ms, policy, every, reason
+``replan``              step, windows, idle_ms, bandwidth_gbps, bytes, overflow_bytes, stall_ms, policy, every, reason
 ``snapshot_skipped``    step, tier, reason (its slot was still being persisted)
 ``persist_skipped``     step, reason (baft: at a due step, no version newer than the last persisted one was
                         sealed on every rank, so none was persisted)

@@ -211,6 +211,8 @@ def fault_target(f: dict[str, Any]) -> str:
     """What a journaled fault hit, in words (``rank 1``, ``node 0``, ``all ranks``, ``link 0-1``)."""
     if f.get("fault") in ("node_loss", "preempt") and f.get("node") is not None:
         return f"node {f.get('node')}"  # journaled by a worker, so it also carries that worker's rank
+    if f.get("fault") in ("kill", "crash", "hang") and f.get("rank") is not None:
+        return f"rank {f['rank']}"  # its event also carries the phase event's fields (a restore's tier)
     if f.get("ranks") is not None:
         if f["ranks"] == "all":
             return "all ranks"

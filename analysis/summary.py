@@ -99,8 +99,10 @@ def _recovery_lines(v: Verdict) -> list[str]:
         rec = f"{r.recovery_seconds:.2f} s" if r.recovery_seconds is not None else "never"
         phase = "" if f.get("phase") in (None, "iteration") else f" ({f['phase']})"
         detect = f", hang detected after {r.detection_seconds:.1f} s" if r.detection_seconds is not None else ""
+        when = (f"in restart {f['at_restore']}'s restore" if f.get("at_restore") is not None
+                else f"at step {f['step']}")
         lines.append(
-            f"  {f['fault']} {fault_target(f)} at step {f['step']}{phase}: restored step {r.restored_step}"
+            f"  {f['fault']} {fault_target(f)} {when}{phase}: restored step {r.restored_step}"
             f" ({r.restored_tier or 'no checkpoint'}), lost {count(r.lost_steps, 'step')}{detect}, recovered in {rec}"
         )
         if r.resume:

@@ -22,7 +22,12 @@ from typing import Any
 #: A write to the persistent tier that fails (a full disk, a storage error) is announced as
 #: ``emit("checkpoint_failed", step=S, tier="persistent", reason=...)``: training goes on, ``latest``
 #: keeps pointing at the last good checkpoint.
-PHASES = ("snapshot", "replicate", "persist", "restore")
+PHASES = ("snapshot", "replicate", "persist", "restore", "restore_locate", "restore_pull", "restore_load")
+#: The steps of a restore a fault can be keyed to (with ``at_restore``): ``restore_locate`` (a restarted rank starts
+#: looking for copies: its own memory, its node's store), ``restore_pull`` (it pulls a replica from a peer node's
+#: store), ``restore_load`` (it loads a persistent checkpoint); ``restore`` itself is the chosen version's load,
+#: from any tier.
+RESTORE_PHASES = ("restore", "restore_locate", "restore_pull", "restore_load")
 
 Subscriber = Callable[[str, dict[str, Any]], None]
 

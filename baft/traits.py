@@ -29,7 +29,7 @@ class Traits:
     restores; the harness starts one next to every node's agent and names them in the worker spec)."""
 
 
-_WRITES = ("persist", "restore")
+_WRITES = ("persist", "restore", "restore_load")
 
 #: By ``CheckpointConfig.strategy``.
 TRAITS: dict[str, Traits] = {
@@ -38,7 +38,8 @@ TRAITS: dict[str, Traits] = {
     "async-dcp": Traits(phases=_WRITES, elastic=True),  # DCP reshards on load
     "checkfreq": Traits(phases=_WRITES),
     # the snapshots record their replica count; a resized restore re-cuts them
-    "baft": Traits(phases=("snapshot", "replicate", *_WRITES), step_phases=("snapshot",), elastic=True,
+    "baft": Traits(phases=("snapshot", "replicate", *_WRITES, "restore_locate", "restore_pull"),
+                   step_phases=("snapshot",), elastic=True,
                    node_stores=True),
 }
 

@@ -324,6 +324,9 @@ def _run_options(args: argparse.Namespace) -> tuple[Any, Any]:
 
     options = config_from_args(RunOptions, args)
     if options.target == "k8s":
+        if getattr(args, "dry_run", False):  # printing the objects follows no job: those flags change nothing
+            for name in [n for n in vars(args) if n.startswith("follow.")]:
+                delattr(args, name)
         return options, config_from_args(ClusterOptions, args)
     cluster_flags = [f.name for f in dataclasses.fields(ClusterOptions) if hasattr(args, f.name)]
     cluster_flags += [name for name in vars(args) if name.startswith("follow.")]

@@ -151,7 +151,7 @@ def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
             help_text += f" (default {_shown(o.default).replace('%', '%%')})"
         section = o.section if o.name != o.path.rsplit(".", 1)[-1] else ""  # a FLAT section's flags: with the others
         if section not in groups:
-            groups[section] = parser.add_argument_group(section, section_docs.get(section))
+            groups[section] = parser.add_argument_group(section.replace("_", "-"), section_docs.get(section))
         groups[section].add_argument(flag(o.name), required=required, help=help_text, **kw)
     for old, new in getattr(cls, "RENAMED_FLAGS", {}).items():
         o = by_path[new]

@@ -252,6 +252,15 @@ def check_restarts(faults: list[FaultSpec], run: RunConfig, file: str, steps: in
             raise ScenarioError(file, "run.hang_timeout", "a number of seconds (a hang fault needs the watchdog)", None)
         if f.config.fatal and isinstance(f.config, PointFault):
             needed += f.config.expected_occurrences(steps) or 0
+    # a fault in the N-th restart's restore needs N restarts the other faults certainly cause, and one of its own
+    during = [(i, f.config.at_restore) for i, f in enumerate(faults)
+              if isinstance(f.config, PointFault) and f.config.at_restore is not None]
+    needed += sum(1 for j, _ in during if faults[j].config.fatal)
+    for i, n in during:
+        others = needed - int(faults[i].config.fatal)
+        if n > others:
+            raise ScenarioError(file, f"faults[{i}].{faults[i].kind}.at_restore", f"at most {others}, the restarts the "
+                                "other faults certainly cause (a restore happens only after one)", n)
     if needed > run.max_restarts:
         raise ScenarioError(file, "run.max_restarts", f"at least {needed} (the restarts the faults cause)", run.max_restarts)
 

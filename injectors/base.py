@@ -80,3 +80,6 @@ class WorkerContext:
     """``time.time()`` when the harness launched the job: the origin of time triggers."""
     checkpoint_dir: Path | None = None
     """The persistent checkpoint tier (storage faults act on it)."""
+    restart: int = 0
+    """How many processes of this rank ran before this one (0 in the first; a fault ``at_restore: N`` fires in
+    the N-th restart's restore)."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from baft.events import RESTORE_PHASES
 from baft.traits import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
 
 from .base import RunShape
@@ -111,7 +112,7 @@ class NodeLossConfig(PointFault):
 
     kind: ClassVar[str] = "node_loss"
     fatal: ClassVar[bool] = True
-    phases: ClassVar[tuple[str, ...]] = STEP_PHASES
+    phases: ClassVar[tuple[str, ...]] = STEP_PHASES + tuple(p for p in CHECKPOINT_PHASES if p in RESTORE_PHASES)
     node: int
     """Index of the node to lose."""
     replacement: bool = True

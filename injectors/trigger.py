@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 from typing import ClassVar
 
-from baft.events import PHASES
+from baft.events import PHASES, RESTORE_PHASES
 
 from .base import FaultConfig, RunShape
 from .errors import FaultConfigError
@@ -38,6 +38,10 @@ class PointFault(FaultConfig):
 
     at_step: int | None = None
     """0-based iteration at which it fires (that many steps have completed)."""
+    at_restore: int | None = None
+    """Instead: in the restore of the rank's N-th restarted process (N >= 1; the first process restores nothing),
+    at ``phase`` ``restore`` or one of the restore's steps: ``restore_locate``, ``restore_pull``,
+    ``restore_load``. A second failure while the job recovers from a first (which caused restart N)."""
     phase: str = "iteration"
     """Where in the iteration: ``iteration`` (its start), ``forward`` / ``backward`` (first
     microbatch), ``backward_weight`` (the first weight-gradient pass, on a zero-bubble schedule),
@@ -58,10 +62,19 @@ class PointFault(FaultConfig):
 
     def check(self, run: RunShape) -> None:
         FaultConfig.check(self, run)
-        given = [n for n in ("at_step", "at_time", "mtbf") if getattr(self, n) is not None]
+        given = [n for n in ("at_step", "at_time", "mtbf", "at_restore") if getattr(self, n) is not None]
         if len(given) != 1:
-            raise FaultConfigError("at_step", "exactly one trigger: at_step, at_time or mtbf",
+            raise FaultConfigError("at_step", "exactly one trigger: at_step, at_time, mtbf or at_restore",
                                    "<" + (", ".join(given) or "none of them") + ">")
+        if self.at_restore is not None and (isinstance(self.at_restore, bool) or not isinstance(self.at_restore, int)
+                                            or self.at_restore < 1):
+            raise FaultConfigError("at_restore", "an integer >= 1 (the rank's N-th restarted process)", self.at_restore)
+        if self.at_restore is not None and self.phase not in RESTORE_PHASES:
+            raise FaultConfigError("phase", "with at_restore, restore or a step of it: " + ", ".join(RESTORE_PHASES),
+                                   self.phase)
+        if self.at_restore is None and self.phase in RESTORE_PHASES[1:]:
+            raise FaultConfigError("phase", f"with a step of the restore ({self.phase}), the trigger at_restore (the "
+                                   "restore has no training step)", self.phase)
         if self.phase not in self.phases:
             raise FaultConfigError("phase", f"a phase of {self.kind}: " + ", ".join(self.phases), self.phase)
         if self.at_step is not None and not 0 <= self.at_step < run.steps:
@@ -102,14 +115,18 @@ class PointFault(FaultConfig):
         return []
 
     def expected_occurrences(self, steps: int) -> int | None:
-        """How many times it fires in a run of ``steps`` steps; None when that depends on timing."""
+        """How many times it fires in a run of ``steps`` steps; None when that depends on timing (or, with
+        ``at_restore``, on the restarts)."""
         return len(self.step_occurrences(steps)) if self.at_step is not None else None
 
-    def due(self, step: int, phase: str, elapsed: float, fired: set[int]) -> int | None:
+    def due(self, step: int, phase: str, elapsed: float, fired: set[int], restart: int = 0) -> int | None:
         """The occurrence that fires at this ``(step, phase)`` event, ``elapsed`` seconds after the
-        job started, given the occurrences already ``fired``; None if none."""
+        job started, in the rank's ``restart``-th restarted process, given the occurrences already ``fired``;
+        None if none."""
         if phase != self.phase:
             return None
+        if self.at_restore is not None:
+            return 0 if restart == self.at_restore and 0 not in fired else None
         if self.at_step is not None:
             every = self.every or 0
             k = 0 if not every else (step - self.at_step) // every

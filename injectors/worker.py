@@ -80,7 +80,7 @@ class InWorkerInjector(WorkerInjector):
         if kind != "phase":
             return
         config: PointFault = self.config
-        k = config.due(fields.get("step", -1), fields.get("phase", ""), self.elapsed(), self.fired())
+        k = config.due(fields.get("step", -1), fields.get("phase", ""), self.elapsed(), self.fired(), self.ctx.restart)
         if k is None or not self.accepts(fields):
             return
         self._mark(k)

@@ -12,7 +12,8 @@ Two pytest processes run side by side (and, with ``--types``, the type checker b
 On two cores the parallel part keeps both busy, so a measuring test alone after it would leave CPU idle
 while it waits on a throttled link or a watchdog. Beside it at nice 19 the measuring tests still get a core
 whenever they want one: the kernel gives a nice-0 task about 68 times the share of a nice-19 one. The
-output of the serial part is printed after the parallel part's; the exit status is the first non-zero of the two.
+output of the serial part (and the checker's) is printed after the parallel part's; the exit status is the first
+non-zero of them.
 SIGINT or SIGTERM is passed to both, and the run waits for them to stop (each pytest stops its jobs).
 Afterwards nothing the run made may be left in ``/dev/shm`` (multiprocessing's semaphores, a run's memory
 directory): what is, is listed and fails the run."""
@@ -86,7 +87,8 @@ def main(args: list[str]) -> int:
     print(f"tests.run: serial exit {serial_rc} ({serial_seconds:.0f} s), parallel exit {parallel_rc} "
           f"({time.monotonic() - t0:.0f} s)" + (f", types exit {types_rc}" if checker is not None else ""), flush=True)
     codes = [rc for rc in (serial_rc, parallel_rc) if rc != NO_TESTS]  # paths with tests of one kind only
-    codes.append(types_rc)
+    if checker is not None:
+        codes.append(types_rc)
     left = sorted(_shm_entries() - before)
     if left:
         print(f"tests.run: the run left {len(left)} entries in {SHM}: {', '.join(left[:12])}", flush=True)

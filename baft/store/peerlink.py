@@ -2,7 +2,7 @@
 
 Replicating a version once cost a TCP connection and a handshake, a socket buffer
 of 64 KiB and twenty 64 KiB pieces each gated on training traffic: measured in
-``baft bench --nodes 2``, the stores spent 12-14 times the CPU of the simplest
+``baft bench --workload.nodes 2``, the stores spent 12-14 times the CPU of the simplest
 program that moves the same bytes (:mod:`harness.bench.floor`). Now a store
 keeps one authenticated connection per peer for its life (the handshake once; a
 connection that fails is made again, and journaled) and sends a replica one of

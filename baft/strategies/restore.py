@@ -66,6 +66,7 @@ def restore_dcp(strategy: Strategy, group: Any) -> int | None:
         return good[step]
 
     def load(step: int) -> None:
+        events.emit("phase", phase="restore_load", step=step, tier="persistent")
         events.emit("phase", phase="restore", step=step, tier="persistent")
         source = meta_rank(strategy, persist.read_manifest(root, step), rank)
         strategy.state.restore(dcpformat.load(root, step, source, group, placements=strategy.state.placements()))
@@ -93,6 +94,7 @@ def restore_shards(strategy: Strategy) -> int | None:
         return step in verified
 
     def load(step: int) -> None:
+        events.emit("phase", phase="restore_load", step=step, tier="persistent")
         events.emit("phase", phase="restore", step=step, tier="persistent")
         strategy.state.restore(persist.deserialize(verified[step]))
         events.emit("checkpoint_restored", step=step, tier="persistent",

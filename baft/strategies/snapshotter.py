@@ -410,7 +410,7 @@ class BubbleSnapshotter:
             iteration_seconds = self.profiler.history[-1].seconds  # e.g. a layout change between profiles
         self.plan = plan(self.mine, windows, self.bandwidth, self.config.baft.planner,
                          iteration_seconds=iteration_seconds, reason=reason)
-        events.emit("replan", **self.plan.describe())
+        events.emit("replan", step=self.state.step, **self.plan.describe())
 
     def sealed_versions(self) -> set[int]:
         """The versions this rank's slots hold complete (what it could persist or restore now)."""
@@ -445,6 +445,7 @@ class BubbleSnapshotter:
         persistent checkpoint) are stale. None if there is none (then the caller falls back to
         the persistent tier)."""
         t0 = time.perf_counter()
+        events.emit("phase", phase="restore_locate", step=-1, tier="shm")
         complete = self._open_slots()
         for i in self._torn:
             events.emit("checkpoint_rejected", step=i, tier="shm", reason="torn: the writer stopped mid-copy")
@@ -465,6 +466,7 @@ class BubbleSnapshotter:
         tier = "shm"
         if version not in complete and self.store is not None:
             self.buffer.close()
+            events.emit("phase", phase="restore_pull", step=version, tier="peer")
             source = self.store.pull(self.rank, version, self.buffer.path(slot_of(version)))
             complete = {v: k for v, k in self._open_slots().items() if self._written_as_mine(self.buffer.slots[k])}
             tier = "peer" if source is not None and source != self.config.baft.node else "shm"
@@ -518,6 +520,7 @@ class BubbleSnapshotter:
                     buf.close()
                     buf = here[o] = SnapshotBuffer(pulled, o)
                     pulled.mkdir(parents=True, exist_ok=True)
+                    events.emit("phase", phase="restore_pull", step=version, tier="peer")
                     source = self.store.pull(o, version, buf.path(slot_of(version))) if self.store else None
                     tier = "peer" if source is not None and source != self.config.baft.node else tier
                     buf.open_existing()

@@ -68,7 +68,8 @@ BENCH_CHECKPOINT_FIELDS = ("strategy", "every", "mtbf_hours", "every_min", "ever
 
 
 def _bench_workload() -> WorkloadConfig:
-    return WorkloadConfig(microbatches=8)
+    # a dataset large enough for any batch the bench's flags give (its size does not change the timings)
+    return WorkloadConfig(microbatches=8, dataset_size=8192)
 
 
 def _bench_checkpoint() -> CheckpointConfig:

@@ -81,9 +81,12 @@ class Session:
         ``join_group``: an unmodified script forms its own), open the journal, arm the faults."""
         import torch.distributed as dist
 
+        from analysis.journal import rank_journal, read_events
         from harness.worker.probe import Probe
         from injectors import FAULTS, WorkerContext
 
+        journal = rank_journal(self.run_dir, int(os.environ.get("RANK", "0")))  # this rank's processes so far
+        restart = sum(e.get("event") == "start" for e in read_events(journal)) if journal.is_file() else 0
         init_seconds = 0.0
         if join_group and not dist.is_initialized():
             t = time.time()
@@ -95,7 +98,7 @@ class Session:
         ctx = WorkerContext(rank=rank, fault_dir=self.run_dir / "faults", record=self.probe.record,
                             node=self.node, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                             node_memory=self.node_memory, started_at=self.spec.started_at,
-                            checkpoint_dir=Path(cfg.dir) if "://" not in cfg.dir else None)
+                            checkpoint_dir=Path(cfg.dir) if "://" not in cfg.dir else None, restart=restart)
         for i, fault in enumerate(self.spec.faults):
             if fault.config.site != "worker":
                 continue  # driven by the harness (links between nodes)

@@ -92,6 +92,23 @@ def test_baft_on_the_zero_bubble_zbv_schedule_survives_a_fault_at_every_phase(tm
         assert all(b["windows"] > 0 for b in j.events("bubbles", rank))
 
 
+def test_faults_during_a_restore_each_recover_to_what_every_rank_can_still_get(tmp_path: Path, ref_cache: Path) -> None:
+    """The double fault in each step of baft's restore: a kill as restart 1 locates its copies, a node lost again
+    while its replacement pulls from the peer; then a kill while the persistent tier loads. Bit for bit."""
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-faults-during-restore.yaml", tmp_path / "a", ref_cache)
+    assert rc == 0, out
+    recs = v["recoveries"]
+    assert [(r["fault"].get("at_restore"), r["fault"]["phase"]) for r in recs] == \
+        [(None, "iteration"), (1, "restore_locate"), (None, "iteration"), (3, "restore_pull")]
+    assert recs[1]["restored_tier"] == "shm" and "peer" in recs[3]["restored_tier"] and v["bitwise_equal"]
+    assert "kill rank 0 in restart 1's restore (restore_locate)" in out
+    rc, out, v = run_cli(ROOT / "scenarios/ci/baft-kill-during-persistent-load.yaml", tmp_path / "b", ref_cache)
+    assert rc == 0, out
+    first, second = v["recoveries"]
+    assert second["fault"]["phase"] == "restore_load" and first["restored_tier"] == second["restored_tier"] == "persistent"
+    assert second["restored_step"] == first["restored_step"] and v["bitwise_equal"]
+
+
 def test_baft_interleaved_schedule(tmp_path: Path, ref_cache: Path) -> None:
     rc, out, v = run_cli(ROOT / "scenarios/ci/baft-interleaved.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out

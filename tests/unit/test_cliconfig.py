@@ -106,7 +106,7 @@ def test_the_bench_flags_from_before_its_sections_work_with_a_warning(monkeypatc
         old = parsed(BenchConfig, OLD_BENCH_FLAGS)
     new = BenchConfig(
         workload=WorkloadConfig(model="gpt-small", stages=4, nodes=2, microbatches=4, microbatch_size=2,
-                                schedule="gpipe", seed=7),
+                                schedule="gpipe", seed=7, dataset_size=8192),
         checkpoint=CheckpointConfig(keep=2, persist_nice=5, baft=BaftConfig(
             writer="thread", replicate_every=2, writer_priority="normal", persist_window_ms=0,
             planner=PlannerConfig(copier="thread"),
@@ -133,7 +133,7 @@ def test_a_section_field_is_a_flag_under_its_path() -> None:
     assert (cfg.workload.schedule, cfg.workload.virtual_stages, cfg.workload.microbatches) == ("interleaved-1f1b", 2, 8)
     # a section none of whose flags is given keeps the bench's default instance
     assert parsed(BenchConfig, ["--cycles", "2"]).workload == BenchConfig().workload
-    assert argv_of(BenchConfig(cycles=3, workload=WorkloadConfig(microbatches=8, nodes=2),
+    assert argv_of(BenchConfig(cycles=3, workload=WorkloadConfig(microbatches=8, dataset_size=8192, nodes=2),
                                checkpoint=CheckpointConfig(keep=2, baft=BaftConfig(writer="dcp"))),
                    changed_only=True) == ["--workload.nodes=2", "--checkpoint.baft.writer=dcp", "--cycles=3"]
 

@@ -97,6 +97,11 @@ def test_mtbf_gaps_average_the_mtbf() -> None:
         ({"rank": 0, "at_step": 3, "every_seconds": 2.0}, "every_seconds", "together with at_time"),
         ({"rank": 0, "mtbf": 0.0}, "mtbf", "> 0"),
         ({"rank": 4, "at_step": 3}, "rank", "0..3"),
+        # a fault during a restore: the N-th restart's, at the restore or one of its steps
+        ({"rank": 0, "at_restore": 1, "at_step": 3, "phase": "restore"}, "at_step", "exactly one trigger"),
+        ({"rank": 0, "at_restore": 0, "phase": "restore"}, "at_restore", "an integer >= 1"),
+        ({"rank": 0, "at_restore": 1}, "phase", "with at_restore, restore or a step of it"),
+        ({"rank": 0, "at_step": 3, "phase": "restore_pull"}, "phase", "the trigger at_restore"),
     ],
 )
 def test_point_trigger_validation_names_the_field(fields: dict[str, Any], key: str, expected: str) -> None:
@@ -165,6 +170,25 @@ def test_a_microbatch_phase_fires_at_the_first_microbatch_and_a_weight_pass_at_t
     assert fired_at(backward) == [0]  # the last emitted
     assert fired_at(weight) == [7]  # the first emitted, and only it
     assert backward.fired() == {0} and weight.fired() == {0}
+
+
+def test_a_restore_fault_fires_in_its_restarts_restore_only(tmp_path: Path) -> None:
+    """``at_restore: 2``: in the second restarted process of the rank, at the phase named; not in the first
+    process nor the first restart, and once."""
+    cfg = KillConfig(rank=1, at_restore=2, phase="restore_pull")
+    cfg.check(RUN)
+    fired: list[int] = []
+    for restart in (0, 1, 2, 2, 3):
+        inj = Fires(cfg, 0, WorkerContext(rank=1, fault_dir=tmp_path / "faults", record=Recorder(), restart=restart))
+        inj.arm()
+        events.emit("phase", phase="restore_locate", step=-1, tier="shm")
+        events.emit("phase", phase="restore_pull", step=8, tier="peer")
+        events.emit("phase", phase="restore", step=8, tier="peer")
+        if inj.ctx.record.kinds().count("injected"):
+            fired.append(restart)
+        inj.disarm()
+    assert fired == [2]  # the second process with restart 2 (say, a restart of the restart) finds it fired
+    assert cfg.expected_occurrences(50) is None  # it depends on the restarts
 
 
 class Window(WindowInjector):

@@ -136,3 +136,17 @@ def test_crds_are_for_dry_run_only(tmp_path: Path, capsys: pytest.CaptureFixture
     assert cli_main([*argv, "--job-dir", str(tmp_path), "--crds", str(tmp_path)]) == 2
     assert "--crds: expected --dry-run with it: on a cluster the objects are validated against the CRDs the cluster serves" \
         in capsys.readouterr().err
+
+
+def test_a_dry_run_ignores_the_flags_of_following_a_job() -> None:
+    """``--dry-run`` prints objects and follows no job: a timeout flag given with it changes nothing and is not
+    refused for want of --job-dir (as before the flags came from ClusterOptions)."""
+    from harness.cli import _parser, _run_options
+
+    argv = ["run", "s.yaml", "--target", "k8s", "--namespace", "ns", "--selector", "app=x", "--dry-run",
+            "--inject-timeout", "30", "--poll", "0.1"]
+    options, cluster = _run_options(_parser("run").parse_args(argv))
+    assert options.target == "k8s" and cluster.dry_run and cluster.follow is None
+    options, cluster = _run_options(_parser("run").parse_args([a for a in argv if a != "--dry-run"] +
+                                                              ["--job-dir", "/shared/j"]))
+    assert cluster.follow.inject_timeout == 30 and cluster.follow.poll == 0.1 and str(cluster.follow.job_dir) == "/shared/j"

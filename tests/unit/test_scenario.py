@@ -162,6 +162,14 @@ def test_fault_bounds_follow_the_workload(tmp_path_factory: pytest.TempPathFacto
         # the weight pass comes only where a zero-bubble schedule splits the backward (GOOD runs 1F1B)
         ("- kill: {rank: 1, at_step: 5, phase: backward_weight}", "{}", "faults[0].kill.phase",
          "comes only on a zero-bubble schedule"),
+        # a fault in restart N's restore needs N restarts from the other faults; sync pulls from no peer
+        ("- kill: {rank: 1, at_restore: 1, phase: restore}", "{}", "faults[0].kill.at_restore", "at most 0"),
+        ("- kill: {rank: 1, at_step: 4}\n  - kill: {rank: 0, at_restore: 2, phase: restore_load}", "{max_restarts: 3}",
+         "faults[1].kill.at_restore", "at most 1"),
+        ("- kill: {rank: 1, at_step: 4}\n  - kill: {rank: 0, at_restore: 1, phase: restore_load}", "{max_restarts: 1}",
+         "run.max_restarts", "at least 2"),
+        ("- kill: {rank: 1, at_step: 4}\n  - kill: {rank: 0, at_restore: 1, phase: restore_pull}", "{}",
+         "faults[1].kill.phase", "a phase checkpoint strategy 'sync' announces"),
     ],
 )
 def test_fault_schedule_problems_are_caught_before_running(tmp_path: Path, faults: str, run: str, path: str, expected: str) -> None:

@@ -224,8 +224,9 @@ def test_a_plan_the_windows_cannot_hold_is_said_once_per_rank_and_decision() -> 
         return {"event": "replan", "rank": 1, "step": step, "windows": 6, "idle_ms": 4.0, "bytes": 2_000_000,
                 "overflow_bytes": overflow, "policy": policy, "every": every, "stall_ms": 0.0, "bandwidth_gbps": 3.0}
 
-    run = Journal(Path("run"), ranks={0: [{**replan(1, 0), "rank": 0}],  # rank 0's windows held it: nothing to say
-                         1: [replan(1, 500_000, every=2), replan(4, 400_000, every=2), replan(9, 900_000, every=4),
+    warmup = {**replan(0, 2_000_000), "windows": 0, "idle_ms": 0.0, "policy": "stall"}  # before any window was measured
+    run = Journal(Path("run"), ranks={0: [{**warmup, "rank": 0}, {**replan(1, 0), "rank": 0}],  # held: nothing to say
+                         1: [warmup, replan(1, 500_000, every=2), replan(4, 400_000, every=2), replan(9, 900_000, every=4),
                              replan(12, 0), replan(15, 300_000, "stall")]})
     found = plan_overflows(run)
     assert [(p.rank, p.step, p.policy, p.every) for p in found] == [(1, 1, "every_k", 2), (1, 9, "every_k", 4),
