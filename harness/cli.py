@@ -305,8 +305,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     r = fuzz(args.scenario, config, out, args.cache)
     failed = sum(not t.passed for t in r.trials)
     unrealized = sum(t.unrealized for t in r.trials)
-    print(f"{len(r.trials)} trials, {failed} failed" + (f", {unrealized} unrealized (a persist or replicate fault "
-          "whose version an earlier fault's restart went past)" if unrealized else "") + f"; fuzz.json: {out / 'fuzz.json'}")
+    print(f"{len(r.trials)} trials, {failed} failed" + (f", {unrealized} unrealized (a persist, replicate or restore "
+          "fault whose moment never came: an earlier fault's restart went past its version, or the restore took "
+          "another path)" if unrealized else "") + f"; fuzz.json: {out / 'fuzz.json'}")
     if r.minimal_file is None:
         print("no failing schedule found")
         return 0

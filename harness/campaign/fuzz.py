@@ -24,6 +24,7 @@ from typing import Any, Literal
 import yaml
 
 from baft.config import CheckpointConfig
+from baft.events import RESTORE_PHASES
 from baft.traits import TRAITS, Traits
 
 from harness.campaign.layouts import LAYOUTS
@@ -93,10 +94,12 @@ def phase_steps(data: dict[str, Any]) -> dict[str, list[int]]:
     return {p: steps for p, steps in out.items() if steps}
 
 
-def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
+def schedules(data: dict[str, Any], max_faults: int = 3, during_restore: bool = False) -> Any:
     """A hypothesis strategy of fault lists valid for the scenario's workload and strategy: kills and
     crashes of any rank at any phase of :func:`phase_steps` (at a step that phase is announced at),
-    node losses at the loop's phases."""
+    node losses at the loop's phases; with ``during_restore``, one more where ``max_faults`` leaves room: a kill
+    in the restore of restart N (N up to the faults drawn before it), at the restore or one of its steps the
+    strategy announces."""
     from hypothesis import strategies as st
 
     w = build(WorkloadConfig, data.get("workload"), "the base scenario", "workload")
@@ -114,7 +117,20 @@ def schedules(data: dict[str, Any], max_faults: int = 3) -> Any:
         kinds.append(st.builds(lambda n, s, p: {"node_loss": {"node": n, "at_step": s, "phase": p}},
                                st.integers(0, w.nodes - 1), st.sampled_from(at["iteration"]),
                                st.sampled_from(DRAWN_LOOP_PHASES)))
-    return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults)
+    restore = [p for p in RESTORE_PHASES if p in TRAITS.get(_strategy(data), Traits()).phases]
+    if not during_restore or not restore or max_faults < 2:
+        return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults)
+
+    def and_one_in_a_restore(faults: list[dict[str, Any]]) -> Any:
+        extra = st.builds(lambda r, n, p: {"kill": {"rank": r, "at_restore": n, "phase": p}},
+                          rank, st.integers(1, len(faults)), st.sampled_from(restore))  # every drawn fault restarts
+        return extra.map(lambda f: [*faults, f])
+
+    return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults - 1).flatmap(and_one_in_a_restore)
+
+
+def _strategy(data: dict[str, Any]) -> str:
+    return str((data.get("checkpoint") or {}).get("strategy", "sync"))
 
 
 def policies(data: dict[str, Any]) -> Any:
@@ -159,8 +175,11 @@ def with_schedule(data: dict[str, Any], schedule: list[dict[str, Any]], name: st
     return out
 
 
-#: Checkpoint phases a fault keyed to may find not announced at its version after an earlier fault.
-UNREALIZABLE = ("persist", "replicate")
+#: Checkpoint phases a fault keyed to may find not announced after an earlier fault: at its version (a persist, a
+#: replication an earlier restart went past), or in its restore (which tiers a restore passes through depends on
+#: what the earlier faults left: a pull only after a node's memory is lost, a persistent load only when no memory
+#: serves).
+UNREALIZABLE = ("persist", "replicate", *RESTORE_PHASES)
 
 
 def _phase(fault: dict[str, Any]) -> str:
@@ -192,6 +211,10 @@ class FuzzConfig:
     pp-dualpipev and pp-interleaved-zb: PP2 with two model chunks per rank, one rank per node)."""
     vary_policy: bool = False
     """Draw the checkpoint's every (and baft's replicate_every) with each schedule."""
+    during_restore: bool = False
+    """Every schedule also gets a fault during a restore: a kill in restart N's restore, at the restore or one of
+    its steps (``at_restore``; the schedule's other faults are then at most max_faults - 1). Off by default, so a
+    seed draws the schedules it drew before."""
 
     def __post_init__(self) -> None:
         for key in ("budget", "max_faults"):
@@ -286,16 +309,17 @@ def fuzz(scenario_file: Path, config: FuzzConfig, out: Path, cache: Path | None 
     minimal_file = None
     if config.vary_policy:  # the schedule after the policy: a persist or replicate fault needs a version it writes
         drawn = policies(data).flatmap(
-            lambda ck: st.tuples(st.just(ck), schedules({**data, "checkpoint": ck}, config.max_faults)))
+            lambda ck: st.tuples(st.just(ck), schedules({**data, "checkpoint": ck}, config.max_faults,
+                                                        config.during_restore)))
     else:
-        drawn = st.tuples(st.none(), schedules(data, config.max_faults))
+        drawn = st.tuples(st.none(), schedules(data, config.max_faults, config.during_restore))
     try:
         minimal_policy, minimal = find(drawn, fails, settings=cfg, random=random.Random(seed))
     except NoSuchExample:
         pass
     except _Spent:  # shrinking cut short: the smallest failure seen so far
         failed = [t for t in trials if not t.passed]
-        smallest = min(failed, key=lambda t: (len(t.schedule), sum(next(iter(f.values()))["at_step"] for f in t.schedule)))
+        smallest = min(failed, key=lambda t: (len(t.schedule), sum(next(iter(f.values())).get("at_step", 0) for f in t.schedule)))
         minimal, minimal_policy = smallest.schedule, smallest.policy
         echo(f"trial budget ({limit}) spent while shrinking; keeping the smallest failure seen")
     if minimal is not None:
@@ -329,5 +353,6 @@ def _describe(schedule: list[dict[str, Any]], policy: dict[str, Any] | None = No
     for f in schedule:
         ((kind, body),) = f.items()
         target = f"node {body['node']}" if "node" in body else f"rank {body['rank']}"
-        parts.append(f"{kind} {target} at step {body['at_step']} ({body.get('phase', 'iteration')})")
+        when = f"in restart {body['at_restore']}'s restore" if "at_restore" in body else f"at step {body['at_step']}"
+        parts.append(f"{kind} {target} {when} ({body.get('phase', 'iteration')})")
     return head + ", ".join(parts)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -110,6 +111,31 @@ def test_a_zero_bubble_schedule_draws_its_weight_passes_too() -> None:
     assert "backward_weight" in phase_steps(base)
     one_f_one_b = {**base, "workload": {**base["workload"], "schedule": "1f1b", "virtual_stages": 1}}
     assert "backward_weight" not in phase_steps(one_f_one_b)  # no split backward: the phase never comes
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_fault_during_a_restore_is_drawn_on_request_within_the_restarts_before_it(data: st.DataObject) -> None:
+    base = yaml.safe_load((ROOT / "scenarios/ci/baft-node-loss.yaml").read_text())
+    schedule = data.draw(schedules(base, max_faults=3, during_restore=True))
+    during = [f["kill"] for f in schedule if "at_restore" in f.get("kill", {})]
+    assert len(during) == 1 and 1 <= during[0]["at_restore"] <= len(schedule) - 1 and len(schedule) <= 3
+    assert all(f["phase"] in ("restore", "restore_locate", "restore_pull", "restore_load") for f in during)
+    parse(with_schedule(base, schedule, "t"), "fuzz")  # a valid scenario, its restarts counted
+
+
+def test_restore_faults_are_found_only_when_asked_for() -> None:
+    from hypothesis import find
+
+    base = yaml.safe_load((ROOT / "scenarios/ci/baft-node-loss.yaml").read_text())
+    found = find(schedules(base, during_restore=True), lambda s: any("at_restore" in f.get("kill", {}) for f in s),
+                 settings=settings(max_examples=300, database=None))
+    assert found[-1]["kill"]["at_restore"] == 1
+    from hypothesis.errors import NoSuchExample
+
+    with pytest.raises(NoSuchExample):
+        find(schedules(base), lambda s: any("at_restore" in f.get("kill", {}) for f in s),
+             settings=settings(max_examples=100, database=None))
 
 
 def test_the_fuzz_config_offers_every_layout_and_checks_its_fields() -> None:
