@@ -10,7 +10,7 @@ from hypothesis.errors import NoSuchExample
 
 from baft import STRATEGIES
 from baft.config import StrategyName
-from baft.events import PHASES
+from baft.events import PHASES, RESTORE_PHASES
 from baft.strategies import CHECKPOINT_PHASES, REGISTRY, STEP_CHECKPOINT_PHASES
 from baft.traits import TRAITS, Traits
 
@@ -37,13 +37,19 @@ def test_the_phase_lists_are_the_strategies_phases() -> None:
     assert set(CHECKPOINT_PHASES) == {p for s in REGISTRY.values() for p in s.phases}
     assert set(STEP_CHECKPOINT_PHASES) == {p for s in REGISTRY.values() for p in s.step_phases}
     assert WORKER_PHASES == LOOP_PHASES + CHECKPOINT_PHASES == KillConfig.phases
-    assert NodeLossConfig.phases == LOOP_PHASES + STEP_CHECKPOINT_PHASES
+    # a node can also be lost in a restore (at_restore): at the restore and its steps some strategy announces
+    assert NodeLossConfig.phases == LOOP_PHASES + STEP_CHECKPOINT_PHASES + tuple(
+        p for p in CHECKPOINT_PHASES if p in RESTORE_PHASES)
 
 
 def scenario(strategy: str, phase: str, **fault: Any) -> dict[str, Any]:
+    """A kill at ``phase``; a step of the restore (no training step) is keyed to restart 1's restore, after a
+    kill that causes it (the phase's fault then the last)."""
+    when = {"at_restore": 1} if phase in RESTORE_PHASES[1:] else {"at_step": 5}
+    first = [{"kill": {"rank": 1, "at_step": 3}}] if "at_restore" in when else []
     return {"name": "p", "workload": {"stages": 2, "microbatches": 4, "steps": 12, "nodes": 2},
             "checkpoint": {"strategy": strategy, "every": 5},
-            "faults": [{"kill": {"rank": 0, "at_step": 5, "phase": phase, **fault}}],
+            "faults": [*first, {"kill": {"rank": 0, **when, "phase": phase, **fault}}],
             "run": {"max_restarts": 3}}
 
 
@@ -51,12 +57,13 @@ def scenario(strategy: str, phase: str, **fault: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("phase", CHECKPOINT_PHASES)
 def test_a_phase_is_valid_exactly_under_the_strategies_that_announce_it(strategy: str, phase: str) -> None:
     data = scenario(strategy, phase)
+    last = len(data["faults"]) - 1
     if phase in REGISTRY[strategy].phases:
-        assert parse(data, "s.yaml", host=False).faults[0].config.phase == phase
+        assert parse(data, "s.yaml", host=False).faults[last].config.phase == phase
     else:
         with pytest.raises(ScenarioError) as err:
             parse(data, "s.yaml", host=False)
-        assert err.value.path == "faults[0].kill.phase"
+        assert err.value.path == f"faults[{last}].kill.phase"
         assert f"{phase} needs " + " or ".join(n for n, s in REGISTRY.items() if phase in s.phases) in err.value.expected
 
 
