@@ -175,9 +175,6 @@ class WorkloadConfig:
             raise ConfigValueError("amp_init_scale", "a number > 0", self.amp_init_scale)
         if self.amp_growth_interval < 1:
             raise ConfigValueError("amp_growth_interval", "an integer >= 1", self.amp_growth_interval)
-        if self.dp_shard > 1 and self.virtual_stages > 1:
-            raise ConfigValueError("dp_shard", "1 with an interleaved schedule (FSDP of several model chunks per "
-                                   "rank is not supported by this workload)", self.dp_shard)
         allowed = [c for c in COMPONENTS if c not in ("model", "step")]
         for name in self.omit:
             if name not in allowed:

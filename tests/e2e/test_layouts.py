@@ -27,6 +27,17 @@ def _peer_ranks(run: Path) -> set[int]:
     return {r for r, tier in last.items() if tier == "peer"}
 
 
+def test_fsdp_on_an_interleaved_schedule_resumes_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
+    """Two FSDP-sharded chunks per rank (a layout refused before): a torn copy, a persist and a node lost, each
+    resumed bit for bit; node 1's ranks pull the shards of both their chunks from node 0's store."""
+    rc, out, v = run_cli(ROOT / "scenarios/ci/pp-fsdp-interleaved.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and v["faults_fired"] == 3
+    snapshot, persisting, node = _recoveries(v)
+    assert snapshot == ("shm", 3) and node[0] == "peer+shm"
+    assert _peer_ranks(tmp_path / "out" / "faulted") == {2, 3}
+
+
 def test_pp_fsdp_survives_a_fault_at_every_phase_bit_for_bit(tmp_path: Path, ref_cache: Path) -> None:
     rc, out, v = run_cli(ROOT / "scenarios/ci/pp-fsdp-every-phase.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out
