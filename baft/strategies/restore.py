@@ -46,6 +46,12 @@ def meta_rank(strategy: Strategy, manifest: dict[str, Any], rank: int) -> int:
     return olds[strategy.topology.replica % len(olds)] if olds else rank
 
 
+def _announce_load(step: int) -> None:
+    """The phases of a persistent checkpoint's load: the restore's step (``restore_load``), then the restore."""
+    events.emit("phase", phase="restore_load", step=step, tier="persistent")
+    events.emit("phase", phase="restore", step=step, tier="persistent")
+
+
 def restore_dcp(strategy: Strategy, group: Any) -> int | None:
     """Restore the newest DCP checkpoint under ``config.dir`` whose files all match the manifest, each
     DTensor of the state as this rank's shard of it; in a world of another size, from the record of the
@@ -66,8 +72,7 @@ def restore_dcp(strategy: Strategy, group: Any) -> int | None:
         return good[step]
 
     def load(step: int) -> None:
-        events.emit("phase", phase="restore_load", step=step, tier="persistent")
-        events.emit("phase", phase="restore", step=step, tier="persistent")
+        _announce_load(step)
         source = meta_rank(strategy, persist.read_manifest(root, step), rank)
         strategy.state.restore(dcpformat.load(root, step, source, group, placements=strategy.state.placements()))
         events.emit("checkpoint_restored", step=step, tier="persistent",
@@ -94,8 +99,7 @@ def restore_shards(strategy: Strategy) -> int | None:
         return step in verified
 
     def load(step: int) -> None:
-        events.emit("phase", phase="restore_load", step=step, tier="persistent")
-        events.emit("phase", phase="restore", step=step, tier="persistent")
+        _announce_load(step)
         strategy.state.restore(persist.deserialize(verified[step]))
         events.emit("checkpoint_restored", step=step, tier="persistent",
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))

@@ -117,7 +117,8 @@ def schedules(data: dict[str, Any], max_faults: int = 3, during_restore: bool = 
         kinds.append(st.builds(lambda n, s, p: {"node_loss": {"node": n, "at_step": s, "phase": p}},
                                st.integers(0, w.nodes - 1), st.sampled_from(at["iteration"]),
                                st.sampled_from(DRAWN_LOOP_PHASES)))
-    restore = [p for p in RESTORE_PHASES if p in TRAITS.get(_strategy(data), Traits()).phases]
+    ck = build(CheckpointConfig, data.get("checkpoint"), "the base scenario", "checkpoint")
+    restore = [p for p in RESTORE_PHASES if p in TRAITS.get(ck.strategy, Traits()).phases]
     if not during_restore or not restore or max_faults < 2:
         return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults)
 
@@ -127,10 +128,6 @@ def schedules(data: dict[str, Any], max_faults: int = 3, during_restore: bool = 
         return extra.map(lambda f: [*faults, f])
 
     return st.lists(st.one_of(*kinds), min_size=1, max_size=max_faults - 1).flatmap(and_one_in_a_restore)
-
-
-def _strategy(data: dict[str, Any]) -> str:
-    return str((data.get("checkpoint") or {}).get("strategy", "sync"))
 
 
 def policies(data: dict[str, Any]) -> Any:

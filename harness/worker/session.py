@@ -85,8 +85,10 @@ class Session:
         from harness.worker.probe import Probe
         from injectors import FAULTS, WorkerContext
 
-        journal = rank_journal(self.run_dir, int(os.environ.get("RANK", "0")))  # this rank's processes so far
-        restart = sum(e.get("event") == "start" for e in read_events(journal)) if journal.is_file() else 0
+        restart = 0  # this rank's processes before this one: read from its journal only for a fault in a restore
+        if any(getattr(f.config, "at_restore", None) is not None for f in self.spec.faults):
+            journal = rank_journal(self.run_dir, int(os.environ.get("RANK", "0")))
+            restart = sum(e.get("event") == "start" for e in read_events(journal)) if journal.is_file() else 0
         init_seconds = 0.0
         if join_group and not dist.is_initialized():
             t = time.time()
