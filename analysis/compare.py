@@ -100,8 +100,8 @@ class Comparison:
     missing_reference: list[tuple[int, int]] = field(default_factory=list)
     """(rank, step) records of the run that the reference lacks."""
     resized: int = 0
-    """Records written at another world size than the reference's (after an elastic restart):
-    not comparable bit for bit; the loss curve judges them."""
+    """Records written at another world size than the reference's (after an elastic restart), or after the
+    world changed and came back: not comparable bit for bit; the loss curve judges them."""
     partial: list[PartialStep] = field(default_factory=list)
     """Loss records of steps a restarted process resumed in the middle of (not compared)."""
 
@@ -140,6 +140,12 @@ def compare_digests(step: int, rank: int, ref: dict[str, dict[str, str]], got: d
     return out
 
 
+def _resized(ev: dict[str, Any], world: int) -> bool:
+    """Written at another world size than the reference's, or after the world changed and came back (a node
+    left and joined again: the state went through another arithmetic meanwhile)."""
+    return ev.get("world") not in (None, world) or bool(ev.get("resized"))
+
+
 def compare(reference: Journal, run: Journal) -> Comparison:
     """Compare each state and loss record of ``run`` with ``reference`` (same rank, same step)."""
     result = Comparison()
@@ -148,7 +154,7 @@ def compare(reference: Journal, run: Journal) -> Comparison:
         ref_states = _index(reference, "state", rank)
         ref_steps = _index(reference, "step", rank)
         for ev in run.events("state", rank):
-            if ev.get("world") not in (None, world):
+            if _resized(ev, world):
                 result.resized += 1
                 continue
             ref = ref_states.get(ev["step"])
@@ -163,7 +169,7 @@ def compare(reference: Journal, run: Journal) -> Comparison:
         for ev in steps:
             firsts.setdefault(ev.get("incarnation", 0), ev["step"])
         for ev in steps:
-            if ev.get("world") not in (None, world):
+            if _resized(ev, world):
                 result.resized += 1
                 continue
             ref = ref_steps.get(ev["step"])

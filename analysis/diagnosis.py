@@ -276,8 +276,9 @@ def diagnose(reference: Journal, run: Journal, cmp: Comparison, *, failed: bool,
         for rank, event in sorted(firsts.items()):
             history = histories.setdefault(rank, _history(reference, rank))
             world = event.get("world") or event.get("world_size")
-            if (world and int(world) != reference.world_size) or not history or not _usable(event["digests"]):
-                skipped += 1  # another world size (an elastic restart): the loss curve judges it
+            resized = (world and int(world) != reference.world_size) or event.get("resized")
+            if resized or not history or not _usable(event["digests"]):
+                skipped += 1  # another world size, now or since a node left (an elastic restart): the loss curve judges it
                 continue
             point = locate(event["digests"], history)
             for code, evidence in _restart_causes(inc, rank, point, event["digests"], history):

@@ -9,9 +9,12 @@ one JSON object with at least:
 ``rank``    the global rank that wrote it (absent in the launcher's file)
 ``attempt`` the torchrun restart count of the writing worker's agent
 
-On loading, every event also gets ``incarnation``: which worker process of its
-rank wrote it (0 for the first, 1 after the first restart, ...), and ``world``:
-the world size that process ran in (it changes after an elastic restart).
+On loading, every event also gets ``incarnation``: which forming of the job its
+process belonged to (0 for the first, 1 after the first restart, ...; a rank whose
+node was away skips numbers), ``world``: the world size that process ran in (it
+changes after an elastic restart), and, only where true, ``resized``: the world had
+changed from the first incarnation's by then (records after a node left, even once
+it has joined again, went through another arithmetic).
 
 Event fields:
 
@@ -216,24 +219,53 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
             raise AnalysisError(f"{path}:{i + 1}: not valid JSON: {e}") from None
 
 
-def _with_incarnations(events: Iterator[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Number each worker process of a rank: ``incarnation`` counts the ``start`` events before it.
+def _number_incarnations(ranks: dict[int, list[dict[str, Any]]]) -> None:
+    """Stamp every event with the job's ``incarnation`` its process belonged to, the ``world`` size it ran in,
+    and, only where true (older verdicts' copies of events stay as they were), ``resized``: the world had
+    changed by then (from the first incarnation's, at this one or an earlier one).
 
-    torchrun's restart count is per agent (an agent whose workers are restarted
-    because another node failed does not count it), so it cannot line ranks up
-    across nodes; since every worker of the job is restarted together, the
-    incarnation can.
+    An incarnation is one forming of the job: every rank of its world starts once. torchrun's restart count
+    is per agent (an agent whose workers are restarted because another node failed does not count it, nor
+    does any agent count a node joining), so it cannot line ranks up across nodes; the start events can. The
+    rank that started most often (rank 0, whose node never leaves for good) was in every incarnation: its
+    k-th start begins incarnation k. A rank that started as often was in every one too; a rank that started
+    fewer times was away for some (its node left and joined again), and each of its starts belongs to the
+    incarnation of its world size begun nearest in time (in order: never an earlier one than its previous
+    start's).
     """
-    out = []
-    inc, world = -1, None
-    for e in events:
-        if e.get("event") == "start":
-            inc += 1
-            world = e.get("world_size")
-        e["incarnation"] = max(inc, 0)
-        e["world"] = world
-        out.append(e)
-    return out
+    starts = {rank: [e for e in evs if e.get("event") == "start"] for rank, evs in ranks.items()}
+    lead = max(starts, key=lambda r: (len(starts[r]), -r), default=None)
+    if lead is None:
+        return
+    begun = [float(e.get("t", 0.0)) for e in starts[lead]]
+    worlds = [e.get("world_size") for e in starts[lead]]
+    first = next((w for w in worlds if w is not None), None)
+    resized: list[bool] = []
+    for w in worlds:
+        resized.append((bool(resized) and resized[-1]) or (w is not None and first is not None and w != first))
+    gen_of: dict[int, int] = {}
+    for rank, evs in starts.items():
+        if len(evs) == len(begun):
+            gen_of.update((id(e), k) for k, e in enumerate(evs))
+            continue
+        k = 0
+        for i, e in enumerate(evs):
+            last = len(begun) - (len(evs) - i)  # leave an incarnation for each start still to come
+            t, w = float(e.get("t", 0.0)), e.get("world_size")
+            span = range(k, max(k, last) + 1)
+            fits = [g for g in span if g < len(worlds) and (w is None or worlds[g] is None or worlds[g] == w)]
+            k = min(fits or span, key=lambda g: abs(begun[min(g, len(begun) - 1)] - t))
+            gen_of[id(e)] = k
+            k += 1
+    for evs in ranks.values():
+        inc, w, moved = 0, None, False
+        for e in evs:
+            if e.get("event") == "start":
+                inc = gen_of[id(e)]
+                w, moved = e.get("world_size"), resized[inc]
+            e["incarnation"], e["world"] = inc, w
+            if moved:
+                e["resized"] = True
 
 
 def store_events(run_dir: Path) -> list[dict[str, Any]]:
@@ -266,7 +298,8 @@ class Journal:
             except ValueError:
                 continue
             if (d / "events.jsonl").is_file():
-                j.ranks[rank] = _with_incarnations(read_events(d / "events.jsonl"))
+                j.ranks[rank] = list(read_events(d / "events.jsonl"))
+        _number_incarnations(j.ranks)
         if launcher_journal(run_dir).is_file():
             j.launcher = list(read_events(launcher_journal(run_dir)))
         agents = [e for f in sorted(root.glob("agent-node*.jsonl")) for e in read_events(f)]
@@ -283,6 +316,17 @@ class Journal:
         starts = [e for e in self.events("start") if e.get("world_size") is not None]
         last = max(starts, key=lambda e: (e["incarnation"], e["t"]), default=None)
         return int(last["world_size"]) if last else len(self.ranks)
+
+    def world_sizes(self) -> list[int]:
+        """The world sizes of the job's incarnations in order, each change once (``[4, 2, 4]``); ``[world_size]`` for
+        journals whose starts do not say."""
+        by_inc = {e["incarnation"]: int(e["world_size"]) for e in sorted(self.events("start"), key=lambda e: e["t"])
+                  if e.get("world_size") is not None}
+        out: list[int] = []
+        for _, w in sorted(by_inc.items()):
+            if not out or out[-1] != w:
+                out.append(w)
+        return out or [self.world_size]
 
     def events(self, kind: str, rank: int | None = None) -> list[dict[str, Any]]:
         """Events of one kind, of one rank, or of all ranks and the launcher (faults the

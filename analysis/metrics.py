@@ -157,7 +157,7 @@ def final_step(run: Journal) -> dict[int, int]:
 EFFECTS = ("jitter_summary", "straggler_summary", "slow_storage_summary", "fault_effect", "link_measured")
 #: Fields of every event that say where it came from, not what a fault did (``incarnation`` and
 #: ``world`` are stamped on by the journal's reader).
-_BOOKKEEPING = {"t", "event", "id", "rank", "attempt", "incarnation", "world"}
+_BOOKKEEPING = {"t", "event", "id", "rank", "attempt", "incarnation", "world", "resized"}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -209,7 +209,7 @@ def windows(run: Journal) -> list[Window]:
 
 def fault_target(f: dict[str, Any]) -> str:
     """What a journaled fault hit, in words (``rank 1``, ``node 0``, ``all ranks``, ``link 0-1``)."""
-    if f.get("fault") in ("node_loss", "preempt") and f.get("node") is not None:
+    if f.get("fault") in ("node_loss", "preempt", "node_join") and f.get("node") is not None:
         return f"node {f.get('node')}"  # journaled by a worker, so it also carries that worker's rank
     if f.get("fault") in ("kill", "crash", "hang") and f.get("rank") is not None:
         return f"rank {f['rank']}"  # its event also carries the phase event's fields (a restore's tier)

@@ -141,8 +141,9 @@ def _verdict_blocks(v: Verdict) -> list[Block]:
         ["completed", _fmt(v.completed)],
     ]
     ws = v.world_size
-    if ws is not None and ws.reference != ws.final:
-        rows.append(["world size", f"{ws.reference} → {ws.final} ({v.resized_records} records judged by the loss curve)"])
+    if ws is not None and ws.changed:
+        rows.append(["world size", f"{ws.path.replace('->', '→')} ({v.resized_records} records after "
+                     f"{ws.first_change} judged by the loss curve)"])
     blocks += [("h2", "Verdict"), ("table", (["", ""], rows))]
     return blocks
 

@@ -35,9 +35,9 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
     if v.reproducibility is not None:
         lines.append(f"  reproducible     {'yes' if v.reproducibility.equal else 'NO'}: {v.reproducibility.statement}")
     ws = v.world_size
-    if ws is not None and ws.reference != ws.final:
-        lines.append(f"  world size       {ws.reference} -> {ws.final} ranks ({v.resized_records} records "
-                     "after the resize judged by the loss curve)")
+    if ws is not None and ws.changed:
+        lines.append(f"  world size       {ws.path} ranks ({v.resized_records} records "
+                     f"after {ws.first_change} judged by the loss curve)")
     if v.loss_curve is not None:
         lines += _loss_lines(v.loss_curve)
     d = v.first_divergence

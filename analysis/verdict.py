@@ -97,6 +97,24 @@ class WorldSize(Record):
     """Ranks of the reference."""
     final: int
     """Ranks of the faulted run's last incarnation."""
+    sizes: list[int] = field(default_factory=list)
+    """The world sizes the faulted run went through, in order (a change each), e.g. ``[4, 2, 4]``: a node left
+    and joined again."""
+
+    @property
+    def changed(self) -> bool:
+        """Whether the faulted run ever ran at another size than the reference's."""
+        return self.reference != self.final or any(s != self.reference for s in self.sizes)
+
+    @property
+    def path(self) -> str:
+        """``4 -> 2 -> 4`` (the sizes gone through), or ``4 -> 2``."""
+        return " -> ".join(map(str, self.sizes or [self.reference, self.final]))
+
+    @property
+    def first_change(self) -> str:
+        """How the summary names the change after which records are judged by the loss curve."""
+        return "the first resize" if len(self.sizes) > 2 else "the resize"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -523,7 +541,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         divergent_records=len(cmp.divergences),
         states_compared=cmp.states_compared,
         resized_records=cmp.resized,
-        world_size=WorldSize(reference=reference.world_size, final=run.world_size),
+        world_size=WorldSize(reference=reference.world_size, final=run.world_size, sizes=run.world_sizes()),
         loss_curve=loss,
         losses_compared=cmp.losses_compared,
         lost_steps=lost,

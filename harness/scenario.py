@@ -105,6 +105,16 @@ class Scenario:
         """Nodes a fault takes away for good (no replacement comes)."""
         return sorted({getattr(f.config, "node") for f in self.faults if getattr(f.config, "replacement", True) is False})
 
+    @property
+    def joined_nodes(self) -> list[int]:
+        """Nodes a ``node_join`` fault brings back (after a fault took them away for good)."""
+        return sorted({getattr(f.config, "node") for f in self.faults if f.kind == "node_join"})
+
+    @property
+    def lost_for_good(self) -> list[int]:
+        """Nodes gone at the end of the run: lost for good and never joining again."""
+        return [n for n in self.lost_nodes if n not in self.joined_nodes]
+
 
 _SECTIONS = {"name", "description", "workload", "checkpoint", "faults", "expect", "run", "marks", "probe"}
 
@@ -270,6 +280,7 @@ def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint:
     """A node lost for good must leave a job that can go on: a world the stages divide, the
     same global batch, a strategy that restores across replica counts, a loss-curve verdict."""
     lost = [(i, f) for i, f in enumerate(faults) if getattr(f.config, "replacement", True) is False]
+    check_joins(faults, lost, file)
     if not lost:
         return
     i, f = lost[0]
@@ -289,6 +300,29 @@ def check_elastic(faults: list[FaultSpec], workload: WorkloadConfig, checkpoint:
     if expect.loss is None:
         raise ScenarioError(file, "expect.loss", "a loss-curve tolerance (bitwise equality cannot hold across "
                             "world sizes once a node is lost for good)", None)
+
+
+def check_joins(faults: list[FaultSpec], lost: list[tuple[int, FaultSpec]], file: str) -> None:
+    """A node joins once, after an earlier fault took it away for good (at an earlier step, where both
+    fire at steps)."""
+    seen: set[int] = set()
+    for i, f in enumerate(faults):
+        if f.kind != "node_join":
+            continue
+        node, at = f.config.node, f.config.at_step  # type: ignore[attr-defined]
+        path = f"faults[{i}].node_join"
+        if node in seen:
+            raise ScenarioError(file, f"{path}.node", "a node that joins once (one node_join per node)", node)
+        seen.add(node)
+        losses = [(j, g) for j, g in lost if getattr(g.config, "node") == node]
+        if not losses:
+            raise ScenarioError(file, f"{path}.node", "a node an earlier fault takes away for good (node_loss with "
+                                "replacement: false, or preempt with restart: false)", node)
+        j, g = losses[0]
+        before = getattr(g.config, "at_step", None)
+        if at is not None and before is not None and before >= at:
+            raise ScenarioError(file, f"{path}.at_step", f"a step after faults[{j}].{g.kind}.at_step ({before}), "
+                                "when the node is gone", at)
 
 
 def load(path: str | Path, host: bool = True, files: bool = True) -> Scenario:

@@ -8,6 +8,7 @@ from .clock import ClockSkewConfig, ClockSkewInjector
 from .compute import StragglerConfig, StragglerInjector
 from .data import JitterConfig, JitterInjector
 from .errors import FaultConfigError, HostUnsupported, InjectorError
+from .join import NodeJoinConfig, NodeJoinInjector
 from .link import DelayConfig, LinkInjector, PartitionConfig, ThrottleConfig
 from .preempt import PreemptConfig, PreemptInjector
 from .process import (
@@ -37,6 +38,7 @@ FAULTS: dict[str, tuple[type[FaultConfig], type[Any]]] = {
     "hang": (HangConfig, HangInjector),
     "node_loss": (NodeLossConfig, NodeLossInjector),
     "preempt": (PreemptConfig, PreemptInjector),
+    "node_join": (NodeJoinConfig, NodeJoinInjector),
     "jitter": (JitterConfig, JitterInjector),
     "straggler": (StragglerConfig, StragglerInjector),
     "corrupt": (CorruptConfig, CorruptInjector),

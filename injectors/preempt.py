@@ -16,14 +16,15 @@ killed), kills what is left with the node's store and memory, and starts the rep
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .base import RunShape
-from .errors import FaultConfigError, InjectorError
+from .errors import FaultConfigError
+from .handoff import ack_path as ack_path  # where the harness acknowledges (importable here as before)
+from .handoff import await_ack, post
 from .process import STEP_PHASES, check_lost_for_good
 from .trigger import PointFault
 from .worker import InWorkerInjector
@@ -113,18 +114,9 @@ def request_path(fault_dir: Path, fault_id: int, occurrence: int) -> Path:
     return fault_dir / f"{fault_id}-preempt-{occurrence}.request"
 
 
-def ack_path(request: Path) -> Path:
-    """The file the harness creates once every SIGTERM of the request was sent."""
-    return request.with_suffix(".signaled")
-
-
 def write_request(fault_dir: Path, req: PreemptRequest) -> Path:
     """Write ``req`` atomically (the harness never reads half a request)."""
-    path = request_path(fault_dir, req.fault_id, req.occurrence)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(req.dumps())
-    os.replace(tmp, path)
-    return path
+    return post(request_path(fault_dir, req.fault_id, req.occurrence), req.dumps())
 
 
 class PreemptInjector(InWorkerInjector):
@@ -144,15 +136,4 @@ class PreemptInjector(InWorkerInjector):
                              grace_s=c.grace_s, restart=c.restart, step=int(fields.get("step", -1)),
                              phase=str(fields.get("phase", "")), rank=self.ctx.rank, at=time.time())
         path = write_request(self.ctx.fault_dir, req)
-        ack = ack_path(path)
-        deadline = time.monotonic() + ACK_TIMEOUT
-        while not ack.exists():
-            if time.monotonic() > deadline:
-                try:  # withdrawn, so that no harness acts on it later, at another point of the run
-                    os.replace(path, path.with_suffix(".abandoned"))
-                except FileNotFoundError:
-                    deadline += ACK_TIMEOUT  # taken meanwhile: its signals are on their way
-                    continue
-                raise InjectorError(f"preempt: no harness took the request {path} within {ACK_TIMEOUT:g} s (a "
-                                    "preempt fault runs under `baft run`, which sends the signals)")
-            time.sleep(0.005)
+        await_ack(path, ACK_TIMEOUT, "a preempt fault runs under `baft run`, which sends the signals")

@@ -57,6 +57,10 @@ class LaunchConfig:
     """The run has preempt faults: the harness serves the workers' requests (:mod:`harness.run.preempt`),
     replacing a preempted node's agent, and the rendezvous drops a dead agent after 3 s."""
 
+    joins: bool = False
+    """The run has node_join faults: the harness serves rank 0's requests (:mod:`harness.run.join`), starting a
+    lost node's store and agent again."""
+
     def __post_init__(self) -> None:
         if self.nodes < 1:
             raise ConfigValueError("nodes", "an integer >= 1", self.nodes)

@@ -22,6 +22,7 @@ from harness.run.agents import (  # KEEP_ALIVE: importable here as before
     KEEP_ALIVE,
     AgentSet,
 )
+from harness.run.join import JoinController
 from harness.run.launchconfig import LaunchConfig
 from harness.run.preempt import PreemptController
 from harness.run.processes import new_token, stop_owned
@@ -99,6 +100,7 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
     watchdog: Watchdog | None = None
     agents: AgentSet | None = None
     preempt: PreemptController | None = None
+    joins: JoinController | None = None
     with contextlib.ExitStack() as undo:
         undo.callback(journal.close)
         undo.callback(lambda: _journal_exits(agents) if agents is not None else None)
@@ -126,6 +128,10 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
                 preempt = PreemptController(run_dir, agents, journal, token, fleet=fleet, watchdog=watchdog)
                 undo.callback(preempt.stop)
                 preempt.start()
+            if config.joins:
+                joins = JoinController(run_dir, agents, journal, fleet=fleet, watchdog=watchdog)
+                undo.callback(joins.stop)
+                joins.start()
             if config.harness_faults and config.topology is not None:  # (LaunchConfig: no link fault without one)
                 controller = FaultController(run_dir, config.harness_faults, config.topology, journal, started_at)
                 undo.callback(controller.stop)  # rolls back every link fault still in place
@@ -136,7 +142,8 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
             raise
     if agents is None or not agents.procs:
         raise LaunchError("no torchrun agent started")
-    errors = [f"preempt: {type(e).__name__}: {e}"] if preempt is not None and (e := preempt.error) is not None else []
+    errors = [f"{what}: {type(e).__name__}: {e}" for what, c in (("preempt", preempt), ("node_join", joins))
+              if c is not None and (e := c.error) is not None]
     return LaunchResult(returncodes=[p.returncode for p in agents.procs], seconds=time.monotonic() - t0, timed_out=timed_out,
                         errors=errors,
                         ended_after_finish=watchdog.ended_after_finish if watchdog is not None else [])

@@ -19,7 +19,6 @@ The hang watchdog is held while a preemption is handled (a job in its grace is s
 """
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -30,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from analysis.journal import JournalWriter
 from harness.run.processes import owned, signal_all
 from harness.run.progress import JournalProgress
-from injectors.preempt import PreemptRequest, ack_path
+from injectors.handoff import acknowledge, take
+from injectors.preempt import PreemptRequest
 from injectors.process import agent_of, is_resource_tracker, lost_marker, workers_of
 
 if TYPE_CHECKING:
@@ -126,10 +126,8 @@ class PreemptController:
     # -- one preemption -----------------------------------------------------------------------
     def _signal(self, path: Path) -> _Signaled | None:
         """Take the request at ``path``, send its SIGTERMs, let its worker go on; None if it was withdrawn."""
-        taken = path.with_suffix(".taken")
-        try:
-            os.replace(path, taken)  # the worker withdraws an old request by renaming it away first
-        except FileNotFoundError:
+        taken = take(path)  # the worker withdraws an old request by renaming it away first
+        if taken is None:
             return None
         try:
             req = PreemptRequest.loads(taken.read_text())
@@ -147,7 +145,7 @@ class PreemptController:
             self._fail(path.name, e)
             return None
         finally:
-            ack_path(path).touch()  # the firing worker goes on: its signal is delivered
+            acknowledge(path)  # the firing worker goes on: its signal is delivered
         self.journal.write("preempt_signal", fault=req.fault_id, occurrence=req.occurrence, node=req.node,
                            ranks=sorted(targets.values()), grace_s=req.grace_s, step=req.step, phase=req.phase,
                            fired_by=req.rank, delay=round(signaled_at - req.at, 4),

@@ -257,6 +257,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
             min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), last_call=scenario.run.last_call,
             script=script_command(scenario.workload, wd), cwd=wd, exit_timeout=scenario.run.exit_timeout,
             preemptions=any(f.kind == "preempt" for f in scenario.faults),
+            joins=any(f.kind == "node_join" for f in scenario.faults),
         ))
     finally:
         stack.close()  # namespaces, veths and bridge go, whatever happened
@@ -266,7 +267,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     # The agent of a node lost for good was killed on purpose, and one the harness ended after every rank
     # had finished (a teardown hang, in the verdict); the others must end well.
     survivors = [rc for node, rc in enumerate(result.returncodes)
-                 if node not in scenario.lost_nodes and node not in result.ended_after_finish]
+                 if node not in scenario.lost_for_good and node not in result.ended_after_finish]
     launch_failures = ([f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else "")
                         + (f"; the last exception a worker printed: {cause}" if (cause := failure_line(faulted / "logs"))
                            else "")]

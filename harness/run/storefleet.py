@@ -129,6 +129,15 @@ class StoreFleet:
             else:
                 self.procs[node] = None
 
+    def rejoin(self, node: int) -> None:
+        """Node ``node``, lost for good, comes back (its lost marker is gone): a fresh store on empty memory,
+        answering at the node's address before this returns."""
+        with self._lock:
+            if self.procs[node] is None and not self._stop.is_set():
+                shutil.rmtree(self.node_dir(node), ignore_errors=True)
+                self._start(node)
+        self._wait_ready()
+
     def stop_monitor(self) -> None:
         """Replace no store from now on (the run is ending: a store that exits stays gone)."""
         self._stop.set()

@@ -22,6 +22,7 @@ corrupt        IOChaos ``mistake`` (one random byte per write) on rank 0's check
 disk_full      IOChaos ``fault`` errno 28 (ENOSPC) on checkpoint writes, every pod
 clock_skew     TimeChaos ``timeOffset`` on the rank's pod or the node's pods, training container
 jitter         none: :class:`Unmappable`
+node_join      none: :class:`Unmappable` (the job's controller scales the job back up)
 =============  ===========================================================================
 
 **Pods.** A rank's pod is the job's ``selector`` plus ``{rank_label: rank // ranks_per_pod}``;
@@ -68,6 +69,7 @@ from injectors.clock import ClockSkewConfig
 from injectors.compute import StragglerConfig
 from injectors.data import JitterConfig
 from injectors.errors import FaultConfigError, InjectorError
+from injectors.join import NodeJoinConfig
 from injectors.link import DelayConfig, PartitionConfig, ThrottleConfig
 from injectors.network import format_rate, parse_rate
 from injectors.preempt import PreemptConfig
@@ -317,6 +319,11 @@ def _preempt(c: PreemptConfig, t: ClusterTarget) -> Spec:
                         "gracePeriod": math.ceil(c.grace_s)}
 
 
+def _node_join(c: NodeJoinConfig, t: ClusterTarget) -> Spec:
+    raise Unmappable("node_join", "a node joins when the job's controller scales it back up (more replicas of the "
+                                  "job's pods); Chaos Mesh removes capacity, it does not add any")
+
+
 def _pair(c: ThrottleConfig | PartitionConfig | DelayConfig) -> tuple[int, int]:
     nodes = c.nodes
     if len(nodes) != 2 or nodes[0] == nodes[1]:
@@ -422,7 +429,8 @@ def _jitter(c: JitterConfig, t: ClusterTarget) -> Spec:
 
 _BUILDERS: dict[str, tuple[type, Callable[[Any, ClusterTarget], Spec]]] = {
     "kill": (KillConfig, _kill), "crash": (CrashConfig, _crash), "hang": (HangConfig, _hang),
-    "node_loss": (NodeLossConfig, _node_loss), "preempt": (PreemptConfig, _preempt), "throttle": (ThrottleConfig, _throttle),
+    "node_loss": (NodeLossConfig, _node_loss), "preempt": (PreemptConfig, _preempt),
+    "node_join": (NodeJoinConfig, _node_join), "throttle": (ThrottleConfig, _throttle),
     "partition": (PartitionConfig, _partition), "delay": (DelayConfig, _delay),
     "straggler": (StragglerConfig, _straggler), "slow_storage": (SlowStorageConfig, _slow_storage),
     "corrupt": (CorruptConfig, _corrupt), "disk_full": (DiskFullConfig, _disk_full), "jitter": (JitterConfig, _jitter),

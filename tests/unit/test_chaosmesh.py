@@ -50,9 +50,10 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str, str | None]] = {
     "corrupt": ({"at_step": 12, "how": "flip"}, "IOChaos", "mistake"),
     "disk_full": ({"from_time": 5, "duration": 20}, "IOChaos", "fault"),
     "jitter": ({"ranks": [0], "from_step": 8}, "", None),
+    "node_join": ({"node": 1, "at_step": 14}, "", None),
     "clock_skew": ({"rank": 1, "offset": "-10m", "from_time": 5, "duration": 30}, "TimeChaos", None),
 }
-MAPPABLE = sorted(k for k in EXAMPLES if k != "jitter")
+MAPPABLE = sorted(k for k in EXAMPLES if k not in ("jitter", "node_join"))
 
 
 def build(kind: str, **fields: Any) -> list[dict[str, Any]]:
@@ -174,6 +175,7 @@ def test_window_duration_only_when_the_window_has_seconds() -> None:
 
 @pytest.mark.parametrize("kind, fields, says", [
     ("jitter", {"from_step": 1}, "data loader"),
+    ("node_join", {"node": 1, "at_step": 1}, "scales it back up"),
     ("kill", {"rank": 0, "at_step": 1, "signal": "SIGINT"}, "SIGINT"),
     ("node_loss", {"node": 1, "at_step": 1, "replacement": False}, "replacement"),
     ("preempt", {"node": 1, "at_step": 1, "restart": False}, "restart"),
@@ -412,7 +414,7 @@ def test_every_ci_scenario_fault_maps_or_says_why() -> None:
             try:
                 objs = manifests(kind, config, i, TARGET, path.stem[:40])
             except Unmappable as e:
-                assert kind == "jitter" or (kind == "node_loss" and not fields.get("replacement", True)) \
+                assert kind in ("jitter", "node_join") or (kind == "node_loss" and not fields.get("replacement", True)) \
                     or (kind == "preempt" and not fields.get("restart", True)), e
                 continue
             for obj in objs:

@@ -118,7 +118,7 @@ def test_an_elastic_run_is_bitwise_before_the_resize_and_judged_by_its_loss_afte
     run = write_elastic(tmp_path / "run", 4, 20, lost_at=12, restore=11, offset=offset)
     expect = ExpectConfig(max_lost_steps=1, loss=LossExpect(rtol=0.01, window=3))
     v = judge(ref, run, expect, steps=20, faults_declared=1)
-    assert v.world_size == WorldSize(reference=4, final=2) and v.completed
+    assert v.world_size == WorldSize(reference=4, final=2, sizes=[4, 2]) and v.completed
     assert v.bitwise_equal and v.resized_records == 2 * 2 * 9  # ranks 0,1: steps 11..19, state + step
     assert v.recoveries[0].lost_steps == 1 and v.recoveries[0].recovery_seconds is not None
     assert v.passed is passed and v.loss_curve is not None and v.loss_curve.from_step == 11

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from analysis.errors import ConfigFieldError
@@ -22,6 +22,8 @@ from harness.cli import main as cli_main
        placement=st.sampled_from(["ring", "group"]), seed=st.integers(0, 1000),
        domain=st.one_of(st.none(), st.tuples(st.integers(2, 16), st.floats(500, 50000),
                                              st.sampled_from(["aligned", "interleaved", "random"]))))
+@example(nodes=424, stages=4, gb=337.0, mtbf=4406.0, storage=2.0, scales=False, network=10.0, iteration=1.0,
+         replicas=2, lost=2, placement="ring", seed=981, domain=(11, 2998.0, "aligned"))  # 16% off with 600
 def test_the_model_and_its_simulation_agree_where_failures_are_rare_within_an_interval(
         nodes, stages, gb, mtbf, storage, scales, network, iteration, replicas, lost, placement, seed, domain) -> None:
     racks = {} if domain is None else dict(zip(("domain_nodes", "domain_mtbf_hours", "domain_layout"), domain))
@@ -34,7 +36,9 @@ def test_the_model_and_its_simulation_agree_where_failures_are_rare_within_an_in
         longest = max(x.interval + x.lag for x in (p.memory, p.persistent) if x is not None)
         if t.failure_rate * longest > 0.2:
             continue  # the first-order model's premise does not hold: it says so in its assumptions
-        hours = 600 / (t.failure_rate * 3600)  # about 600 failures
+        # about 4000 failures: with 600, a target whose failures mostly fall to a long persistent interval (racks
+        # lost whole) scattered its simulated waste by 8% (one sd over 20 seeds), and 12% was two sds away
+        hours = 4000 / (t.failure_rate * 3600)
         analytic, sim = expected_waste(p, t, hours), simulate(p, t, hours, seed)
         assert abs(analytic - sim.waste) <= TOLERANCE * analytic + 0.002, (s, analytic, sim)
         if p.memory is not None:  # the share of failures served from memory is the placement's
