@@ -155,6 +155,19 @@ def test_fp16_with_a_moving_loss_scale_resumes_bit_for_bit(tmp_path: Path, ref_c
     assert "scaler" in j.events("state", 0)[-1]["digests"]
 
 
+def test_fp16_on_fsdp2_shards_resumes_bit_for_bit_after_a_torn_copy_and_a_node_lost(tmp_path: Path,
+                                                                                    ref_cache: Path) -> None:
+    """The scaler unscales DTensor gradient shards; its state comes back from memory and from the peer."""
+    rc, out, v = run_cli(ROOT / "scenarios/ci/amp-fp16-fsdp.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and [t for t, _ in _recoveries(v)] == ["shm", "peer+shm"], v["recoveries"]
+    j = Journal.load(tmp_path / "out" / "faulted")
+    skipped = {e["step"] for e in j.events("amp_step_skipped", 0)}
+    assert {0, 1} <= skipped and any(5 < s < 13 for s in skipped), skipped  # the scale moved between the faults
+    assert all({e["step"] for e in j.events("amp_step_skipped", r)} == skipped for r in (1, 2, 3))
+    assert _peer_ranks(tmp_path / "out" / "faulted") == {2, 3}
+
+
 def test_a_stage_major_shrink_that_memory_cannot_serve_restores_each_stage_from_the_persistent_tier(
         tmp_path: Path, ref_cache: Path) -> None:
     """No peer replicas: node 2's copies are lost with it and every rank of the shrunk world restores step 10 from
