@@ -39,6 +39,9 @@ class Recovery(Record):
     """An unmodified script's resume, found by matching its first state against the reference
     (:mod:`analysis.resume`): ``resumed from step 10 (every component equals the reference at step 10)``,
     per rank where the ranks differ; None where baft restored (or the journal has no match)."""
+    restaged: str | None = None
+    """A restore into a pipeline cut into another number of stages: the counts and the state it could not
+    carry (``4 -> 2 stages; not carried: rng (why)``); None otherwise."""
 
 
 #: Faults that stall the job rather than end a process: the watchdog detects them.
@@ -143,9 +146,20 @@ def recoveries(run: Journal) -> list[Recovery]:
                 phases=phases,
                 caught_up_seconds=caught_up,
                 resume=describe_resume(points) if points else None,
+                restaged=_restaged(restores),
             )
         )
     return out
+
+
+def _restaged(restores: list[dict[str, Any]]) -> str | None:
+    """What the restores into another stage count say of it (:attr:`Recovery.restaged`)."""
+    e = next((e for e in restores if e.get("restaged_from") is not None), None)
+    if e is None:
+        return None
+    missing = sorted({c for r in restores for c in r.get("not_carried") or []})
+    said = f"not carried: {', '.join(missing)}" + (f" ({e['why']})" if e.get("why") else "") if missing else "all carried"
+    return f"{e['restaged_from']} -> {e.get('stages', '?')} stages; {said}"
 
 
 def final_step(run: Journal) -> dict[int, int]:

@@ -166,6 +166,9 @@ def _recovery_blocks(recs: list[Recovery]) -> list[Block]:
             if r.resume:
                 blocks.append(("p", f"{r.fault['fault']} {fault_target(r.fault)} at step {r.fault.get('step')}: "
                                     f"{r.resume} (found by matching the script's first state against the reference)"))
+            if r.restaged:
+                blocks.append(("p", f"{r.fault['fault']} {fault_target(r.fault)} at step {r.fault.get('step')}: "
+                                    f"the job restarted cut into other pipeline stages, {r.restaged}"))
         blocks.append(("p", "Phases (seconds, each ending when the last rank got there): " + "; ".join([
             "detection: fault → watchdog (stalls only)", "restart: → new worker processes exist",
             "startup: → process-group init begins", "rendezvous: → group formed", "restore: → checkpoint loaded",

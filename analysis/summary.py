@@ -107,6 +107,8 @@ def _recovery_lines(v: Verdict) -> list[str]:
         )
         if r.resume:
             lines.append(f"    {r.resume}")
+        if r.restaged:
+            lines.append(f"    restaged {r.restaged}")
     partial: dict[tuple[int, int], list[int]] = {}
     for p in v.partial_steps:
         partial.setdefault((p.incarnation, p.step), []).append(p.rank)

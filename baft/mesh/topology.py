@@ -110,3 +110,32 @@ def holders(world: list[Any], place: str, *, same_stage: bool = False) -> list[i
         return p.split(".shard", 1)[0] == place.split(".shard", 1)[0] if same_stage else p == place
 
     return [i for _, i in sorted((int(r), i) for i, (p, r) in enumerate(world) if held(str(p)))]
+
+
+def stages_of(world: list[Any]) -> list[str]:
+    """The pipeline stages of a recorded world (each rank's ``[place, replica index]``), their shards merged."""
+    return sorted({str(p).split(".shard", 1)[0] for p, _ in world})
+
+
+def restaged(old: list[Any] | None, new: list[Any] | None) -> bool:
+    """Whether two recorded worlds cut the pipeline into other stages (another stage count): a stage of the
+    new world then holds other tensors than any rank of the old one did. False when either is unknown."""
+    return bool(old) and bool(new) and stages_of(old) != stages_of(new)  # type: ignore[arg-type]
+
+
+def restage_source(old: list[Any], place: str, replica: int, new: list[Any]) -> int:
+    """The old rank whose small state (RNGs, data position, scheduler) a rank of a restaged world takes: of the
+    old stage where this rank's new stage begins (stage s of S' begins where old stage s*S/S' did, the blocks
+    being cut evenly), the holder with this rank's replica index (modulo their number)."""
+    olds, news = stages_of(old), stages_of(new)
+    index = {n: i for i, n in enumerate(sorted(news, key=_stage_number))}
+    ordered = sorted(olds, key=_stage_number)
+    mine = place.split(".shard", 1)[0]
+    source = ordered[index[mine] * len(ordered) // len(news)] if mine in index else ordered[0]
+    holding = holders(old, source, same_stage=True)
+    return holding[replica % len(holding)]
+
+
+def _stage_number(name: str) -> int:
+    head = name.removeprefix("stage").split("-", 1)[0]
+    return int(head) if head.isdigit() else 0

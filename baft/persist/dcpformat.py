@@ -233,6 +233,47 @@ def load(root: Root, step: int, rank: int, process_group: Any = None, *,
     return state
 
 
+def load_restaged(root: Root, step: int, source: int, live: Mapping[str, Any], param_names: Mapping[int, str],
+                  process_group: Any = None) -> dict[str, Any]:
+    """Components for a rank of a job cut into other pipeline stages than the one that wrote the checkpoint
+    (collective over ``process_group``, as :func:`load`): the model's tensors (``model.<fqn>``) and the
+    optimizer's per-parameter tensors (``optimizer.state.<fqn>.<name>``) by name, whichever old stage wrote
+    them; the rest (RNGs, data position, scheduler, scaler, step, the optimizer's hyper-parameters) from old
+    rank ``source``'s record. ``live``: this rank's ``model`` and ``optimizer`` components (their keys and
+    parameter groups); ``param_names``: its optimizer's parameter index -> name. Plain tensors only."""
+    d = persist.step_dir(root, step)
+    old = load(root, step, source, process_group)
+    md = reader(root, step).read_metadata().state_dict_metadata
+
+    def empty(key: str, what: str) -> torch.Tensor:
+        item = md.get(key)
+        if not isinstance(item, TensorStorageMetadata):
+            raise CheckpointCorrupt(f"{d}: no tensor {key} for {what}; a restore across stage counts needs every "
+                                    "stage's tensors under the whole model's names")
+        return torch.empty(tuple(item.size), dtype=item.properties.dtype)
+
+    # a plain buffer (not a parameter) went under its stage's key (``stage<S>/model.<fqn>``): one stage held it
+    where = {k: next((x for x in [f"model.{k}", *sorted(m for m in md if m.endswith(f"/model.{k}"))] if x in md),
+                     f"model.{k}") for k in live["model"]}
+    template = {where[k]: empty(where[k], f"model key {k}") for k in live["model"]}
+    leaves: dict[int, list[str]] = {}
+    for idx, name in param_names.items():
+        prefix = f"optimizer.state.{name}."
+        leaves[idx] = sorted(k[len(prefix):] for k in md if k.startswith(prefix))
+        template.update((prefix + leaf, empty(prefix + leaf, f"parameter {name}")) for leaf in leaves[idx])
+    dcp.load(template, storage_reader=reader(root, step), process_group=process_group)
+    components = {**old, "model": {k: template[where[k]] for k in live["model"]}}
+    if "optimizer" in live and "optimizer" in old:
+        groups = old["optimizer"].get("param_groups") or [{}]
+        components["optimizer"] = {
+            "state": {idx: {leaf: template[f"optimizer.state.{param_names[idx]}.{leaf}"] for leaf in ls}
+                      for idx, ls in leaves.items() if ls},
+            "param_groups": [{**{k: v for k, v in groups[min(i, len(groups) - 1)].items() if k != "params"},
+                              "params": g["params"]} for i, g in enumerate(live["optimizer"]["param_groups"])],
+        }
+    return components
+
+
 def load_model(root: Root, model: torch.nn.Module, step: int | None = None) -> int:
     """Load the model tensors of a committed DCP checkpoint (the newest, or ``step``) into ``model``,
     by name, with stock ``dcp.load``: any module whose names are the job's, laid out any way (one

@@ -65,8 +65,6 @@ class BaftStrategy(Strategy):
         self._writer = OneInFlight("baft-persist", self.config.persist_nice)
         self._persisted = -1
         self._committed = -1  # the newest version the persistent tier holds committed (the store's measure)
-        self.places: list[tuple[str, int]] | None = None
-        """Every rank's pieces of state and replica index (:meth:`~baft.strategies.base.Strategy.gather_places`)."""
         ms = self.config.baft.persist_window_ms
         self.gate = IdleGate(ms / 1e3 if ms > 0 else -1.0, lambda: self.snap.profiler.expected if self.snap else None)
         """What the persister thread passes before each step of a persist (``persist_window_ms``); open until

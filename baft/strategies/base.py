@@ -68,6 +68,10 @@ class Strategy:
         cls.phases, cls.step_phases = traits.phases, traits.step_phases
         cls.elastic, cls.node_stores = traits.elastic, traits.node_stores
 
+    places: list[tuple[str, int]] | None = None
+    """Every rank's pieces of state and replica index, for the strategies that record them with each
+    checkpoint (:meth:`gather_places`, at attach); None otherwise."""
+
     def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
         self.config = config
         self.state = state

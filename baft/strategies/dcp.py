@@ -39,8 +39,6 @@ class AsyncDCPStrategy(Strategy):
         self._inflight: tuple[int, Any, float, int] | None = None  # the save's future: a Future or DCP's response
         self._stager: Any = None
         self._mode: Any = None
-        self.places: list[tuple[str, int]] | None = None
-        """Every rank's pieces of state and replica index, recorded in each manifest."""
 
     def attached(self, stage: Any) -> None:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from baft import events
 from baft.errors import CheckpointCorrupt
 from baft.mesh.collective import initialized, rank_world
-from baft.mesh.topology import holders
+from baft.mesh.topology import holders, restage_source, restaged, stages_of
 from baft.persist import commits as persist
 from baft.persist import dcpformat
 from baft.strategies.base import Strategy, restore_agreed
@@ -73,7 +73,20 @@ def restore_dcp(strategy: Strategy, group: Any) -> int | None:
 
     def load(step: int) -> None:
         _announce_load(step)
-        source = meta_rank(strategy, persist.read_manifest(root, step), rank)
+        manifest = persist.read_manifest(root, step)
+        old = manifest.get("places")
+        if restaged(old, strategy.places) and strategy.place is not None:
+            assert old is not None and strategy.places is not None  # restaged() holds only for two known worlds
+            source = restage_source(old, strategy.place, strategy.topology.replica, strategy.places)
+            live = strategy.state.capture(only=("model", "optimizer"))
+            strategy.state.restore(dcpformat.load_restaged(root, step, source, live, strategy.state.param_names(), group))
+            events.emit("checkpoint_restored", step=step, tier="persistent", seconds=time.perf_counter() - t0,
+                        path=str(persist.step_dir(root, step)), restaged_from=len(stages_of(old)),
+                        stages=len(stages_of(strategy.places)), rng_from=source, not_carried=["rng"],
+                        why="each old stage drew its dropout from its own stream; a new stage holding blocks of "
+                            f"several takes one, old rank {source}'s")
+            return
+        source = meta_rank(strategy, manifest, rank)
         strategy.state.restore(dcpformat.load(root, step, source, group, placements=strategy.state.placements()))
         events.emit("checkpoint_restored", step=step, tier="persistent",
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))

@@ -39,7 +39,7 @@ from baft.bubbles.planner import Chunk, Plan, make_chunks, owned, plan
 from baft.bubbles.profiler import BubbleProfiler
 from baft.config import CheckpointConfig
 from baft.mesh.collective import all_gather, all_min, rank_world
-from baft.mesh.topology import holders
+from baft.mesh.topology import holders, restaged, stages_of
 from baft.mesh.tpshared import broadcast_shared, shared_tensors
 from baft.snapshot.slotfile import COMPLETE, WRITING, discard_newer, slot_of
 from baft.snapshot.slotmeta import components as _components
@@ -449,9 +449,15 @@ class BubbleSnapshotter:
         complete = self._open_slots()
         for i in self._torn:
             events.emit("checkpoint_rejected", step=i, tier="shm", reason="torn: the writer stopped mid-copy")
-        saved = max(all_gather(_saved_replicas(self.buffer, complete)))
+        old_world = (_static_meta(self.buffer.slots[complete[max(complete)]]) or {}).get("world") if complete else None
+        saved, moved = (max(x) for x in zip(*all_gather([_saved_replicas(self.buffer, complete),
+                                                         int(restaged(old_world, self.world))])))
+        if moved:  # another stage count: no rank's memory holds a stage of this world; the persistent tier does
+            events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=[],
+                        restaged_from=len(stages_of(old_world)) if old_world else None)
+            self.buffer.close()
+            return None
         if saved and saved != self.replicas:
-            old_world = (_static_meta(self.buffer.slots[complete[max(complete)]]) or {}).get("world") if complete else None
             return self._restore_resized(saved, t0, floor, old_world)
         complete = {v: k for v, k in complete.items() if self._written_as_mine(self.buffer.slots[k])}
         remote = self.store.locate(self.rank) if self.store is not None else []

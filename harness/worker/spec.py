@@ -64,6 +64,14 @@ class WorkloadConfig:
     layout: Literal["replica-major", "stage-major"] = "replica-major"
     """The order of the ranks: replica-major (rank = d*P + s without sharding, the default) or stage-major
     (the pipeline dimension outermost, as torchtitan orders its mesh)."""
+    resize: Literal["replicas", "stages"] = "replicas"
+    """What an elastic restart on fewer (or more) ranks changes: ``replicas``, the data-parallel replicas
+    (the stages stay; each replica runs more microbatches so the global batch stays), or ``stages``, the
+    pipeline's stage count (the replicas and microbatches stay; each rank holds more or fewer blocks,
+    re-cut from the whole model; plain stages only: no FSDP2, TP or virtual stages). A restore across a
+    change of stage count loads the model and the optimizer's moments by name and the rest from the old
+    rank that began the new stage; the dropout streams of the blocks that moved are not carried, and the
+    verdict says so."""
     microbatches: int = 4
     """Microbatches per iteration and replica (>= stages)."""
     microbatch_size: int = 4
@@ -213,6 +221,8 @@ class WorkloadConfig:
         if self.user_code:
             raise ConfigValueError("script" if self.script else "command",
                                    "the built-in workload (a script's world size cannot change)", self.script or self.command)
+        if self.resize == "stages":
+            return self._restaged(world_size)
         per_replica = self.stages * self.dp_shard * self.tp
         if world_size % per_replica:
             raise ConfigValueError("data_parallel", f"a world size divisible by stages*dp_shard ({per_replica})", world_size)
@@ -223,6 +233,28 @@ class WorkloadConfig:
         per_node = self.world_size // self.nodes  # each node keeps its ranks; the lost ones are gone
         return dataclasses.replace(self, data_parallel=replicas,
                                    microbatches=self.microbatches * self.data_parallel // replicas,
+                                   nodes=world_size // per_node if world_size % per_node == 0 else self.nodes)
+
+    def _restaged(self, world_size: int) -> WorkloadConfig:
+        """``resized`` with ``resize: stages``: the replicas stay, the stage count becomes
+        ``world_size / data_parallel``."""
+        for name in ("dp_shard", "tp", "virtual_stages"):
+            if getattr(self, name) != 1:
+                raise ConfigValueError(name, "1 with resize: stages (a restore across stage counts re-cuts plain "
+                                       "stages)", getattr(self, name))
+        if world_size % self.data_parallel:
+            raise ConfigValueError("data_parallel", f"a divisor of the new world size {world_size} (resize: stages "
+                                   "keeps the replicas)", self.data_parallel)
+        stages = world_size // self.data_parallel
+        layers = PRESETS[self.model].layers
+        if stages > layers:
+            raise ConfigValueError("stages", f"at most {layers} stages for {self.model} after the resize to "
+                                   f"{world_size} ranks", stages)
+        if self.microbatches < stages:
+            raise ConfigValueError("microbatches", f"at least the {stages} stages after the resize to {world_size} "
+                                   "ranks", self.microbatches)
+        per_node = self.world_size // self.nodes
+        return dataclasses.replace(self, stages=stages,
                                    nodes=world_size // per_node if world_size % per_node == 0 else self.nodes)
 
     @property

@@ -168,6 +168,30 @@ def test_fp16_on_fsdp2_shards_resumes_bit_for_bit_after_a_torn_copy_and_a_node_l
     assert _peer_ranks(tmp_path / "out" / "faulted") == {2, 3}
 
 
+def test_a_pipeline_cut_into_fewer_stages_restores_by_name_and_says_what_it_could_not_carry(
+        tmp_path: Path, ref_cache: Path) -> None:
+    """PP4 on two nodes loses node 1 for good and goes on as PP2 (``resize: stages``): each new stage's model
+    and moments come by name from the old stages that held them, scheduler, data position and step from the
+    old rank where it begins; the verdict names the dropout streams it could not carry."""
+    rc, out, v = run_cli(ROOT / "scenarios/ci/elastic-restage.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    (rec,) = v["recoveries"]
+    assert rec["restored_tier"] == "persistent" and rec["restaged"].startswith("4 -> 2 stages; not carried: rng")
+    assert "restaged 4 -> 2 stages; not carried: rng" in out and v["world_size"]["sizes"] == [4, 2]
+    ref, run = Journal.load(tmp_path / "out" / "reference"), Journal.load(tmp_path / "out" / "faulted")
+    step = rec["restored_step"]
+
+    def state(j: Journal, rank: int, incarnation: int | None = None) -> dict[str, Any]:
+        return next(e["digests"] for e in j.events("state", rank)
+                    if e["step"] == step and incarnation in (None, e["incarnation"]))
+
+    for new, begins_at, old in ((0, 0, (0, 1)), (1, 2, (2, 3))):
+        restored, was = state(run, new, 1), state(ref, begins_at)
+        assert all(restored[c] == was[c] for c in ("scheduler", "data", "step", "rng")), new
+        whole = {k: d for o in old for k, d in state(ref, o)["model"].items()}
+        assert restored["model"] == {k: whole[k] for k in restored["model"]} and len(restored["model"]) > len(was["model"])
+
+
 def test_a_stage_major_shrink_that_memory_cannot_serve_restores_each_stage_from_the_persistent_tier(
         tmp_path: Path, ref_cache: Path) -> None:
     """No peer replicas: node 2's copies are lost with it and every rank of the shrunk world restores step 10 from

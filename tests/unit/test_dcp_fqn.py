@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
+from baft.errors import CheckpointCorrupt
 from baft.persist import commits as persist
 from baft.persist import dcpformat
 
@@ -102,3 +104,28 @@ def test_stages_that_share_names_keep_them_apart_under_their_stage_keys(tmp_path
         assert "model.weight" in str(e) and "name their tensors otherwise" in str(e)
     else:
         raise AssertionError("a checkpoint without model.<fqn> keys loaded")
+
+
+def test_a_two_stage_checkpoint_restores_into_one_stage_with_every_moment_by_name(tmp_path: Path) -> None:
+    """``load_restaged``: the components of a rank whose stage holds both old stages' blocks: model and Adam's
+    moments by name, the step and the optimizer's hyper-parameters from the old rank named; into a live Adam
+    that has no state yet (a fresh process), its parameter indices its own."""
+    from baft import TrainState
+
+    root, ranks = _train(tmp_path, "whole-names")
+    whole = build_stage(PRESETS["mlp"], 99, 0, 1)
+    state = TrainState(model=whole, optimizer=torch.optim.Adam(whole.parameters(), lr=0.5))
+    live = state.capture(only=("model", "optimizer"))
+    comps = dcpformat.load_restaged(root, 4, 0, live, state.param_names())
+    state.restore(comps)
+    job = {k: v for r in ranks for k, v in r["model"].items()}
+    assert all(torch.equal(v, job[k]) for k, v in whole.state_dict().items())
+    moments = {k: v for r in ranks for k, v in r["exp_avg"].items()}
+    names = state.param_names()
+    got = {names[i]: s["exp_avg"] for i, s in enumerate(state.optimizer.state[p] for p in whole.parameters())}  # type: ignore[union-attr]
+    assert set(got) == set(moments) and all(torch.equal(got[n], moments[n]) for n in moments)
+    assert state.step == 4 and state.optimizer.param_groups[0]["lr"] == 0.01  # type: ignore[union-attr]
+    # a model with a tensor no stage wrote is refused, naming it
+    state2 = TrainState(model=torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    with pytest.raises(CheckpointCorrupt, match="model key 0.weight"):
+        dcpformat.load_restaged(root, 4, 0, state2.capture(only=("model",)), {})
