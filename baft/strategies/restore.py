@@ -83,8 +83,8 @@ def restore_dcp(strategy: Strategy, group: Any) -> int | None:
             events.emit("checkpoint_restored", step=step, tier="persistent", seconds=time.perf_counter() - t0,
                         path=str(persist.step_dir(root, step)), restaged_from=len(stages_of(old)),
                         stages=len(stages_of(strategy.places)), rng_from=source, not_carried=["rng"],
-                        why="each old stage drew its dropout from its own stream; a new stage holding blocks of "
-                            f"several takes one, old rank {source}'s")
+                        why="a stage draws its dropout from one stream of its own, and the streams cannot be cut "
+                            "again: each new stage goes on with the stream of the old stage where it begins")
             return
         source = meta_rank(strategy, manifest, rank)
         strategy.state.restore(dcpformat.load(root, step, source, group, placements=strategy.state.placements()))
