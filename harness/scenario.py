@@ -309,7 +309,7 @@ def check_joins(faults: list[FaultSpec], lost: list[tuple[int, FaultSpec]], file
     for i, f in enumerate(faults):
         if f.kind != "node_join":
             continue
-        node, at = f.config.node, f.config.at_step  # type: ignore[attr-defined]
+        node = f.config.node  # type: ignore[attr-defined]
         path = f"faults[{i}].node_join"
         if node in seen:
             raise ScenarioError(file, f"{path}.node", "a node that joins once (one node_join per node)", node)
@@ -319,10 +319,11 @@ def check_joins(faults: list[FaultSpec], lost: list[tuple[int, FaultSpec]], file
             raise ScenarioError(file, f"{path}.node", "a node an earlier fault takes away for good (node_loss with "
                                 "replacement: false, or preempt with restart: false)", node)
         j, g = losses[0]
-        before = getattr(g.config, "at_step", None)
-        if at is not None and before is not None and before >= at:
-            raise ScenarioError(file, f"{path}.at_step", f"a step after faults[{j}].{g.kind}.at_step ({before}), "
-                                "when the node is gone", at)
+        for key in ("at_step", "at_time"):  # both on the same clock: the loss first (on two clocks: not known here)
+            before, when = getattr(g.config, key, None), getattr(f.config, key, None)
+            if when is not None and before is not None and before >= when:
+                raise ScenarioError(file, f"{path}.{key}", f"a {'step' if key == 'at_step' else 'time'} after "
+                                    f"faults[{j}].{g.kind}.{key} ({before}), when the node is gone", when)
 
 
 def load(path: str | Path, host: bool = True, files: bool = True) -> Scenario:

@@ -115,7 +115,8 @@ class NodeJoinInjector(InWorkerInjector):
                 time.sleep(0.005)
         finally:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        _deliver(previous)
+            if got.is_set():  # also when the join failed: a SIGTERM held meanwhile is not swallowed
+                _deliver(previous)
 
 
 def _deliver(handler: Any) -> None:

@@ -252,14 +252,28 @@ def load_restaged(root: Root, step: int, source: int, live: Mapping[str, Any], p
                                     "stage's tensors under the whole model's names")
         return torch.empty(tuple(item.size), dtype=item.properties.dtype)
 
-    # a plain buffer (not a parameter) went under its stage's key (``stage<S>/model.<fqn>``): one stage held it
-    where = {k: next((x for x in [f"model.{k}", *sorted(m for m in md if m.endswith(f"/model.{k}"))] if x in md),
-                     f"model.{k}") for k in live["model"]}
+    def model_key(k: str) -> str:
+        """Where the checkpoint holds model tensor ``k``: under its name, or under the key of the one stage
+        that wrote it (a plain buffer of a rank with a shard key); several stages under one name: refused."""
+        if f"model.{k}" in md:
+            return f"model.{k}"
+        staged = sorted(m for m in md if m.endswith(f"/model.{k}"))
+        if len(staged) > 1:
+            raise CheckpointCorrupt(f"{d}: model key {k} was written by several stages ({', '.join(staged)}): "
+                                    "their modules name their tensors alike, so a restore across stage counts "
+                                    "cannot tell which is this stage's")
+        return staged[0] if staged else f"model.{k}"
+
+    where = {k: model_key(k) for k in live["model"]}
     template = {where[k]: empty(where[k], f"model key {k}") for k in live["model"]}
+    moments = bool((old.get("optimizer") or {}).get("state"))
     leaves: dict[int, list[str]] = {}
     for idx, name in param_names.items():
         prefix = f"optimizer.state.{name}."
         leaves[idx] = sorted(k[len(prefix):] for k in md if k.startswith(prefix))
+        if moments and not leaves[idx]:  # the old stages' optimizers had state: every parameter's is named
+            raise CheckpointCorrupt(f"{d}: no optimizer.state.{name}.* for parameter {name}; a restore across "
+                                    "stage counts needs the optimizer's state under the whole model's names")
         template.update((prefix + leaf, empty(prefix + leaf, f"parameter {name}")) for leaf in leaves[idx])
     dcp.load(template, storage_reader=reader(root, step), process_group=process_group)
     components = {**old, "model": {k: template[where[k]] for k in live["model"]}}

@@ -47,6 +47,8 @@ class JoinController:
         self.progress = JournalProgress(run_dir)
         self._held: tuple[int | None, float] | None = None
         """While the watchdog is held for a join: rank 0's pid when it fired, and the hold's deadline."""
+        self._lock = threading.Lock()
+        """Guards :attr:`_held` and the watchdog's count (:meth:`stop` may release while the thread runs)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="join-controller", daemon=True)
 
@@ -63,22 +65,25 @@ class JoinController:
         while not self._stop.wait(POLL):
             for path in sorted(self.fault_dir.glob("*.join")) if self.fault_dir.is_dir() else []:
                 self._serve(path)
-            if self._held is not None:
+            held = self._held
+            if held is not None:
                 self.progress.poll()
-                pid, deadline = self._held
+                pid, deadline = held
                 if self.progress.pids.get(0) != pid or self.progress.done or time.monotonic() > deadline:
                     self._release()
 
     def _hold(self) -> None:
-        if self.watchdog is not None and self._held is None:
-            self.progress.poll()
-            self.watchdog.held += 1
-            self._held = (self.progress.pids.get(0), time.monotonic() + HOLD)
+        self.progress.poll()
+        with self._lock:
+            if self.watchdog is not None and self._held is None:
+                self.watchdog.held += 1
+                self._held = (self.progress.pids.get(0), time.monotonic() + HOLD)
 
     def _release(self) -> None:
-        if self.watchdog is not None and self._held is not None:
-            self.watchdog.held -= 1
-            self._held = None
+        with self._lock:
+            if self.watchdog is not None and self._held is not None:
+                self.watchdog.held -= 1
+                self._held = None
 
     def _serve(self, path: Path) -> None:
         taken = take(path)
@@ -108,8 +113,8 @@ class JoinController:
                             "(a node joins after a node_loss with replacement: false, or a preempt with restart: "
                             "false, took it away)")
         self.progress.poll()
-        if self.progress.done:
-            return  # the job finished meanwhile: nothing to join
+        if self.progress.done:  # rank 0 holds at the fault, so only a journal read amiss gets here
+            raise JoinError(f"the job had finished when node {req.node}'s join was served")
         if self.agents.procs[req.node].poll() is None:
             raise JoinError(f"node {req.node}'s agent is still running")
         marker.unlink()

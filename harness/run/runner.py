@@ -209,6 +209,16 @@ def keep_copy(tier: Path) -> None:
     os.replace(saved, tier)
 
 
+
+def _gone_at_end(scenario: Scenario, faulted: Path) -> set[int]:
+    """The nodes lost for good that no ``node_join`` brought back in this run (its launcher journal's
+    ``node_join`` events: a join the scenario declares may not have happened)."""
+    journal = launcher_journal(faulted)
+    joined = {int(str(e["node"]).removeprefix("node")) for e in (read_events(journal) if journal.is_file() else [])
+              if e.get("event") == "node_join"}
+    return set(scenario.lost_nodes) - joined
+
+
 def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, report: bool = True) -> Verdict:
     """Run reference and faulted run, write ``verdict.json`` (and, with ``report``, ``report.html``,
     ``report.md`` and the plots) into ``out``, return the verdict."""
@@ -267,7 +277,7 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
     # The agent of a node lost for good was killed on purpose, and one the harness ended after every rank
     # had finished (a teardown hang, in the verdict); the others must end well.
     survivors = [rc for node, rc in enumerate(result.returncodes)
-                 if node not in scenario.lost_for_good and node not in result.ended_after_finish]
+                 if node not in _gone_at_end(scenario, faulted) and node not in result.ended_after_finish]
     launch_failures = ([f"torchrun agents exited {result.returncodes}" + (" (timed out)" if result.timed_out else "")
                         + (f"; the last exception a worker printed: {cause}" if (cause := failure_line(faulted / "logs"))
                            else "")]

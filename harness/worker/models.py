@@ -131,10 +131,7 @@ def build_stage(shape: ModelShape, seed: int, stage: int, stages: int) -> Stage:
             embed = MLPBlock(shape.in_dim, shape.width, shape.dropout, shape.batchnorm)
             blocks = [MLPBlock(shape.width, shape.width, shape.dropout, shape.batchnorm) for _ in range(shape.layers - 1)]
             head = nn.Linear(shape.width, shape.classes)
-    per, extra = divmod(len(blocks), stages)
-    start = stage * per + min(stage, extra)
-    stop = start + per + (1 if stage < extra else 0)
-    return Stage(embed if stage == 0 else None, {i: blocks[i] for i in range(start, stop)},
+    return Stage(embed if stage == 0 else None, {i: blocks[i] for i in shape.stage_blocks(stage, stages)},
                  head if stage == stages - 1 else None)
 
 

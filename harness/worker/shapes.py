@@ -20,6 +20,18 @@ class ModelShape:
     batchnorm: bool = False
     """MLP blocks normalise with BatchNorm, whose running statistics change in every forward."""
 
+    @property
+    def blocks(self) -> int:
+        """The blocks cut into stages: a gpt's layers; an MLP's layers after its first (its input part)."""
+        return self.layers if self.kind == "gpt" else self.layers - 1
+
+    def stage_blocks(self, stage: int, stages: int) -> range:
+        """The indices of the blocks ``stage`` of ``stages`` holds: consecutive, the first stages one more
+        where they do not divide evenly."""
+        per, extra = divmod(self.blocks, stages)
+        start = stage * per + min(stage, extra)
+        return range(start, start + per + (1 if stage < extra else 0))
+
 
 PRESETS: dict[str, ModelShape] = {
     "gpt-tiny": ModelShape(kind="gpt", layers=4, width=64, heads=4, vocab=64, seq_len=32),

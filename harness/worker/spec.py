@@ -68,7 +68,8 @@ class WorkloadConfig:
     """What an elastic restart on fewer (or more) ranks changes: ``replicas``, the data-parallel replicas
     (the stages stay; each replica runs more microbatches so the global batch stays), or ``stages``, the
     pipeline's stage count (the replicas and microbatches stay; each rank holds more or fewer blocks,
-    re-cut from the whole model; plain stages only: no FSDP2, TP or virtual stages). A restore across a
+    re-cut from the whole model; plain stages only: no FSDP2, TP or virtual stages, and stage counts whose cuts
+    of the blocks line up: new stage s begins in old stage s*P/P'). A restore across a
     change of stage count loads the model and the optimizer's moments by name and the rest from the old
     rank that began the new stage; the dropout streams of the blocks that moved are not carried, and the
     verdict says so."""
@@ -253,6 +254,16 @@ class WorkloadConfig:
         if self.microbatches < stages:
             raise ConfigValueError("microbatches", f"at least the {stages} stages after the resize to {world_size} "
                                    "ranks", self.microbatches)
+        shape = PRESETS[self.model]
+        # a new stage takes its RNGs and data position from the old stage its blocks begin in, which the
+        # restore finds as stage s*P/P' (baft.mesh.topology.restage_source): true of even cuts, not of every cut
+        for s in range(stages):
+            first = shape.stage_blocks(s, stages).start
+            begins = next(o for o in range(self.stages) if first in shape.stage_blocks(o, self.stages))
+            if begins != s * self.stages // stages:
+                raise ConfigValueError("stages", f"a stage count whose cut of {self.model}'s {shape.blocks} blocks "
+                                       f"lines up with the cut into {stages} after the resize to {world_size} ranks "
+                                       "(with resize: stages; both dividing the blocks evenly does)", self.stages)
         per_node = self.world_size // self.nodes
         return dataclasses.replace(self, stages=stages,
                                    nodes=world_size // per_node if world_size % per_node == 0 else self.nodes)

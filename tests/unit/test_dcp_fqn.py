@@ -129,3 +129,15 @@ def test_a_two_stage_checkpoint_restores_into_one_stage_with_every_moment_by_nam
     state2 = TrainState(model=torch.nn.Sequential(torch.nn.Linear(2, 2)))
     with pytest.raises(CheckpointCorrupt, match="model key 0.weight"):
         dcpformat.load_restaged(root, 4, 0, state2.capture(only=("model",)), {})
+
+
+def test_stages_that_share_names_cannot_be_restaged_and_the_restore_says_which_key(tmp_path: Path) -> None:
+    """Two stages each a bare Linear wrote ``weight`` under their stage keys: re-cut by name, which one is a
+    new stage's is unknowable, so the restore stops rather than load stage 0's weight into every stage."""
+    from baft import TrainState
+
+    root, _ = _train(tmp_path, "shared-names")
+    model = torch.nn.Linear(8, 8)
+    state = TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
+    with pytest.raises(CheckpointCorrupt, match="model key weight was written by several stages"):
+        dcpformat.load_restaged(root, 4, 1, state.capture(only=("model", "optimizer")), state.param_names())

@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from baft.mesh.topology import restage_source, restaged, stages_of
 
 from analysis.metrics import _restaged
 from harness.errors import ConfigValueError
+from harness.worker.shapes import PRESETS
 from harness.worker.spec import WorkloadConfig
 
 
@@ -30,15 +31,30 @@ def test_only_another_stage_count_is_a_restage() -> None:
     assert stages_of(world(2, 2, shards=2)) == ["stage0", "stage1"]
 
 
-@given(old=st.integers(1, 8), new=st.integers(1, 8), replicas=st.integers(1, 3), data=st.data())
-def test_each_new_stage_takes_the_small_state_of_the_old_stage_where_it_begins(
-        old: int, new: int, replicas: int, data: st.DataObject) -> None:
+@given(model=st.sampled_from(["gpt-tiny", "gpt-small", "mlp"]), old=st.integers(1, 8), new=st.integers(1, 8),
+       replicas=st.integers(1, 3), data=st.data())
+def test_each_new_stage_takes_the_small_state_of_the_old_stage_its_blocks_begin_in(
+        model: str, old: int, new: int, replicas: int, data: st.DataObject) -> None:
+    """Whenever the workload accepts a restage, baft's pick (which knows no blocks) is the old stage that held
+    the new stage's first block in the model's real cut (the one build_stage makes)."""
+    shape = PRESETS[model]
+    assume(old <= shape.blocks and new <= shape.blocks and old != new)
+    try:
+        WorkloadConfig(model=model, stages=old, data_parallel=replicas, microbatches=8,
+                       resize="stages").resized(new * replicas)
+    except ConfigValueError as e:
+        assert e.field == "stages"
+        return
     before, after = world(old, replicas), world(new, replicas)
     stage, replica = data.draw(st.integers(0, new - 1)), data.draw(st.integers(0, replicas - 1))
-    source = restage_source(before, f"stage{stage}", replica, after)
-    place, index = before[source]
-    assert place == f"stage{stage * old // new}" and index == replica
-    assert restage_source(before, "stage0", replica, after) == replica * old  # the first stage: old stage 0
+    place, index = before[restage_source(before, f"stage{stage}", replica, after)]
+    first = shape.stage_blocks(stage, new).start
+    assert first in shape.stage_blocks(int(place.removeprefix("stage")), old) and index == replica
+
+
+def test_a_cut_that_does_not_line_up_is_refused() -> None:
+    with pytest.raises(ConfigValueError, match="lines up with the cut into 3"):
+        WorkloadConfig(model="gpt-tiny", stages=4, microbatches=4, resize="stages").resized(3)
 
 
 def test_a_workload_that_resizes_its_stages_keeps_its_replicas_and_microbatches() -> None:
