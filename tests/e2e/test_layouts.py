@@ -198,7 +198,7 @@ def test_a_stage_major_shrink_that_memory_cannot_serve_restores_each_stage_from_
     DCP, each from the record of an old rank of its own stage (by rank number new rank 2 loaded stage 0's)."""
     rc, out, v = run_cli(ROOT / "scenarios/ci/elastic-stage-major-persistent.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out
-    assert v["world_size"] == {"reference": 6, "final": 4} and v["completed"] and v["bitwise_equal"]
+    assert v["world_size"] == {"reference": 6, "final": 4, "sizes": [6, 4]} and v["completed"] and v["bitwise_equal"]
     (rec,) = v["recoveries"]
     assert (rec["restored_tier"], rec["restored_step"]) == ("persistent", 10), rec
     j = Journal.load(tmp_path / "out" / "faulted")
@@ -213,7 +213,7 @@ def test_a_stage_major_job_shrinks_from_three_replicas_to_two(tmp_path: Path, re
     new rank 2 holds stage 1, where old rank 2 held stage 0."""
     rc, out, v = run_cli(ROOT / "scenarios/ci/elastic-stage-major.yaml", tmp_path / "out", ref_cache)
     assert rc == 0, out
-    assert v["world_size"] == {"reference": 6, "final": 4} and v["completed"]
+    assert v["world_size"] == {"reference": 6, "final": 4, "sizes": [6, 4]} and v["completed"]
     assert v["bitwise_equal"] and v["states_compared"] > 0 and v["resized_records"] > 0
     assert v["loss_curve"]["passed"]
     (rec,) = v["recoveries"]

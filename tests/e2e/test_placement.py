@@ -49,5 +49,8 @@ def test_a_rack_lost_at_once_restores_from_the_other_rack_when_the_stores_know_t
     rc, out, v = run_cli(ROOT / "scenarios/ci/rack-loss-domains.yaml", tmp_path / "out", ref_cache)
     assert rc == 0 and v["bitwise_equal"] and v["faults_fired"] == 2, out
     assert all(r["restored_tier"] == "peer+shm" for r in v["recoveries"]), v["recoveries"]
-    last = {e["rank"]: e["tier"] for e in Journal.load(tmp_path / "out" / "faulted").events("checkpoint_restored")}
-    assert last == {0: "peer", 1: "peer", 2: "shm", 3: "shm"}, last
+    j = Journal.load(tmp_path / "out" / "faulted")
+    last = {e["rank"]: e["tier"] for e in j.events("checkpoint_restored")}
+    # by node, not rank: torchrun's re-rendezvous may hand a rank to another node (rank 1 to node 3 once in CI)
+    node = {e["rank"]: e["node"] for e in j.events("start")}
+    assert last == {r: "peer" if node[r] in ("node0", "node1") else "shm" for r in range(4)}, (last, node)
