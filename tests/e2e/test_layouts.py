@@ -168,6 +168,15 @@ def test_fp16_on_fsdp2_shards_resumes_bit_for_bit_after_a_torn_copy_and_a_node_l
     assert _peer_ranks(tmp_path / "out" / "faulted") == {2, 3}
 
 
+@pytest.mark.parametrize("name, tiers", [("amp-bf16-tp", ["shm"]), ("amp-bf16-fsdp", ["shm", "peer+shm"])])
+def test_bf16_autocast_on_sharded_stages_resumes_bit_for_bit(name: str, tiers: list[str], tmp_path: Path,
+                                                             ref_cache: Path) -> None:
+    rc, out, v = run_cli(ROOT / f"scenarios/ci/{name}.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    assert v["bitwise_equal"] and [t for t, _ in _recoveries(v)] == tiers, v["recoveries"]
+    assert "scaler" not in Journal.load(tmp_path / "out" / "faulted").events("state", 0)[-1]["digests"]  # no scaler
+
+
 def test_a_pipeline_cut_into_fewer_stages_restores_by_name_and_says_what_it_could_not_carry(
         tmp_path: Path, ref_cache: Path) -> None:
     """PP4 on two nodes loses node 1 for good and goes on as PP2 (``resize: stages``): each new stage's model
