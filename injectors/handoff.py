@@ -8,11 +8,30 @@ saying what serves it.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 from pathlib import Path
+from typing import Any, TypeVar
 
 from .errors import InjectorError
+
+R = TypeVar("R", bound="Request")
+
+
+class Request:
+    """Base of a request dataclass: written as the JSON mapping of its fields, read back from it."""
+
+    __slots__ = ()
+
+    def dumps(self) -> str:
+        return json.dumps(dataclasses.asdict(self))  # type: ignore[call-overload]
+
+    @classmethod
+    def loads(cls: type[R], text: str) -> R:
+        data: dict[str, Any] = json.loads(text)
+        return cls(**data)
 
 
 def ack_path(request: Path) -> Path:

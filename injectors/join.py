@@ -15,18 +15,17 @@ ready (a short job could otherwise finish first).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .base import RunShape
 from .errors import FaultConfigError, InjectorError
-from .handoff import await_ack, post
+from .handoff import Request, await_ack, post
 from .process import LOOP_PHASES
 from .trigger import PointFault
 from .worker import InWorkerInjector
@@ -68,7 +67,7 @@ class NodeJoinConfig(PointFault):
 
 
 @dataclass(kw_only=True, slots=True)
-class JoinRequest:
+class JoinRequest(Request):
     """What rank 0 asks the harness to do when a node_join fault fires (a JSON file in the fault directory)."""
 
     fault_id: int
@@ -77,13 +76,6 @@ class JoinRequest:
     phase: str
     at: float
     """``time.time()`` when it fired."""
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def loads(cls, text: str) -> JoinRequest:
-        return cls(**json.loads(text))
 
 
 def request_path(fault_dir: Path, fault_id: int) -> Path:

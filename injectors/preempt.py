@@ -15,16 +15,15 @@ killed), kills what is left with the node's store and memory, and starts the rep
 """
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .base import RunShape
 from .errors import FaultConfigError
+from .handoff import Request, await_ack, post
 from .handoff import ack_path as ack_path  # where the harness acknowledges (importable here as before)
-from .handoff import await_ack, post
 from .process import STEP_PHASES, check_lost_for_good
 from .trigger import PointFault
 from .worker import InWorkerInjector
@@ -85,7 +84,7 @@ class PreemptConfig(PointFault):
 
 
 @dataclass(kw_only=True, slots=True)
-class PreemptRequest:
+class PreemptRequest(Request):
     """What a worker asks the harness to do when a preempt fault fires (a JSON file in the fault directory)."""
 
     fault_id: int
@@ -100,13 +99,6 @@ class PreemptRequest:
     """The rank that fired it."""
     at: float
     """``time.time()`` when it fired."""
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def loads(cls, text: str) -> PreemptRequest:
-        return cls(**json.loads(text))
 
 
 def request_path(fault_dir: Path, fault_id: int, occurrence: int) -> Path:

@@ -25,6 +25,7 @@ from injectors.errors import FaultConfigError, InjectorError
 from injectors.handoff import ack_path
 from injectors.join import NodeJoinConfig, NodeJoinInjector, request_path
 from injectors.process import lost_marker
+from tests.fakes import FakeAgents
 
 SHAPE = RunShape(world_size=4, steps=20, nodes=2)
 
@@ -86,19 +87,6 @@ def test_a_join_that_cannot_happen_is_bad_input(tmp_path: Path, old: str, new: s
     assert e.value.path == path and expected in e.value.expected, (e.value.path, e.value.expected)
 
 
-class Agents:
-    """The launch's agents as the controller sees them (``harness.run.agents.AgentSet``'s surface)."""
-
-    def __init__(self, procs: list[Any]) -> None:
-        self.procs, self.started, self.exits = procs, [], []
-
-    def start(self, node: int, **why: Any) -> None:
-        self.started.append((node, why))
-
-    def journal_exit(self, node: int, **why: Any) -> None:
-        self.exits.append((node, why))
-
-
 class Held:
     """The hang watchdog as the controller sees it."""
 
@@ -123,7 +111,7 @@ def test_the_controller_refuses_a_node_that_was_not_lost_and_the_worker_says_why
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     journal, watchdog = JournalWriter(launcher_journal(tmp_path)), Held()
-    agents = Agents([subprocess.Popen([sys.executable, "-c", "pass"]), gone])
+    agents = FakeAgents([subprocess.Popen([sys.executable, "-c", "pass"]), gone])
     controller = JoinController(tmp_path, agents, journal, watchdog=watchdog)  # type: ignore[arg-type]
     controller.start()
     try:
@@ -147,7 +135,7 @@ def test_the_controller_brings_the_node_back_and_rank_0_holds_until_its_sigterm(
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     journal, watchdog = JournalWriter(launcher_journal(tmp_path)), Held()
-    agents = Agents([subprocess.Popen([sys.executable, "-c", "pass"]), gone])
+    agents = FakeAgents([subprocess.Popen([sys.executable, "-c", "pass"]), gone])
     controller = JoinController(tmp_path, agents, journal, watchdog=watchdog)  # type: ignore[arg-type]
     got: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda s, f: got.append(s))

@@ -20,6 +20,7 @@ from harness.run.preempt import PreemptController
 from injectors import FAULTS, RunShape
 from injectors.errors import FaultConfigError
 from injectors.preempt import PreemptConfig, PreemptRequest, ack_path, write_request
+from tests.fakes import FakeAgents
 
 SHAPE = RunShape(world_size=4, steps=20, nodes=2)
 
@@ -103,22 +104,6 @@ while True:
 """
 
 
-class Agents:
-    """The launch's agents as the controller sees them (``harness.run.agents.AgentSet``'s surface)."""
-
-    def __init__(self, procs: list[Any]) -> None:
-        self.procs, self.started, self.exits = procs, [], []
-
-    def start(self, node: int, **why: Any) -> None:
-        self.started.append((node, why))
-
-    def journal_exit(self, node: int, **why: Any) -> None:
-        self.exits.append(node)
-
-    def restart_all(self, skip: set[int] = set(), **why: Any) -> None:  # noqa: B006
-        self.started += [(n, why) for n in range(len(self.procs)) if n not in skip]
-
-
 def test_the_controller_signals_times_the_grace_kills_the_rest_and_brings_the_node_back(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()}
     agent = subprocess.Popen([sys.executable, "-c", AGENT], stdout=subprocess.PIPE, text=True, env=env)
@@ -129,7 +114,7 @@ def test_the_controller_signals_times_the_grace_kills_the_rest_and_brings_the_no
             (tmp_path / "journal" / f"rank-{rank}" / "events.jsonl").write_text(
                 json.dumps({"t": time.time(), "event": "start", "rank": rank, "pid": pid, "world_size": 2}, separators=(",", ":")) + "\n")
         journal = JournalWriter(launcher_journal(tmp_path))
-        agents = Agents([agent])  # one node: its preemption restarts the job
+        agents = FakeAgents([agent])  # one node: its preemption restarts the job
         controller = PreemptController(tmp_path, agents, journal, token="no-such-launch")
         controller.start()
         (tmp_path / "faults").mkdir()
