@@ -83,13 +83,13 @@ def _live_shared(state: TrainState, peers: set[int]) -> list[torch.Tensor]:
 
 def broadcast_shared(state: TrainState, group: Any, peers: set[int]) -> None:
     """After a restore: TP rank 0's values of the shared tensors into every rank of ``group`` (the stage's
-    TP ranks), one broadcast per dtype."""
+    TP ranks; a gloo group, :func:`baft.mesh.control.host_twin`), one broadcast per dtype, through host memory."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
     for t in _live_shared(state, peers):
         by_dtype[t.dtype].append(t)
     for dtype in sorted(by_dtype, key=str):
         tensors = by_dtype[dtype]
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors]).cpu()  # gloo's: host memory on every device
         dist.broadcast(flat, group=group, group_src=0)
         offset = 0
         with torch.no_grad():

@@ -51,8 +51,9 @@ class AdaptiveInterval:
     """When a strategy persists: every ``config.every`` steps, or, with ``config.mtbf_hours``, at an
     interval re-decided at each persist boundary from what the persists cost.
 
-    Deciding is collective (one all-reduce over ``group`` at a boundary): every rank must persist at
-    the same steps, and the boundaries are the same on all of them, so all take part."""
+    Deciding is collective (one all-reduce over ``group`` at a boundary, a gloo group or a function that
+    gives it): every rank must persist at the same steps, and the boundaries are the same on all of them,
+    so all take part."""
 
     def __init__(self, config: Any, group: Any = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config
@@ -108,7 +109,7 @@ class AdaptiveInterval:
         background = self.background()
         cost, iteration = all_max([
             (self._blocked + background - self._background_at) / self._persists if self._persists else -1.0,
-            self.iteration_seconds or -1.0], self.group)
+            self.iteration_seconds or -1.0], self.group() if callable(self.group) else self.group)
         if cost < 0 or iteration <= 0:  # no persist or no iteration measured yet (on some rank)
             return
         self._blocked, self._persists, self._background_at = 0.0, 0, background

@@ -32,6 +32,7 @@ from typing import Any
 from baft import events
 from baft.bubbles.idlegate import IdleGate
 from baft.mesh.collective import all_gather, all_gather_ints, all_min, rank_world
+from baft.mesh.control import host_twin, own_group
 from baft.persist import commits as persist
 from baft.persist import dcpformat, dcpwrite
 from baft.persist.background import OneInFlight
@@ -39,7 +40,7 @@ from baft.persist.writer import WriterProcess
 from baft.snapshot.slotfile import SLOTS, slot_of
 from baft.state.dtensor import local_view
 from baft.strategies.base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
-from baft.strategies.restore import checkpoint_group, place_map, restore_dcp
+from baft.strategies.restore import place_map, restore_dcp
 from baft.strategies.snapshotter import BubbleSnapshotter
 
 
@@ -60,8 +61,8 @@ class BaftStrategy(Strategy):
         self.group: Any = None
         """Checkpoint traffic of the persister thread (DCP's collectives, the commit)."""
         self.decisions: Any = None
-        """The training thread's agreement on which version to persist (a group of its own: the
-        persister thread may be inside a collective on :attr:`group` meanwhile)."""
+        """The training thread's agreement on which version to persist (:attr:`control`, not :attr:`group`:
+        the persister thread may be inside a collective on :attr:`group` meanwhile)."""
         self._writer = OneInFlight("baft-persist", self.config.persist_nice)
         self._persisted = -1
         self._committed = -1  # the newest version the persistent tier holds committed (the store's measure)
@@ -86,16 +87,19 @@ class BaftStrategy(Strategy):
         rank, _ = rank_world()
         t = self.topology
         world = self.places = self.gather_places()  # recorded with every version, in memory and persistent
+        # the snapshotter's collectives send host tensors (a slot's bytes): over gloo twins of the job's groups
+        replica_group = host_twin(t.replica_group, self.control)
+        tp_group = host_twin(t.tp_group, self.control) if t.tp_size > 1 else None
         self.snap = BubbleSnapshotter(self.state, self.config, self.shm_dir, rank=rank, replica=t.replica,
-                                      replicas=t.replicas, replica_group=t.replica_group, world=world,
-                                      tp=(t.tp_rank, t.tp_group) if t.tp_size > 1 else None)
+                                      replicas=t.replicas, replica_group=replica_group, world=world,
+                                      tp=(t.tp_rank, tp_group) if t.tp_size > 1 else None, control=self.control)
         # what the node's store compares its replicas' age with: the newest *committed* persistent version, so
         # the persistent tier's age includes its writes' lag, as a replica's includes its travel
         self.snap.persistent = lambda: (self.interval.every, self._committed)
         self.snap.attach(stage)
         self.snap.profiler.listeners.append(self.gate.listener)
-        self.group = checkpoint_group()
-        self.decisions = checkpoint_group()
+        self.group = own_group()
+        self.decisions = self.control
         self.interval.group = self.decisions
         self.interval.background = self._background_cpu
 
@@ -111,7 +115,7 @@ class BaftStrategy(Strategy):
     def restore(self) -> int | None:
         # A shared-memory or peer version older than the newest persistent checkpoint is stale
         # (replication can lag persistence): then the persistent tier is the fresher copy.
-        floor = all_min(persistent_floor(self.root))
+        floor = all_min(persistent_floor(self.root), self.control)
         self._committed = floor
         version = self._snap().restore(floor=floor)
         if version is None:

@@ -20,6 +20,7 @@ from baft import events
 from baft.config import CheckpointConfig
 from baft.errors import CheckpointCorrupt
 from baft.mesh.collective import all_gather, all_min, rank_world
+from baft.mesh.control import own_group
 from baft.mesh.topology import Topology, of, shard_key, stage_key
 from baft.persist.interval import AdaptiveInterval
 from baft.persist.storage import at
@@ -83,6 +84,17 @@ class Strategy:
         sets ``interval.background`` to what its background work's CPU time is."""
         self._flushed: int | None = None
         """The step the last :meth:`flush` wrote."""
+        self._control: Any = None
+        self.interval.group = lambda: self.control
+
+    @property
+    def control(self) -> Any:
+        """baft's own gloo group over all ranks (:mod:`baft.mesh.control`), made on first use (at attach, or
+        at the first agreement: every rank reaches both in the same order): every agreement between the
+        ranks goes over it, never over the job's groups, which may take device tensors only (NCCL)."""
+        if self._control is None:
+            self._control = own_group()
+        return self._control
 
     @property
     def root(self) -> Path | str:
@@ -116,7 +128,7 @@ class Strategy:
         """Every rank's :attr:`place` and replica index (collective: every rank calls it, at attach): what a
         restore in a world of another size reads, recorded with each version, to find the old ranks of its
         stage in any rank order. None when a rank has no place."""
-        places = all_gather([self.place, self.topology.replica])
+        places = all_gather([self.place, self.topology.replica], self.control)
         return None if any(p is None for p, _ in places) else [(p, r) for p, r in places]
 
     def restore(self) -> int | None:
@@ -170,21 +182,23 @@ def restore_agreed(
     candidates: list[int],
     verify: Callable[[int], bool],
     load: Callable[[int], None],
+    group: Any = None,
 ) -> int | None:
     """Restore the newest step in ``candidates`` (newest first) that every rank can verify.
 
     Each rank proposes its newest verified step; all take the minimum; if some
     rank cannot verify that one, all retry below it. One damaged copy makes the
     whole job fall back together instead of mixing versions. Collective: every
-    rank calls it, and the loop runs the same number of times on each.
+    rank calls it, and the loop runs the same number of times on each. ``group``: over which the ranks agree
+    (a strategy's :attr:`Strategy.control`).
     """
-    upper = max(all_gather(candidates[0] if candidates else -1))
+    upper = max(all_gather(candidates[0] if candidates else -1, group))
     while upper >= 0:
         mine = next((s for s in candidates if s <= upper and verify(s)), -1)
-        agreed = all_min(mine)
+        agreed = all_min(mine, group)
         if agreed == -1:
             return None
-        if all_min(int(verify(agreed))) == 1:
+        if all_min(int(verify(agreed)), group) == 1:
             load(agreed)
             return agreed
         upper = agreed - 1

@@ -17,12 +17,13 @@ import torch.distributed.checkpoint as dcp
 
 from baft import events
 from baft.mesh.collective import rank_world
+from baft.mesh.control import own_group
 from baft.persist import commits as persist
 from baft.persist import dcpformat
 from baft.state.dtensor import local_view
 from baft.strategies.base import WRITE_ERRORS, Strategy, persist_failed
-from baft.strategies.restore import checkpoint_group, place_map, restore_dcp
 from baft.strategies.restore import meta_rank as meta_rank  # its path before baft.strategies.restore
+from baft.strategies.restore import place_map, restore_dcp
 
 COMMIT_TIMEOUT = 300.0
 """Seconds a rank other than 0 waits, when it must, for rank 0 to commit a save."""
@@ -43,7 +44,7 @@ class AsyncDCPStrategy(Strategy):
     def attached(self, stage: Any) -> None:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-        self.group = checkpoint_group()
+        self.group = own_group()
         self.places = self.gather_places()
         process = self.config.async_dcp.mode == "process"
         self._mode = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD

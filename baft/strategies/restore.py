@@ -10,20 +10,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch.distributed as dist
-
 from baft import events
 from baft.errors import CheckpointCorrupt
-from baft.mesh.collective import initialized, rank_world
+from baft.mesh.collective import rank_world
 from baft.mesh.topology import holders, restage_source, restaged, stages_of
 from baft.persist import commits as persist
 from baft.persist import dcpformat
 from baft.strategies.base import Strategy, restore_agreed
-
-
-def checkpoint_group() -> Any:
-    """A gloo group over all ranks, only for checkpoint traffic (collective: every rank calls it)."""
-    return dist.new_group(backend="gloo") if initialized() else None
 
 
 def place_map(places: list[tuple[str, int]] | None) -> dict[str, Any]:
@@ -91,7 +84,7 @@ def restore_dcp(strategy: Strategy, group: Any) -> int | None:
         events.emit("checkpoint_restored", step=step, tier="persistent",
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))
 
-    return restore_agreed(persist.committed_steps(root), verify, load)
+    return restore_agreed(persist.committed_steps(root), verify, load, strategy.control)
 
 
 def restore_shards(strategy: Strategy) -> int | None:
@@ -117,4 +110,4 @@ def restore_shards(strategy: Strategy) -> int | None:
         events.emit("checkpoint_restored", step=step, tier="persistent",
                     seconds=time.perf_counter() - t0, path=str(persist.step_dir(root, step)))
 
-    return restore_agreed(persist.committed_steps(root), verify, load)
+    return restore_agreed(persist.committed_steps(root), verify, load, strategy.control)

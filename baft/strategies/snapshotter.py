@@ -124,19 +124,22 @@ class BubbleSnapshotter:
 
     def __init__(self, state: TrainState, config: CheckpointConfig, shm_dir: Path, *, rank: int, replica: int = 0,
                  replicas: int = 1, replica_group: Any = None, world: list[tuple[str, int]] | None = None,
-                 tp: tuple[int, Any] | None = None) -> None:
+                 tp: tuple[int, Any] | None = None, control: Any = None) -> None:
         """``config``: the checkpoint policy (its profiler, planner, node store and
         replication stride); ``shm_dir``: where the slots live; ``rank`` and its place among the
         stage's data-parallel ``replicas`` (which chunks it copies; ``replica_group`` reduces them);
         ``world``: every rank's (the pieces it holds, its replica index), recorded with each version
         so a restore in a resized world finds the old ranks of its stage (None: rank-major order);
         ``tp``: this rank's place along tensor parallelism and the group of its TP peers (the state they
-        hold alike is copied by TP rank 0 only, :mod:`baft.mesh.tpshared`)."""
+        hold alike is copied by TP rank 0 only, :mod:`baft.mesh.tpshared`); ``control``: the gloo group over
+        all ranks the restore agrees over. The groups given must take host tensors (gloo: a slot's bytes are
+        host memory; :mod:`baft.mesh.control`)."""
         self.state = state
         self.config = config
         self.rank, self.replica, self.replicas, self.replica_group = rank, replica, replicas, replica_group
         self.world = world
         self.tp = tp
+        self.control = control
         self.profiler = BubbleProfiler(config.baft.profiler)
         # Process-wide: the copier thread must hand the GIL back within half a millisecond when the
         # training thread wants it. Said in the log, and put back by close().
@@ -451,7 +454,7 @@ class BubbleSnapshotter:
             events.emit("checkpoint_rejected", step=i, tier="shm", reason="torn: the writer stopped mid-copy")
         old_world = (_static_meta(self.buffer.slots[complete[max(complete)]]) or {}).get("world") if complete else None
         saved, moved = (max(x) for x in zip(*all_gather([_saved_replicas(self.buffer, complete),
-                                                         int(restaged(old_world, self.world))])))
+                                                         int(restaged(old_world, self.world))], self.control)))
         if moved:  # another stage count: no rank's memory holds a stage of this world; the persistent tier does
             events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=[],
                         restaged_from=len(stages_of(old_world)) if old_world else None)
@@ -462,7 +465,7 @@ class BubbleSnapshotter:
         complete = {v: k for v, k in complete.items() if self._written_as_mine(self.buffer.slots[k])}
         remote = self.store.locate(self.rank) if self.store is not None else []
         events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=sorted(remote))
-        everyone = all_gather(sorted(set(complete) | {v for v, _ in remote}))
+        everyone = all_gather(sorted(set(complete) | {v for v, _ in remote}), self.control)
         common = set(everyone[0]).intersection(*map(set, everyone[1:])) if everyone else set()
         common = {v for v in common if v >= floor}
         if not common:
@@ -476,7 +479,7 @@ class BubbleSnapshotter:
             source = self.store.pull(self.rank, version, self.buffer.path(slot_of(version)))
             complete = {v: k for v, k in self._open_slots().items() if self._written_as_mine(self.buffer.slots[k])}
             tier = "peer" if source is not None and source != self.config.baft.node else "shm"
-        if all_min(int(version in complete)) == 0:  # some rank could not get it: all fall back together
+        if all_min(int(version in complete), self.control) == 0:  # some rank could not get it: all fall back together
             self.buffer.close()
             return None
         events.emit("phase", phase="restore", step=version, tier=tier)
@@ -511,7 +514,7 @@ class BubbleSnapshotter:
         mine = set.intersection(*(local[o] | remote[o] for o in olds)) if olds else set()
         events.emit("restore_candidates", tier="shm", local=sorted(set.intersection(*local.values())) if olds else [],
                     remote=sorted(mine), resized_from=saved)
-        everyone = all_gather(sorted(mine))
+        everyone = all_gather(sorted(mine), self.control)
         common = {v for v in set(everyone[0]).intersection(*map(set, everyone[1:])) if v >= floor}
         data: torch.Tensor | None = None
         meta, tier, ok = b"", "shm", bool(common)
@@ -547,7 +550,7 @@ class BubbleSnapshotter:
                 buf.close()
             self.buffer.close()
             shutil.rmtree(pulled, ignore_errors=True)
-        if all_min(int(ok)) == 0:
+        if all_min(int(ok), self.control) == 0:
             return None
         events.emit("phase", phase="restore", step=version, tier=tier)
         assert data is not None  # every rank holds a version of every old rank: the loop ran

@@ -34,7 +34,7 @@ class SyncStrategy(Strategy):
             record: persist.ShardRecord | str = persist.write_shard(self.root, step, rank, data)
         except OSError as e:  # e.g. ENOSPC: this checkpoint is lost, the last good one stays
             record = f"rank {rank}: {e}"
-        records = all_gather(record)
+        records = all_gather(record, self.control)
         failed = [r for r in records if isinstance(r, str)]
         if not failed:  # the same on every rank: all saw the same records
 
@@ -42,7 +42,7 @@ class SyncStrategy(Strategy):
                 persist.commit(self.root, step, sorted(records, key=lambda r: r.rank))
                 persist.prune(self.root, self.config.keep)
 
-            if (reason := commit_agreed(commit)) is not None:
+            if (reason := commit_agreed(commit, self.control)) is not None:
                 failed = [reason]
         if failed:
             events.emit("checkpoint_failed", step=step, tier="persistent", reason="; ".join(failed))

@@ -2,7 +2,7 @@
 
 A SIGTERM arrives at each rank at a slightly different moment, so no rank may act on it alone: the
 handler only notes it, and at every step boundary the ranks ask each other whether any of them got one
-(one small collective). Once they agree, every rank flushes its checkpointer — the strategy persists the
+(one small collective, over a gloo group of its own). Once they agree, every rank flushes its checkpointer — the strategy persists the
 state after the last completed step, synchronously (``Checkpointer.flush``) — journals ``preempt_flush``
 and exits with 143 (128 + SIGTERM), as a process ended by the signal does: torchrun then restarts the
 workers of the nodes that stay, and the harness kills whatever is still alive when the grace ends.
@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Any
 
-from baft.mesh.collective import all_gather
+from baft.mesh.collective import all_gather, initialized
+from baft.mesh.control import own_group
 
 #: The exit status of a worker that left because of a preemption (128 + SIGTERM).
 PREEMPTED_EXIT = 128 + signal.SIGTERM
@@ -26,6 +27,7 @@ class TermSignal:
     def __init__(self) -> None:
         self.at: float | None = None
         """``time.time()`` of the first SIGTERM (None: none yet)."""
+        self._group: Any = None  # a gloo group of its own, made at the first agreement (the job's may be NCCL's)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._note)
 
@@ -34,8 +36,11 @@ class TermSignal:
             self.at = time.time()
 
     def agreed(self) -> bool:
-        """Whether any rank has received SIGTERM (collective: every rank calls it at the same boundary)."""
-        return any(all_gather(self.at is not None))
+        """Whether any rank has received SIGTERM (collective: every rank calls it at the same boundary), agreed
+        over a gloo group of its own: the job's groups may take device tensors only."""
+        if self._group is None and initialized():
+            self._group = own_group()
+        return any(all_gather(self.at is not None, self._group))
 
 
 def flush_and_leave(ckpt: Any, session: Any, term: TermSignal, step: int) -> int:
