@@ -104,6 +104,14 @@ def _measuring_flags(sub: Any, command: str | None) -> None:
         add_config_arguments(bench, BenchConfig)
     bench.add_argument("--digest", type=float, metavar="GB",
                        help="instead: time the state fingerprint (xxh3-128 + norms vs blake2b) over GB of float32 tensors")
+    bench.add_argument("--digest-device", dest="digest_device", metavar="DEVICE",
+                       help="with --digest: also time the device digest (baft.state.devicedigest) on DEVICE "
+                            "(cuda, cpu), beside the host pass")
+    bench.add_argument("--device-check", dest="device_check", type=float, metavar="GB", nargs="?", const=2.0,
+                       help="instead: baft on one GPU (the CPU without one) with GB of parameters and Adam state "
+                            "(default 2): cost against none with pipeline-like waits, the copies' share inside the "
+                            "waits and rate against a plain device-to-host copy, a snapshot and a SIGKILLed "
+                            "process's restore bit for bit, device fingerprints; writes device-check.json")
     bench.add_argument("--probe", action="store_true",
                        help="instead: the probe's cost per step on the shipped unmodified-script examples, and its "
                             "fingerprint rate on a 1 GB state")
@@ -172,14 +180,14 @@ def _project(args: argparse.Namespace) -> int:
     return 0
 
 
-def _digest_bench(gigabytes: float, out: Path) -> int:
+def _digest_bench(gigabytes: float, out: Path, device: str | None = None) -> int:
     import json
 
     from harness.bench.digest import digest_benchmark, digest_table
     from harness.errors import ConfigValueError
 
     try:
-        result = digest_benchmark(gigabytes)
+        result = digest_benchmark(gigabytes, device=device)
     except ConfigValueError as e:
         raise UsageError(f"--digest: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
@@ -187,6 +195,19 @@ def _digest_bench(gigabytes: float, out: Path) -> int:
     print(digest_table(result))
     print(f"digest.json: {out / 'digest.json'}")
     return 0
+
+
+def _device_check(gigabytes: float, out: Path) -> int:
+    from harness.bench.devicecheck import check_table, device_check
+
+    try:
+        result = device_check(gigabytes, out)
+    except ValueError as e:
+        raise UsageError(f"--device-check: {e}") from None
+    print(check_table(result))
+    print(f"device-check.json: {out / 'device-check.json'}")
+    exact = result["snapshot_exact"] and result["kill_and_restore"]["bit_for_bit"] and result["fingerprints"]["digests_equal"]
+    return 0 if exact else 1
 
 
 def _probe_bench(out: Path) -> int:
@@ -206,9 +227,11 @@ def _bench(args: argparse.Namespace) -> int:
     from harness.bench.bench import BenchConfig, run_bench, table
 
     if args.digest is not None:
-        return _digest_bench(args.digest, args.out)
+        return _digest_bench(args.digest, args.out, args.digest_device)
     if args.probe:
         return _probe_bench(args.out)
+    if args.device_check is not None:
+        return _device_check(args.device_check, args.out)
     cfg = config_from_args(BenchConfig, args)
     w = cfg.workload
     inside = "".join(f" x {label}{n}" for label, n in (("DP", w.data_parallel), ("FSDP", w.dp_shard), ("TP", w.tp)) if n > 1)

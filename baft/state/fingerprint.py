@@ -1,11 +1,20 @@
 """Fingerprints of a training state: a digest and an L2 norm of every leaf, in one pass.
 
-Fingerprints (:func:`fingerprint_components`) hash every leaf (xxh3-128, read
-in place, GPU tensors staged through host memory in bounded pieces) so a
-journal can record the state at each step boundary and an analysis can name the
-first component and key where two runs differ; in the same pass they measure
-each floating tensor's L2 norm, so the analysis can also say how large that
-first divergence is.
+Fingerprints (:func:`fingerprint_components`) hash every leaf so a journal can
+record the state at each step boundary and an analysis can name the first
+component and key where two runs differ; in the same pass they measure each
+floating tensor's L2 norm, so the analysis can also say how large that first
+divergence is.
+
+Where a tensor lives decides how it is read. A CPU tensor is hashed with
+xxh3-128, in place (a non-contiguous one through a host buffer in bounded
+pieces). A tensor on any other device (CUDA, an accelerator) is fingerprinted on
+that device by :func:`baft.state.devicedigest.device_fingerprint`: integer torch
+ops there, a few bytes back per tensor, never a copy of the state through host
+memory. The two digests are different functions: a CUDA tensor's digest equals
+the device digest of its CPU copy, not that copy's xxh3 digest, so digests are
+compared between runs whose tensors live on the same kind of device (a reference
+and a faulted run of the same job).
 """
 from __future__ import annotations
 
@@ -17,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 import xxhash
+
+from baft.state.devicedigest import device_fingerprint
 
 
 def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -36,8 +47,9 @@ def _is_plain_sequence(seq: list[Any] | tuple[Any, ...]) -> bool:
     return all(isinstance(v, (int, float, bool, str, type(None))) for v in seq)
 
 
-#: Bytes a non-CPU (or non-contiguous) tensor is staged through host memory in: a
-#: multi-GB GPU state is read piece by piece, never copied whole.
+#: Bytes a non-contiguous CPU tensor is staged through a host buffer in: a large
+#: strided tensor is read piece by piece, never copied whole. (Tensors on other
+#: devices are not staged: :func:`device_fingerprint` reads them where they are.)
 STAGE_BYTES = 64 << 20
 
 #: Bytes hashed and squared together while they sit in the L2 cache (1 MiB per core
@@ -169,6 +181,8 @@ def _pieces(t: torch.Tensor, limit: int) -> Iterator[torch.Tensor]:
 
 
 def _tensor_fingerprint(value: torch.Tensor, scratch: _Scratch, with_norm: bool) -> tuple[str, float | None]:
+    if value.device.type != "cpu":  # digest and norm on the tensor's own device, no host copy
+        return device_fingerprint(value, with_norm)
     with np.errstate(all="ignore"):  # overflowing squares are expected: _square redoes them in float64
         return _fingerprint_tensor(value.detach().resolve_conj().resolve_neg(), scratch, with_norm)
 
@@ -184,19 +198,20 @@ def _fingerprint_tensor(t: torch.Tensor, scratch: _Scratch, with_norm: bool) -> 
         stream.feed(flat.view(torch.uint8).numpy())  # in place: no copy at all
         return stream.finish()
     src = t.reshape(-1) if t.is_contiguous() else t
-    pin = t.is_cuda and torch.cuda.is_available()
     for piece in _pieces(src, STAGE_BYTES):
         nbytes = piece.numel() * piece.element_size()
-        staged = scratch.stage(nbytes, pin)
+        staged = scratch.stage(nbytes, pin=False)
         staged.view(piece.dtype).view(piece.shape).copy_(piece)
         stream.feed(staged.numpy())
     return stream.finish()
 
 
 def fingerprint_leaf(value: Any, with_norm: bool = True, scratch: _Scratch | None = None) -> tuple[str, float | None]:
-    """A 32-hex-digit xxh3-128 fingerprint of a leaf, and its L2 norm if a floating tensor.
+    """A 32-hex-digit fingerprint of a leaf, and its L2 norm if a floating tensor.
 
-    A tensor's or numpy array's fingerprint covers its dtype, shape and bytes; a plain
+    A tensor's or numpy array's fingerprint covers its dtype, shape and bytes: xxh3-128
+    on the host for a CPU tensor or an array, :func:`device_fingerprint` on its device
+    for a tensor elsewhere (see the module's docstring); a plain
     value's its ``repr`` (a float its exact bits). The norm (None for anything but a floating
     tensor, or when ``with_norm`` is false) says how large a state is, so a
     divergence can tell a flipped bit in a big tensor from a tensor that drifted

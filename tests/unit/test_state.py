@@ -258,9 +258,17 @@ def test_components_carry_norms_for_float_tensors_only() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_tensor_fingerprints_like_its_cpu_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_mod, "STAGE_BYTES", 1 << 20)  # several staged pieces per tensor
+def test_cuda_tensor_fingerprints_like_the_device_digest_of_its_cpu_copy() -> None:
+    """A CUDA tensor is fingerprinted where it lives (:mod:`baft.state.devicedigest`): its digest is the device
+    digest's of its CPU copy, bit for bit, and its norm that of the host pass within rounding."""
+    from baft.state.devicedigest import device_fingerprint
+
     gen = torch.Generator().manual_seed(0)
     for t in [torch.randn(3_000_000, generator=gen), torch.randn(700, 900, generator=gen).to(torch.bfloat16),
               torch.randn(1000, 800, generator=gen, dtype=torch.float64).t(), torch.arange(10**6)]:
-        assert fingerprint_leaf(t.cuda()) == fingerprint_leaf(t)
+        digest, norm = fingerprint_leaf(t.cuda())
+        assert digest == device_fingerprint(t)[0]
+        host_norm = fingerprint_leaf(t)[1]
+        assert (norm is None) == (host_norm is None)
+        if norm is not None:
+            assert norm == pytest.approx(host_norm, rel=2e-7)
