@@ -10,6 +10,11 @@ release the GIL; Python work holds it, so ``BubbleSnapshotter`` lowers the
 interpreter's switch interval to hand it back quickly when a wait ends.
 
 Measured here: a copier at SCHED_IDLE priority was starved; normal priority works.
+
+On CUDA the copy jobs go to a :class:`Sink` instead (:class:`baft.bubbles.devicecopy.VersionCopy`): it
+issues each chunk on a copy stream and returns at once, ends each window's batch with an event
+(:meth:`Sink.flush`), and the window's budget is spent by the chunks' estimated copy time, not by the
+host's time issuing them.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Protocol, Union
 
 import torch
 
@@ -60,6 +65,16 @@ class CopyStats:
         return (self.window_bytes + self.stall_bytes) / secs if secs > 0 else 0.0
 
 
+class Sink(Protocol):
+    """Where the copy jobs go instead of a copy on the calling thread (the device path)."""
+
+    def copy(self, job: CopyJob) -> None:
+        """Issue ``job`` (returns before the bytes moved)."""
+
+    def flush(self) -> None:
+        """End a batch of issued jobs (the end of a window's work, or of the stall's)."""
+
+
 Budget = Callable[[int], float]
 """``budget(window)``: seconds of work the plan allows in the window at that position."""
 
@@ -91,6 +106,8 @@ class CopyEngine:
         self.stats = CopyStats()
         self._cost: dict[str, float] = {}
         self.bandwidth = 5e9
+        self.sink: Sink | None = None
+        """Set by :meth:`start` for one snapshot's work: the device path (None: copies on the host)."""
         self._thread: threading.Thread | None = None
         if mode == "thread":
             self._thread = threading.Thread(target=self._run, name="baft-copier", daemon=True)
@@ -109,8 +126,9 @@ class CopyEngine:
             if entering and self._queue:
                 self._cond.notify()
 
-    def start(self, items: list[Item]) -> None:
+    def start(self, items: list[Item], sink: Sink | None = None) -> None:
         with self._cond:
+            self.sink = sink
             self._queue = deque(items)
             self.stats = CopyStats()
             self._error = None
@@ -137,17 +155,24 @@ class CopyEngine:
         t = time.perf_counter()
         pending = deque(items)
         n = 0
+        sink = self.sink
         while pending:
             item = pending.popleft()
             if isinstance(item, CopyJob):
-                item.dst.copy_(item.src)
+                if sink is None:
+                    item.dst.copy_(item.src)
+                else:
+                    sink.copy(item)
                 n += item.src.numel()
             else:
                 more = item.fn()
                 if more:
                     pending.extendleft(reversed(more))
         self.stats.stall_bytes += n
-        self.stats.stall_seconds += time.perf_counter() - t
+        if sink is None:
+            self.stats.stall_seconds += time.perf_counter() - t
+        else:  # issued, not copied: the host's time says nothing of the copy's
+            sink.flush()
 
     def _estimate(self, item: Item) -> float:
         if isinstance(item, CopyJob):
@@ -156,6 +181,9 @@ class CopyEngine:
 
     def _run_inline(self, window: int, budget: float) -> None:
         """Work through the queue while the next item still fits in ``budget`` seconds."""
+        if self.sink is not None:
+            self._issue_inline(self.sink, window, budget)
+            return
         start = time.perf_counter()
         stats = self.stats
         while self._queue:
@@ -181,6 +209,35 @@ class CopyEngine:
                 if more:
                     self._queue.extendleft(reversed(more))
 
+    def _issue_inline(self, sink: Sink, window: int, budget: float) -> None:
+        """:meth:`_run_inline` on the device path: copies are issued, and count by their estimated
+        device time (the bandwidth is not learnt from the host's time); Python work by the host's."""
+        spent = 0.0
+        stats = self.stats
+        try:
+            while self._queue:
+                item = self._queue[0]
+                cost = self._estimate(item)
+                if spent + cost > budget:
+                    return
+                self._queue.popleft()
+                if isinstance(item, CopyJob):
+                    sink.copy(item)
+                    spent += cost
+                    stats.window_bytes += item.src.numel()
+                    stats.chunks_by_window[window] = stats.chunks_by_window.get(window, 0) + 1
+                else:
+                    t = time.perf_counter()
+                    more = item.fn()
+                    dt = time.perf_counter() - t
+                    spent += dt
+                    stats.task_seconds += dt
+                    self._cost[item.name] = 0.5 * self._cost.get(item.name, dt) + 0.5 * dt
+                    if more:
+                        self._queue.extendleft(reversed(more))
+        finally:
+            sink.flush()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -194,6 +251,8 @@ class CopyEngine:
         while True:
             with self._cond:
                 while not self._closed and not (self._idle and self._queue):
+                    if self.sink is not None:  # the window closed or the queue ran dry: end the batch
+                        self.sink.flush()
                     self._cond.wait()
                 if self._closed:
                     return
@@ -202,9 +261,13 @@ class CopyEngine:
                 self._busy = True
             t = time.perf_counter()
             more: list[Item] | None = None
+            sink = self.sink
             try:
                 if isinstance(item, CopyJob):
-                    item.dst.copy_(item.src)
+                    if sink is None:
+                        item.dst.copy_(item.src)
+                    else:
+                        sink.copy(item)
                 else:
                     more = item.fn()
             except BaseException as e:  # surfaced by finish() on the training thread
@@ -217,7 +280,8 @@ class CopyEngine:
                     self._busy = False
                     if isinstance(item, CopyJob):
                         self.stats.window_bytes += item.src.numel()
-                        self.stats.window_seconds += dt
+                        if sink is None:
+                            self.stats.window_seconds += dt
                         self.stats.chunks_by_window[window] = self.stats.chunks_by_window.get(window, 0) + 1
                     else:
                         self.stats.task_seconds += dt

@@ -21,6 +21,11 @@ only at the start; timings drift (data-loader jitter, a slowed rank, a new
 batch size), so this never stops.
 
 Other code (the copy engine) can listen to wait enter/exit to use the windows.
+
+On CUDA the host's clock around a launch measures the launch: :meth:`BubbleProfiler.use_device` hands
+the timing to a device timer (:class:`baft.bubbles.devicetimer.DeviceTimer`, events on the stage's
+stream) from the next iteration on; its profiles arrive one iteration late. CPU tensors keep the host
+clock.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from baft.errors import BaftConfigError
 
@@ -91,6 +96,18 @@ class IterationProfile:
     @property
     def compute(self) -> float:
         return sum(s.duration for s in self.spans if s.kind not in ("wait", "snapshot"))
+
+
+class SpanTimer(Protocol):
+    """Times spans on the device (:class:`baft.bubbles.devicetimer.DeviceTimer`)."""
+
+    def begin_iteration(self, step: int) -> None: ...
+
+    def start(self) -> Any: ...
+
+    def stop(self, kind: str, index: int, start: Any) -> None: ...
+
+    def end_iteration(self) -> list[IterationProfile]: ...
 
 
 #: A wait shorter than this after inline work means it did not block: the work overran.
@@ -179,6 +196,15 @@ class BubbleProfiler:
         self._originals: list[tuple[Any, str, Callable[..., Any]]] = []
         self._hooks: list[Any] = []
         self._opt_start = 0.0
+        self._opt_mark: Any = None
+        self.device: SpanTimer | None = None
+        """Times the spans on the device instead of the host's clock (see :meth:`use_device`)."""
+        self._next_device: SpanTimer | None = None
+        self._fresh = True  # the last end_iteration brought a profile (the device's come one iteration late)
+
+    def use_device(self, timer: SpanTimer) -> None:
+        """Time the spans with ``timer`` from the next :meth:`begin_iteration` on."""
+        self._next_device = timer
 
     # -- attaching -------------------------------------------------------------------------
     def attach(self, stage: Any) -> None:
@@ -198,9 +224,15 @@ class BubbleProfiler:
         """Time each optimizer step as an ``optimizer`` span (torch's step pre/post hooks)."""
 
         def pre(*_: Any) -> None:
+            if self.device is not None:
+                self._opt_mark = self.device.start()
+                return
             self._opt_start = self.clock()
 
         def post(*_: Any) -> None:
+            if self.device is not None:
+                self.device.stop("optimizer", 0, self._opt_mark)
+                return
             self._span("optimizer", 0, self._opt_start, self.clock())
 
         self._hooks += [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
@@ -216,6 +248,13 @@ class BubbleProfiler:
 
     def _timed(self, fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
         def wrapper(mb_index: int, *args: Any, **kwargs: Any) -> Any:
+            device = self.device
+            if device is not None:
+                mark = device.start()
+                try:
+                    return fn(mb_index, *args, **kwargs)
+                finally:
+                    device.stop(kind, mb_index, mark)
             t = self.clock()
             try:
                 return fn(mb_index, *args, **kwargs)
@@ -242,6 +281,10 @@ class BubbleProfiler:
         """
         index = self._wait_index
         self._wait_index += 1
+        if self.device is not None:
+            with self._device_wait(self.device, index):
+                yield
+            return
         t0 = self.clock()
         for fn in self.listeners:
             fn(True, index)
@@ -260,13 +303,35 @@ class BubbleProfiler:
             else:
                 self._span("wait", index, t0, t2)
 
+    @contextmanager
+    def _device_wait(self, device: SpanTimer, index: int) -> Iterator[None]:
+        """:meth:`waiting` on the device: the wait's span is the stream's (the host's inline work is
+        launches only, so no snapshot span and no overrun)."""
+        for fn in self.listeners:
+            fn(True, index)
+        mark = device.start()
+        try:
+            yield
+        finally:
+            device.stop("wait", index, mark)
+            for fn in self.listeners:
+                fn(False, index)
+
     def begin_iteration(self, step: int) -> None:
+        if self._next_device is not None:
+            self.device, self._next_device = self._next_device, None
+        if self.device is not None:
+            self.device.begin_iteration(step)
         _WaitHook.activate(self)
         self._t0 = self.clock()
         self._wait_index = 0
         self._current = IterationProfile(step=step)
 
     def end_iteration(self) -> IterationProfile:
+        """The iteration's profile; on the device, the newest one read back (an earlier iteration's;
+        ``step`` -1 while none is)."""
+        if self.device is not None:
+            return self._end_device(self.device)
         prof = self._current or IterationProfile(step=-1)
         prof.seconds = self.clock() - self._t0
         self._current = None
@@ -275,6 +340,17 @@ class BubbleProfiler:
             del self.history[:-64]
         self._update(prof.windows)
         return prof
+
+    def _end_device(self, device: SpanTimer) -> IterationProfile:
+        self._current = None
+        ready = device.end_iteration()
+        for prof in ready:
+            self.history.append(prof)
+            self._update(prof.windows)
+        if len(self.history) > 64:
+            del self.history[:-64]
+        self._fresh = bool(ready)
+        return ready[-1] if ready else IterationProfile(step=-1)
 
     def _update(self, windows: list[float]) -> None:
         a = self.config.smoothing
@@ -290,7 +366,7 @@ class BubbleProfiler:
 
     def drift(self) -> str | None:
         """A reason to re-plan, or None. Call once per iteration, after :meth:`end_iteration`."""
-        if not self.warm or self.expected is None:
+        if not self.warm or self.expected is None or not self._fresh:
             return None
         if self.baseline is None:
             return "initial profile"

@@ -6,8 +6,10 @@ readers discard. Pages are touched once at creation: first touch runs at ~1 GB/s
 """
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,14 @@ from baft.snapshot.slotfile import (
     own_slot,
     slot_of,
 )
+from baft.state.layout import TensorSpec
+
+
+def owner_tag(replica: int, replicas: int, tensors: list[int], specs: list[TensorSpec]) -> str:
+    """Which bytes of a slot a writer fills: its place among the replicas, the tensors it owns and the
+    layout. Two writers with the same tag leave the same bytes zero."""
+    key = repr((replica, replicas, sorted(tensors), [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in specs]))
+    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
 
 def _reusable(fd: int, data_len: int, meta_capacity: int) -> bool:
@@ -40,8 +50,12 @@ def _reusable(fd: int, data_len: int, meta_capacity: int) -> bool:
 class Slot:
     """One mapped slot file."""
 
-    def __init__(self, path: Path, data_len: int, meta_capacity: int, create: bool) -> None:
+    def __init__(self, path: Path, data_len: int, meta_capacity: int, create: bool,
+                 on_unmap: Callable[[Slot], None] | None = None) -> None:
         self.path = path
+        self.on_unmap = on_unmap
+        """Told before the mapping goes (remapped or closed), while it is still mapped (the CUDA path
+        unlocks the pages it locked there)."""
         self.views: dict[Any, Any] = {}
         """A reader's cache of views of this mapping (:data:`baft.snapshot.slotmeta.Views`), dropped before it is unmapped."""
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
@@ -95,9 +109,7 @@ class Slot:
         fd = os.open(self.path, os.O_RDWR)
         try:
             os.ftruncate(fd, HEADER + self.data_len + capacity)
-            self.views.clear()
-            del self.header, self.bytes
-            self._mm.close()
+            self._unmap()
             self._map(fd)
         finally:
             os.close(fd)
@@ -121,10 +133,15 @@ class Slot:
         start = HEADER + self.data_len
         return self.bytes[start : start + int(self.header[4])].numpy().tobytes()
 
-    def close(self) -> None:
+    def _unmap(self) -> None:
+        if self.on_unmap is not None:
+            self.on_unmap(self)
         self.views.clear()
         del self.header, self.bytes
         self._mm.close()
+
+    def close(self) -> None:
+        self._unmap()
 
 
 class SnapshotBuffer:
@@ -134,6 +151,8 @@ class SnapshotBuffer:
         self.root = Path(root)
         self.rank = rank
         self.slots: dict[int, Slot] = {}
+        self.on_unmap: Callable[[Slot], None] | None = None
+        """Given to every slot it maps (:attr:`Slot.on_unmap`)."""
 
     def path(self, k: int) -> Path:
         return own_slot(self.root, self.rank, k)
@@ -146,7 +165,7 @@ class SnapshotBuffer:
         """
         self.close()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.slots = {k: Slot(self.path(k), data_len, meta_capacity, create=True) for k in range(SLOTS)}
+        self.slots = {k: Slot(self.path(k), data_len, meta_capacity, create=True, on_unmap=self.on_unmap) for k in range(SLOTS)}
 
     def fits(self, data_len: int, meta_len: int) -> bool:
         return 0 in self.slots and self.slots[0].data_len == data_len and self.slots[0].meta_capacity >= meta_len
@@ -159,7 +178,7 @@ class SnapshotBuffer:
             p = self.path(k)
             if not p.is_file() or p.stat().st_size < HEADER:
                 continue
-            slot = Slot(p, 0, 0, create=False)
+            slot = Slot(p, 0, 0, create=False, on_unmap=self.on_unmap)
             info = slot.info(k)
             if info is None or HEADER + info.data_len > p.stat().st_size:
                 slot.close()

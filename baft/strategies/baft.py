@@ -155,6 +155,8 @@ class BaftStrategy(Strategy):
             self.drain()
             events.emit("persist_backpressure", step=version, seconds=time.perf_counter() - t)
         self.drain()  # surfaces a failure of the previous persist; nothing is pinned now
+        if snap.device is not None:  # on CUDA the version is sealed once its copies completed: wait for the copy
+            snap.device.settle(block=True)  # stream (never the training stream), or an older version would be persisted
         mine = sorted(s for s in snap.sealed_versions() if self._persisted < s <= version)
         common = set.intersection(*(set(vs) for vs in all_gather_ints(mine, SLOTS, self.decisions)))
         if not common:

@@ -20,7 +20,6 @@ plan order, so an early-ending window only moves chunks to the next one.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import shutil
 import sys
@@ -35,6 +34,7 @@ import torch.distributed as dist
 
 from baft import events
 from baft.bubbles.copier import CopyEngine, CopyJob, CopyStats, Item, Task
+from baft.bubbles.devicecopy import DeviceCopies
 from baft.bubbles.planner import Chunk, Plan, make_chunks, owned, plan
 from baft.bubbles.profiler import BubbleProfiler
 from baft.config import CheckpointConfig
@@ -46,7 +46,7 @@ from baft.snapshot.slotmeta import components as _components
 from baft.snapshot.slotmeta import only_markers as _only_markers
 from baft.snapshot.slotmeta import pack as _pack
 from baft.snapshot.slotmeta import static_meta as _static_meta
-from baft.snapshot.slots import Slot, SnapshotBuffer
+from baft.snapshot.slots import Slot, SnapshotBuffer, owner_tag
 from baft.state import codec
 from baft.state.dtensor import local_view
 from baft.state.layout import (
@@ -112,13 +112,6 @@ def _acts_on_state_dict(module: torch.nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def owner_tag(replica: int, replicas: int, tensors: list[int], specs: list[TensorSpec]) -> str:
-    """Which bytes of a slot a writer fills: its place among the replicas, the tensors it owns and the
-    layout. Two writers with the same tag leave the same bytes zero."""
-    key = repr((replica, replicas, sorted(tensors), [(s.name, s.dtype, s.shape, s.offset, s.nbytes) for s in specs]))
-    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-
-
 class BubbleSnapshotter:
     """Snapshots one stage's state into shared memory, inside its idle windows."""
 
@@ -181,6 +174,7 @@ class BubbleSnapshotter:
         the store with each sealed version."""
         self._slots_lock = threading.Lock()  # held by a reader of a slot (the persister) and while remapping
         self.pinned: set[int] = set()  # slots a reader still needs: a version due in one is skipped
+        self.device: DeviceCopies | None = None  # the CUDA path: taken once the state is on CUDA
 
     def attach(self, stage: Any) -> None:
         # A module with state-dict pre-hooks may act when its state dict is taken: FSDP2's reshards
@@ -198,7 +192,7 @@ class BubbleSnapshotter:
             sys.setswitchinterval(self._switch_interval)
         self.profiler.detach()
         self.engine.close()
-        self.buffer.close()
+        self.buffer.close()  # on CUDA, first seals the versions in flight (DeviceCopies.attach)
         if self.store is not None:
             self.store.close()
         if self.traffic is not None:
@@ -211,6 +205,8 @@ class BubbleSnapshotter:
 
     def begin(self, version: int) -> None:
         """At boundary ``version``: capture what changes during the iteration, queue the rest."""
+        if self.device is None and self._static is None:  # the layout is not known yet, or changed: on CUDA?
+            self.device = DeviceCopies.cuda_if([*self.state.model.parameters(), *self.state.model.buffers()], self)
         self.profiler.begin_iteration(version)
         self._pending = None
         if version == self.restored_version or not self.due(version):
@@ -235,7 +231,8 @@ class BubbleSnapshotter:
                 boundary["bulk_skeleton"] = split(self.state.capture(only=BULK_COMPONENTS))[0]
         pending: dict[str, Any] = {"version": version}
         self._pending = pending
-        self.engine.start([Task("prepare", lambda: self._prepare(version, boundary, pending))])
+        pending["copies"] = copies = self.device.begin(version) if self.device is not None else None  # `ready` now
+        self.engine.start([Task("prepare", lambda: self._prepare(version, boundary, pending))], sink=copies)
 
     def _stage_buffers(self) -> None:
         """Copy the model's buffers aside now, at the step boundary; the bubbles copy them from there.
@@ -314,10 +311,13 @@ class BubbleSnapshotter:
         self.placements = self.state.placements()
         self.param_names = self.state.param_names()
         specs = layout(tensors)
-        if specs != self.specs:
-            self._relayout(specs)
         # a buffer is copied from its staging (the boundary's value), everything else from the live tensor
         sources = [as_bytes(self._staged.get(name, t)) for name, t in tensors]
+        self.device = self.device or DeviceCopies.cuda_if(sources, self)
+        if specs != self.specs:
+            self._relayout(specs)
+        if self.device is not None:  # page-lock the slots' data as mapped now (else: staging buffers)
+            self.device.layout(self.buffer, self.config.baft.planner.chunk_bytes)
         self._jobs = {}
         for k, slot in self.buffer.slots.items():
             data = slot.data()
@@ -372,8 +372,14 @@ class BubbleSnapshotter:
         left, stats = self.engine.finish()
         if left:
             self.engine.run_now(left)
-        version = pending["version"]
-        pending["slot"].complete(version, pending["meta"])
+        if not (self.device and self.device.defer(pending["copies"], lambda: self._complete(pending, stats))):
+            self._complete(pending, stats)  # on CUDA, once the copies issued on the copy stream completed
+
+    def _complete(self, pending: dict[str, Any], stats: CopyStats) -> None:
+        version, slot = pending["version"], pending["slot"]
+        mapped = slot.data().data_ptr()
+        slot.complete(version, pending["meta"])
+        self._static = self._static if slot.data().data_ptr() == mapped else None  # remapped: the jobs held the old map
         self.last_sealed = version
         if (self.store is not None and version % self.config.baft.replicate_every == 0
                 and self.store.sealed(self.rank, version, self.buffer.path(slot_of(version)),
@@ -382,14 +388,13 @@ class BubbleSnapshotter:
         self.last_stats = stats
         if stats.bandwidth > 0:
             self.bandwidth = 0.7 * self.bandwidth + 0.3 * stats.bandwidth
-        events.emit(
-            "snapshot", step=version, tier="shm", bytes=stats.window_bytes + stats.stall_bytes,
-            window_bytes=stats.window_bytes, stall_bytes=stats.stall_bytes,
-            copy_seconds=stats.window_seconds, stall_seconds=stats.stall_seconds,
-            task_seconds=stats.task_seconds,
-        )
+        events.emit("snapshot", step=version, tier="shm", bytes=stats.window_bytes + stats.stall_bytes,
+                    window_bytes=stats.window_bytes, stall_bytes=stats.stall_bytes, copy_seconds=stats.window_seconds,
+                    stall_seconds=stats.stall_seconds, task_seconds=stats.task_seconds)
 
     def end(self) -> None:
+        if self.device is not None:
+            self.device.settle()
         prof = self.profiler.end_iteration()
         reason = self.profiler.drift()
         if reason:
