@@ -9,7 +9,7 @@ connection that fails is made again, and journaled) and sends a replica one of
 two ways, as the link allows (:class:`baft.store.linkmeter.LinkMeter` decides):
 
 * **whole**, where the link is not the bottleneck: one wait for the node's
-  pipeline traffic to pause, then one ``sendfile`` of the replica's used bytes
+  pipeline traffic to pause, then one ``send`` of the replica's used bytes (from a mapping of the kept copy)
   through a socket whose buffers the kernel sizes (it grows them to megabytes on
   a fast path), and the peer's answer;
 * **paced**, on a slow link (and before the first replica has shown which it is):
@@ -24,6 +24,7 @@ filler, DSCP Lower Effort). Torch-free (the store imports it).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import socket
 import struct
@@ -75,6 +76,7 @@ class PeerLink:
         self.flags = flags
         self.log = log
         self._sock: socket.socket | None = None
+        self._maps: dict[int, tuple[int, mmap.mmap]] = {}  # a kept file's descriptor -> (its inode, a read-only map)
         self._paced = False  # how the open connection's send buffer is set
         self.connections = 0
         """Connections made so far (one for the store's life, unless one failed or the mode changed)."""
@@ -128,12 +130,11 @@ class PeerLink:
             if self.flags is not None:
                 deferred = self.flags.wait_idle(MAX_DEFER)
             s.sendall(struct.pack(">I", len(raw)) + raw)
-            sent = 0
-            while sent < nbytes:
-                n = os.sendfile(s.fileno(), fd, sent, nbytes - sent)
-                if n <= 0:
-                    raise ConnectionError(f"the replica's file ended before byte {nbytes} (at {sent})")
-                sent += n
+            view = self._view(fd, nbytes)
+            try:
+                s.sendall(view)
+            finally:
+                view.release()
         reply, _ = recv(s, max_payload=0)
         seconds = time.perf_counter() - t0
         if not reply.get("ok"):
@@ -141,6 +142,22 @@ class PeerLink:
         if not paced:
             self._changed(self.meter.measure_whole(nbytes, seconds - deferred))
         return Delivery(seconds, deferred, paced)
+
+    def _view(self, fd: int, nbytes: int) -> memoryview:
+        """The first ``nbytes`` of the file ``fd`` (a kept copy the store wrote itself, only ever grown),
+        through a read-only mapping kept for its life. A whole replica goes out with one ``send`` from it:
+        measured here, 0.67 ms of the store's CPU per 1.26 MB replica against 0.9 with ``sendfile``, whose
+        loopback transmit takes each tmpfs page by reference and costs more per page than the copy saves
+        (issue 33)."""
+        st = os.fstat(fd)
+        known = self._maps.get(fd)
+        if known is None or known[0] != st.st_ino or len(known[1]) < nbytes:
+            if known is not None:
+                known[1].close()
+            if st.st_size < nbytes:
+                raise ConnectionError(f"the replica's file holds {st.st_size} bytes, not {nbytes}")
+            known = self._maps[fd] = (st.st_ino, mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ))
+        return memoryview(known[1])[:nbytes]
 
     def _pieces(self, s: socket.socket, fd: int, nbytes: int) -> float:
         """Send in pieces, each after the node's training traffic pauses (up to ``MAX_DEFER``), their average
