@@ -35,6 +35,7 @@ import torch.distributed as dist
 from baft import events
 from baft.bubbles.copier import CopyEngine, CopyJob, CopyStats, Item, Task
 from baft.bubbles.devicecopy import DeviceCopies
+from baft.bubbles.devicerestore import restore_into
 from baft.bubbles.planner import Chunk, Plan, make_chunks, owned, plan
 from baft.bubbles.profiler import BubbleProfiler
 from baft.config import CheckpointConfig
@@ -494,7 +495,7 @@ class BubbleSnapshotter:
             # Each replica holds its own tensors (zeros elsewhere): summing rebuilds the whole.
             data = data.clone()
             dist.all_reduce(data, group=self.replica_group)
-        self.state.restore(_components(slot.meta(), data)[0])
+        restore_into(self.state, _components(slot.meta(), data)[0])  # on CUDA, through a side stream
         self._fill_shared()
         self.buffer.close()
         self.restored_version = version
