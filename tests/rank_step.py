@@ -19,3 +19,14 @@ def train_step(strategy: Any, state: Any, step: int, inputs: torch.Tensor, *, af
     state.optimizer.zero_grad()
     state.step = step + 1
     strategy.after_step()
+
+
+def state_record(state: Any) -> dict[str, Any]:
+    """Every model and optimizer tensor of a rank (its local shard of a DTensor) as lists, by name: what the
+    phases of a rank test compare bit for bit."""
+    from baft.state.dtensor import local_view
+
+    out = {k: local_view(v).tolist() for k, v in state.model.state_dict().items()}
+    out.update({f"opt.{i}.{k}": local_view(v).tolist() for i, st in state.optimizer.state_dict()["state"].items()
+                for k, v in st.items()})
+    return out

@@ -266,7 +266,7 @@ def _copy_floor(state: Any, device: Any) -> float:
     rate for the bytes baft copies), median of three."""
     import torch
 
-    tensors = [t for t in _leaves(state.capture(only=("model", "optimizer"))) if isinstance(t, torch.Tensor)]
+    tensors = _state_tensors(state)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     pin = device.type == "cuda"
     dst = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, pin_memory=pin) for t in tensors]
@@ -281,21 +281,23 @@ def _copy_floor(state: Any, device: Any) -> float:
     return statistics.median(rates)
 
 
-def _leaves(tree: Any) -> list[Any]:
+def _state_tensors(state: Any) -> list[Any]:
+    """The model's and the optimizer's non-empty tensors, where they live (detached)."""
+    import torch
+
     from baft.state.fingerprint import flatten
 
-    return [leaf for _, leaf in flatten(tree)]
+    return [t.detach() for _, t in flatten(state.capture(only=("model", "optimizer")))
+            if isinstance(t, torch.Tensor) and t.numel()]
 
 
 def _fingerprints(state: Any, device: Any) -> dict[str, Any]:
     """The state's digests on the device against the same function over host copies, and the two rates."""
-    import torch
 
     from baft.state.devicedigest import device_fingerprint
     from baft.state.fingerprint import fingerprint_leaf
 
-    tensors = [t.detach() for t in _leaves(state.capture(only=("model", "optimizer")))
-               if isinstance(t, torch.Tensor) and t.numel()]
+    tensors = _state_tensors(state)
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     _sync(device)
     t0 = time.perf_counter()

@@ -22,9 +22,8 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from baft import CheckpointConfig, TrainState
-from baft.state.dtensor import local_view
 from baft.strategies import BaftStrategy
-from tests.rank_step import train_step
+from tests.rank_step import state_record, train_step
 from tests.refusing_backend import register
 
 out, phase, start, stop, replicas = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -45,15 +44,10 @@ config = CheckpointConfig(strategy="baft", every=2, dir=os.path.join(out, "ckpt"
 strategy = BaftStrategy(config, state)
 strategy.attach(model, mesh=mesh)
 restored = strategy.restore() if start else None
-def record():
-    s = {k: local_view(v).tolist() for k, v in model.state_dict().items()}
-    s.update({f"opt.{i}.{k}": local_view(v).tolist() for i, st in state.optimizer.state_dict()["state"].items()
-              for k, v in st.items()})
-    return s
-seen = {start: record()}
+seen = {start: state_record(state)}
 for step in range(start, stop):  # the same batch on every replica: they stay alike without a gradient sum
     train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(step)))
-    seen[step + 1] = record()
+    seen[step + 1] = state_record(state)
 strategy.drain()
 strategy.snap.close()  # a crash: the slots stay
 with open(os.path.join(out, f"{phase}-{rank}.json"), "w") as f:

@@ -88,3 +88,13 @@ def test_the_warning_class_is_the_harness_one() -> None:
 
     assert HarnessDeprecationWarning is BaftDeprecationWarning
     assert issubclass(BaftDeprecationWarning, FutureWarning)
+
+
+def test_checkpoint_group_still_makes_the_gloo_group_with_a_warning() -> None:
+    """``baft.strategies.restore.checkpoint_group`` became ``baft.mesh.control.own_group`` (issue 37)."""
+    from baft.errors import _warned
+    from baft.strategies.restore import checkpoint_group
+
+    _warned.discard("baft.strategies.restore.checkpoint_group")
+    with pytest.warns(BaftDeprecationWarning, match="use baft.mesh.control.own_group"):
+        assert checkpoint_group() is None  # no process group here: none, as own_group gives

@@ -17,9 +17,8 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from baft import CheckpointConfig, TrainState, events
-from baft.state.dtensor import local_view
 from baft.strategies import BaftStrategy
-from tests.rank_step import train_step
+from tests.rank_step import state_record, train_step
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -44,15 +43,10 @@ snapshots = []
 events.subscribe(lambda kind, f: snapshots.append(f["bytes"]) if kind == "snapshot" else None)
 if start:
     assert strategy.restore() == start
-def record():
-    s = {k: local_view(v).tolist() for k, v in model.state_dict().items()}
-    s.update({f"opt.{i}.{k}": local_view(v).tolist() for i, st in state.optimizer.state_dict()["state"].items()
-              for k, v in st.items()})
-    return s
-seen = {start: record()}
+seen = {start: state_record(state)}
 for step in range(start, stop):
     train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(step)))
-    seen[step + 1] = record()
+    seen[step + 1] = state_record(state)
 slot = strategy.snap.read_version(stop - 1) if phase == "a" else {}
 plain_zero = bool(slot) and all(not t.any() for k, t in slot["model"].items() if k.startswith(("3.", "4.")))
 strategy.drain()  # version 2's DCP checkpoint committed
