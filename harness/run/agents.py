@@ -70,6 +70,8 @@ class AgentSet:
             "--rdzv-conf", conf + keep_alive,
             "--max-restarts", str(c.max_restarts),
             "--monitor-interval", "0.2",
+            # torchrun's own files (a worker's error.json) in the run, not in a temporary directory left behind
+            "--log-dir", str(self.run_dir.resolve() / "logs" / "torchelastic" / f"node{node}"),
         ] + (list(c.script) if c.script else ["-m", c.module, str(self.spec_path.resolve())])
         if c.topology is not None:
             at = cmd.index("--nnodes")

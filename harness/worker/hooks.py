@@ -259,9 +259,6 @@ class ScriptProbe:
 
         rank = self.probe.rank
         assert self.reference is not None  # asked only with a reference to match
-        assert self.reference is not None  # asked only with a reference to match
-        assert self.reference is not None  # asked only with a reference to match
-        assert self.reference is not None  # asked only with a reference to match
         reference = {e["step"]: e["digests"] for e in Journal.load(self.reference).events("state", rank)}
         self.resume = locate(digest_components(components, names), reference)
         step, description = self.resume.step, self.resume.description

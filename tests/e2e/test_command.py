@@ -28,10 +28,19 @@ def causes(v: dict[str, Any]) -> dict[str, str]:
     return {c["code"]: c["evidence"][0] for c in v.get("diagnosis", [])}
 
 
-def test_a_script_that_restores_itself_is_found_resumed_from_its_checkpoint(tmp_path: Path, ref_cache: Path) -> None:
+def test_a_script_that_restores_itself_is_found_resumed_from_its_checkpoint(tmp_path: Path, ref_cache: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoint at 10, killed at 13: resumed from 10, 3 steps lost, bit for bit (the script's loader has
     a generator of its own)."""
+    tmp = tmp_path / "tmpdir"  # the processes' temporary directory: the run leaves nothing there
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
     rc, out, v = run_cli(DDP / "fixed.yaml", tmp_path / "out", ref_cache)
+    # nothing of this run is left there (torchrun's files went into the run's logs/torchelastic); torch's
+    # compile cache (torchinductor_<user>) is shared by every run, not left behind by one
+    left = [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]
+    assert not left, left
+    assert list((tmp_path / "out" / "faulted" / "logs" / "torchelastic" / "node0").glob("*/attempt_1"))
     assert rc == 0 and v["passed"] and v["bitwise_equal"] and v["completed"], out
     (rec,) = v["recoveries"]
     assert (rec["restored_step"], rec["lost_steps"], rec["restored_tier"]) == (10, 3, "script"), rec
@@ -154,9 +163,9 @@ def test_a_kill_during_the_scripts_save_leaves_files_of_two_steps(tmp_path: Path
     rc, out, v = run_cli(data, tmp_path / "out", ref_cache)
     assert rc == 1, out
     (rec,) = v["recoveries"]
-    assert rec["restored_step"] == 5 and rec["fault"]["phase"] == "save", rec
+    assert rec["restored_step"] == 5 and rec["fault"]["phase"] == "save", (rec, out)
     assert rec["resume"] == ("rank 0: resumed from step 5 (every component equals the reference at step 5); "
-                             "rank 1: resumed at step 5: model equals step 5, but rng equals step 10"), rec
+                             "rank 1: resumed at step 5: model equals step 5, but rng equals step 10"), (rec, out)
     assert causes(v) == {"torn-checkpoint": "rank 1: model equals step 5, rng/torch equals step 10"}
 
 
