@@ -4,7 +4,8 @@ Layout under ``root`` (a local directory or an fsspec URL, see :mod:`baft.persis
 
     step-00000015/rank-00000.pt     one shard per rank (torch.save of plain data)
     step-00000015/manifest.json     written after every shard is durable:
-                                    step, world size, per-shard size and blake2b checksum
+                                    step, world size, per-shard size and checksum (blake2b;
+                                    baft's DCP writers' ``crc32:``, :class:`~baft.persist.writer.Crc32`)
     latest                          the newest committed step, moved last
 
 On a local disk each file is written to a temporary name, fsynced, renamed
@@ -33,6 +34,7 @@ import torch
 from baft.errors import CheckpointCorrupt
 from baft.persist import storage
 from baft.persist.storage import Root, Storage
+from baft.persist.writer import CRC32, Crc32
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -52,19 +54,30 @@ def shard_name(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
-def checksum(data: bytes | memoryview) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+def _hash(like: str | None) -> Any:
+    """The hash a manifest's checksum was made with: CRC-32 when ``like`` (the recorded one) is tagged so
+    (baft's writers, :class:`baft.persist.writer.Crc32`), else blake2b (every other writer, older manifests)."""
+    return Crc32() if like is not None and like.startswith(CRC32) else hashlib.blake2b(digest_size=16)
 
 
-def file_checksum(st: Storage, rel: str, block: int = 8 << 20) -> tuple[int, str]:
-    """Size and blake2b checksum of a stored file, read back in blocks."""
-    h = hashlib.blake2b(digest_size=16)
+def checksum(data: bytes | memoryview, like: str | None = None) -> str:
+    """The checksum of ``data`` to record in a manifest (blake2b), or to compare with ``like``, a recorded one."""
+    h = _hash(like)
+    h.update(data)
+    digest: str = h.hexdigest()
+    return digest
+
+
+def file_checksum(st: Storage, rel: str, block: int = 8 << 20, like: str | None = None) -> tuple[int, str]:
+    """Size and checksum of a stored file, read back in blocks (made as ``like`` was: :func:`checksum`)."""
+    h = _hash(like)
     size = 0
     with st.open(rel) as f:
         while chunk := f.read(block):
             h.update(chunk)
             size += len(chunk)
-    return size, h.hexdigest()
+    digest: str = h.hexdigest()
+    return size, digest
 
 
 def serialize(components: dict[str, Any]) -> bytes:
@@ -199,7 +212,7 @@ def commit_files(root: Root, step: int, world_size: int, files: Mapping[str, tup
             found = st.size(rel)
         except FileNotFoundError as e:
             raise CheckpointCorrupt(f"{st.location(rel)}: missing at commit; step {step} not committed") from e
-        if found != size or (st.read_back and file_checksum(st, rel) != (size, digest)):
+        if found != size or (st.read_back and file_checksum(st, rel, like=digest) != (size, digest)):
             raise CheckpointCorrupt(f"{st.location(rel)}: {found} bytes at commit, its writer wrote {size}")
     # no fsync of the directory here: the manifest's own write into it makes the writers' renames durable
     _publish(st, step, {"step": step, "world_size": world_size,
@@ -214,7 +227,7 @@ def verify_directory(root: Root, step: int) -> None:
     for name, rec in read_manifest(root, step).get("files", {}).items():
         rel = f"{d}/{name}"
         try:
-            size, digest = file_checksum(st, rel)
+            size, digest = file_checksum(st, rel, like=rec["checksum"])
         except FileNotFoundError as e:
             raise CheckpointCorrupt(f"{st.location(rel)}: missing") from e
         if size != rec["size"] or digest != rec["checksum"]:
@@ -268,7 +281,7 @@ def read_shard(root: Root, step: int, rank: int, world_size: int) -> bytes:
         data = st.read(rel)
     except FileNotFoundError as e:
         raise CheckpointCorrupt(f"{st.location(rel)}: missing") from e
-    if len(data) != rec["size"] or checksum(data) != rec["checksum"]:
+    if len(data) != rec["size"] or checksum(data, like=rec["checksum"]) != rec["checksum"]:
         raise CheckpointCorrupt(f"{st.location(rel)}: checksum mismatch (size {len(data)}, manifest {rec['size']})")
     return data
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import io
 import pickle
 import struct
@@ -47,7 +46,7 @@ from baft.errors import CheckpointCorrupt
 from baft.persist import commits as persist
 from baft.persist import storage
 from baft.persist.storage import Root
-from baft.persist.writer import WriterProcess
+from baft.persist.writer import WriterProcess, crc32_digest
 from baft.state.dtensor import is_dtensor
 
 METADATA = ".metadata"
@@ -200,7 +199,7 @@ class Written(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class RankReport:
-    """What one rank wrote into checkpoint ``step``: its stage's key, its file (name, size, blake2b
+    """What one rank wrote into checkpoint ``step``: its stage's key, its file (name, size, CRC-32
     checksum, the file durable) and the chunks in it."""
 
     rank: int
@@ -250,11 +249,8 @@ def write_rank(root: Root, step: int, rank: int, stage: str, state_dict: Mapping
         parts: list[bytes | memoryview] = []
         for template, local in records:
             parts.extend(template.parts(tensor_bytes(local)))
-        digest = hashlib.blake2b(digest_size=16)
-        for part in parts:
-            digest.update(part)
         st.write_parts(rel, parts, sync_dir=False)
-        written, checksum = pos, digest.hexdigest()
+        written, checksum = pos, crc32_digest(parts)
     if written != pos:
         raise CheckpointCorrupt(f"{st.location(rel)}: {written} bytes written, {pos} meant")
     return RankReport(rank=rank, stage=stage, file=name, size=pos, checksum=checksum, items=tuple(items))

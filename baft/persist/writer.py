@@ -8,7 +8,7 @@ it runs on what training leaves idle (the pipeline bubbles). The training proces
 per file: for each tensor a template (:class:`baft.persist.dcpwrite.SaveTemplate`, sent once) and where its
 bytes are (a range of the slot file, mapped here read-only, or the bytes themselves); this process
 patches the CRCs, writes the file under a temporary name, fsyncs and renames it, and answers with
-the file's size and blake2b checksum, or the error.
+the file's size and checksum (:func:`crc32_digest`), or the error.
 
 This file runs as a script (``python writer.py``) and imports only the standard library, so the
 process starts in milliseconds without torch. It reads requests from stdin and answers on stdout,
@@ -18,7 +18,6 @@ closed it, or died) it exits. :class:`WriterProcess` is the parent's handle.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import mmap
 import os
 import pickle
@@ -31,6 +30,31 @@ from typing import Any
 
 _FRAME = struct.Struct("<Q")
 NAME = b"baft-writer"
+#: How a file checksum made by :func:`crc32_digest` begins (a bare hex digest is blake2b's).
+CRC32 = "crc32:"
+
+
+class Crc32:
+    """A file checksum made as a ``hashlib`` hash is (``update``, ``hexdigest``): CRC-32, tagged ``crc32:``. It
+    finds a torn or damaged file as blake2b does, at a fifth of the CPU (0.25 ms per 1.26 MB here against
+    1.3 ms), and nothing needs more: a checkpoint's files are checked for damage, not against a forger."""
+
+    def __init__(self) -> None:
+        self._crc = 0
+
+    def update(self, data: Any) -> None:
+        self._crc = zlib.crc32(data, self._crc)
+
+    def hexdigest(self) -> str:
+        return f"{CRC32}{self._crc & 0xFFFFFFFF:08x}"
+
+
+def crc32_digest(parts: Any) -> str:
+    """The :class:`Crc32` checksum of the concatenation of ``parts`` (buffers)."""
+    h = Crc32()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -70,7 +94,7 @@ class WriterProcess:
 
     def write(self, path: str, slot: str, records: list[tuple[tuple[bytes, bytes, int, int], Any]]) -> tuple[int, str]:
         """Write ``records`` into file ``path`` durably (a temporary name, fsynced, renamed; the directory
-        entry left to the caller) and return its size and blake2b checksum. Each record is (its
+        entry left to the caller) and return its size and checksum (:func:`crc32_digest`). Each record is (its
         template's ``(head, tail, head_crc, tail_crc)``, its data: ``(offset, nbytes)`` in the slot file
         ``slot``, or bytes). Raises :class:`OSError` as the write did, or when the process is gone."""
         with self._lock:
@@ -137,23 +161,37 @@ def _patched(template: tuple[bytes, bytes, int, int], data: memoryview) -> tuple
     return head[:head_crc] + crc + head[head_crc + 4 :], data, tail[:tail_crc] + crc + tail[tail_crc + 4 :]
 
 
+#: The slot files mapped so far, by path: (device, inode, size) when mapped, the mapping. A rank's few slots are
+#: mapped once, not at every persist (a new mapping faults in every page of the slot again).
+_MAPS: dict[str, tuple[tuple[int, int, int], memoryview]] = {}
+
+
+def _mapped(slot: str) -> memoryview:
+    """A read-only view of the slot file ``slot`` as it is now (mapped again if it was replaced or resized)."""
+    st = os.stat(slot)
+    key = (st.st_dev, st.st_ino, st.st_size)
+    known = _MAPS.get(slot)
+    if known is not None and known[0] == key:
+        return known[1]
+    _MAPS.pop(slot, None)  # unmapped when the last view of it goes (an explicit close fails while one lives)
+    fd = os.open(slot, os.O_RDONLY)
+    try:
+        view = memoryview(mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ))
+    finally:
+        os.close(fd)
+    _MAPS[slot] = (key, view)
+    return view
+
+
 def _write(path: str, slot: str, templates: dict[int, Any], records: list[tuple[int, Any]]) -> tuple[int, str]:
-    view = memoryview(b"")
-    if slot:
-        fd = os.open(slot, os.O_RDONLY)
-        try:  # unmapped when the last view of it goes (an explicit close fails while one lives)
-            view = memoryview(mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ))
-        finally:
-            os.close(fd)
+    view = _mapped(slot) if slot else memoryview(b"")
     parts: list[Any] = []
     for key, data in records:
         source = view[data[0] : data[0] + data[1]] if isinstance(data, tuple) else memoryview(data)
         parts.extend(_patched(templates[key], source))
-    digest = hashlib.blake2b(digest_size=16)
-    for p in parts:
-        digest.update(p)
+    digest = crc32_digest(parts)
     write_durably(path, parts)
-    return sum(memoryview(p).nbytes for p in parts), digest.hexdigest()
+    return sum(memoryview(p).nbytes for p in parts), digest
 
 
 def write_durably(path: str, parts: Any) -> None:

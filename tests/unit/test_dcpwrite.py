@@ -88,6 +88,22 @@ def test_stock_dcp_reads_what_it_would_have_written_and_the_metadata_is_dcps(tmp
     assert set(whole) == set(sd) and all(torch.equal(whole[k], sd[k]) for k in sd)
 
 
+@settings(max_examples=30, deadline=None)
+@given(at=st.integers(0, 10_000), bit=st.integers(0, 7))
+def test_one_flipped_bit_in_a_written_file_fails_its_verification(tmp_path_factory: pytest.TempPathFactory, at: int,
+                                                                  bit: int) -> None:
+    """The data file's checksum (CRC-32, tagged ``crc32:`` in the manifest) finds any one damaged bit."""
+    root = tmp_path_factory.mktemp("flip")
+    dcpwrite.commit(root, 3, [dcpwrite.write_rank(root, 3, 0, "stage0", _state(2))])
+    data = persist.step_dir(root, 3) / dcpwrite.data_file(0)
+    assert persist.read_manifest(root, 3)["files"][data.name]["checksum"].startswith("crc32:")
+    raw = bytearray(data.read_bytes())
+    raw[at % len(raw)] ^= 1 << bit
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
+        persist.verify_directory(root, 3)
+
+
 def test_chunks_of_two_ranks_make_one_tensor_and_a_replicated_chunk_is_kept_once(tmp_path: Path) -> None:
     full = torch.arange(24, dtype=torch.float32).reshape(6, 4)
     reports = []

@@ -44,7 +44,8 @@ def test_the_file_holds_each_tensors_archive_and_the_answer_is_its_size_and_chec
             path = tmp_path / f"out{attempt}.distcp"
             size, checksum = writer.write(str(path), str(slot.path), records)
             raw = path.read_bytes()
-            assert size == len(raw) and checksum == dcpwrite.persist.checksum(raw)
+            assert checksum.startswith("crc32:") and size == len(raw)
+            assert checksum == dcpwrite.persist.checksum(raw, like=checksum)
             pos = 0
             for t in tensors:
                 n = dcpwrite.save_template(t.dtype, tuple(t.shape)).length
@@ -57,6 +58,33 @@ def test_the_file_holds_each_tensors_archive_and_the_answer_is_its_size_and_chec
         writer.close()
         slot.close()
     assert writer._proc.returncode == 0  # it left at the end of its input
+
+
+def test_each_write_reads_the_slot_as_it_is_then_also_once_the_file_is_replaced(tmp_path: Path) -> None:
+    """The process keeps a slot file mapped between writes: it must see the rank's newer bytes, and a
+    slot file made anew at the same path (another size, another inode) rather than the old mapping."""
+    slot = Slot(tmp_path / "slot", 4096, 1024, create=True)
+    writer = WriterProcess()
+    try:
+        records, tensors = _records(slot)
+        for attempt in range(2):
+            tensors[0].fill_(float(attempt + 1))  # the rank rewrites the slot in place
+            path = tmp_path / f"out{attempt}.distcp"
+            writer.write(str(path), str(slot.path), records)
+            n = dcpwrite.save_template(torch.float32, (10, 10)).length
+            back = torch.load(io.BytesIO(path.read_bytes()[:n]), weights_only=True)
+            assert torch.equal(back, torch.full((10, 10), float(attempt + 1)))
+        slot.close()
+        os.unlink(slot.path)
+        slot = Slot(tmp_path / "slot", 8192, 1024, create=True)  # replaced: another file at the same path
+        records, tensors = _records(slot)
+        tensors[0].fill_(5.0)
+        writer.write(str(tmp_path / "out2.distcp"), str(slot.path), records)
+        back = torch.load(io.BytesIO((tmp_path / "out2.distcp").read_bytes()[:n]), weights_only=True)
+        assert torch.equal(back, torch.full((10, 10), 5.0))
+    finally:
+        writer.close()
+        slot.close()
 
 
 def test_a_failed_write_is_an_oserror_and_the_process_serves_the_next(tmp_path: Path) -> None:
