@@ -24,7 +24,7 @@ import hashlib
 import io
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ import torch
 from baft.errors import CheckpointCorrupt
 from baft.persist import storage
 from baft.persist.storage import Root, Storage
-from baft.persist.writer import CRC32, Crc32
+from baft.persist.writer import CRC32, MISSING_AT_COMMIT, SHORT_AT_COMMIT, Crc32
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -197,27 +197,60 @@ def commit_directory(root: Root, step: int, world_size: int, extra: dict[str, An
     _publish(st, step, {"step": step, "world_size": world_size, "files": files, **(extra or {})})
 
 
+@dataclass(frozen=True, slots=True)
+class FileOp:
+    """One step of a commit on storage (:func:`commit_file_ops`), run in order by :func:`run_ops` or by baft's
+    writer process (:meth:`baft.persist.writer.WriterProcess.run`): ``expect`` a file at ``size`` bytes (and,
+    on storage read back, at ``checksum``), ``write`` ``data`` durably (``sync_dir``: its directory entry too),
+    ``remove`` a directory tree."""
+
+    kind: str
+    rel: str
+    size: int = 0
+    checksum: str = ""
+    data: bytes = b""
+    sync_dir: bool = True
+
+
+def commit_file_ops(step: int, world_size: int, files: Mapping[str, tuple[int, str]],
+                    extra: dict[str, Any] | None = None) -> list[FileOp]:
+    """How to commit a checkpoint directory whose writers made each of ``files`` durable and report its size
+    and checksum (name -> (size, checksum)): check each is there at that size, write the manifest (its write
+    into the directory makes the writers' renames durable), then move ``latest``."""
+    d = step_name(step)
+    manifest = {"step": step, "world_size": world_size,
+                "files": {n: {"size": size, "checksum": digest} for n, (size, digest) in files.items()}, **(extra or {})}
+    return [*(FileOp("expect", f"{d}/{name}", size, digest) for name, (size, digest) in files.items()),
+            FileOp("write", f"{d}/{MANIFEST}", data=json.dumps(manifest, indent=1).encode()),
+            FileOp("write", LATEST, data=f"{step}\n".encode())]
+
+
+def run_ops(root: Root, ops: Sequence[FileOp]) -> None:
+    """Run ``ops`` in order on ``root``'s storage; a file not as expected raises :class:`CheckpointCorrupt`
+    and runs nothing after it."""
+    st = storage.at(root)
+    for op in ops:
+        if op.kind == "expect":
+            try:
+                found = st.size(op.rel)
+            except FileNotFoundError as e:
+                raise CheckpointCorrupt(f"{st.location(op.rel)}: {MISSING_AT_COMMIT}") from e
+            if found != op.size or (st.read_back and file_checksum(st, op.rel, like=op.checksum) != (op.size, op.checksum)):
+                raise CheckpointCorrupt(f"{st.location(op.rel)}: {found} {SHORT_AT_COMMIT} {op.size}")
+        elif op.kind == "write":
+            st.write_parts(op.rel, (op.data,), sync_dir=op.sync_dir)
+        elif op.kind == "remove":
+            st.remove_tree(op.rel)
+        else:
+            raise ValueError(f"a file operation {op.kind!r}")
+
+
 def commit_files(root: Root, step: int, world_size: int, files: Mapping[str, tuple[int, str]],
                  extra: dict[str, Any] | None = None) -> None:
     """Commit a checkpoint directory whose writers made each of ``files`` durable and report its
-    size and checksum (name -> (size, blake2b)): check each is there at that size (on storage that
-    cannot be fsynced, read back and checksummed), make the directory's entries durable, write the
-    manifest, then move ``latest``. A missing or short file raises :class:`CheckpointCorrupt` and
-    nothing is committed."""
-    st = storage.at(root)
-    d = step_name(step)
-    for name, (size, digest) in files.items():
-        rel = f"{d}/{name}"
-        try:
-            found = st.size(rel)
-        except FileNotFoundError as e:
-            raise CheckpointCorrupt(f"{st.location(rel)}: missing at commit; step {step} not committed") from e
-        if found != size or (st.read_back and file_checksum(st, rel, like=digest) != (size, digest)):
-            raise CheckpointCorrupt(f"{st.location(rel)}: {found} bytes at commit, its writer wrote {size}")
-    # no fsync of the directory here: the manifest's own write into it makes the writers' renames durable
-    _publish(st, step, {"step": step, "world_size": world_size,
-                        "files": {n: {"size": size, "checksum": digest} for n, (size, digest) in files.items()},
-                        **(extra or {})})
+    size and checksum (:func:`commit_file_ops`; on storage that cannot be fsynced each is read back and
+    checksummed). A missing or short file raises :class:`CheckpointCorrupt` and nothing is committed."""
+    run_ops(root, commit_file_ops(step, world_size, files, extra))
 
 
 def verify_directory(root: Root, step: int) -> None:
@@ -288,13 +321,16 @@ def read_shard(root: Root, step: int, rank: int, world_size: int) -> bytes:
 
 def prune(root: Root, keep: int) -> None:
     """Delete all but the newest ``keep`` committed checkpoints (and stale partial ones)."""
+    run_ops(root, prune_ops(root, keep))
+
+
+def prune_ops(root: Root, keep: int, committing: int | None = None) -> list[FileOp]:
+    """The removals of :func:`prune`, as if ``committing`` (a step whose commit runs first) were committed too."""
     st = storage.at(root)
-    steps = committed_steps(root)
+    steps = sorted({*committed_steps(root), *([] if committing is None else [committing])}, reverse=True)
     keep_set = set(steps[:keep])
     newest = steps[0] if steps else -1
-    for s, name in _step_dirs(st).items():
-        if s not in keep_set and s < newest:
-            st.remove_tree(name)
+    return [FileOp("remove", name) for s, name in _step_dirs(st).items() if s not in keep_set and s < newest]
 
 
 COMMIT_FAILED = "commit.failed"

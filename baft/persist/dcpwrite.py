@@ -308,21 +308,31 @@ def metadata(reports: Sequence[RankReport]) -> Metadata:
 
 
 @functools.lru_cache(maxsize=2)
-def _metadata_blob(layout: tuple[tuple[int, str, str, tuple[Written, ...]], ...]) -> bytes:
-    """The pickled :func:`metadata` of reports laid out so (the same from one persist to the next while
-    the state's layout stays: made and pickled once, ~5 ms of Python for 100 tensors)."""
-    return pickle.dumps(metadata([RankReport(rank, stage, file, 0, "", items) for rank, stage, file, items in layout]))
+def _layout_commit(layout: tuple[tuple[int, str, str, tuple[Written, ...]], ...]) -> tuple[bytes, str, frozenset[str]]:
+    """The pickled :func:`metadata` of reports laid out so, its checksum and the keys written under their
+    stage's (:func:`stage_keyed`): the same from one persist to the next while the state's layout stays, so
+    made once (~5 ms of Python for 100 tensors)."""
+    reports = [RankReport(rank, stage, file, 0, "", items) for rank, stage, file, items in layout]
+    blob = pickle.dumps(metadata(reports))
+    return blob, persist.checksum(blob), frozenset(stage_keyed(reports))
+
+
+def commit_ops(step: int, reports: Sequence[RankReport],
+               extra: dict[str, Any] | None = None) -> tuple[list[persist.FileOp], set[str]]:
+    """How rank 0 commits ``step`` once every rank's file is durable: write DCP's ``.metadata`` from
+    ``reports``, then the checkpoint's commit (:func:`baft.persist.commits.commit_file_ops`: the files at their
+    sizes, manifest, ``latest``); and the keys written under their stage's (:func:`stage_keyed`)."""
+    blob, blob_checksum, shared = _layout_commit(tuple((r.rank, r.stage, r.file, r.items) for r in reports))
+    files = {r.file: (r.size, r.checksum) for r in reports}
+    files[METADATA] = (len(blob), blob_checksum)
+    ops = [persist.FileOp("write", f"{persist.step_name(step)}/{METADATA}", data=blob, sync_dir=False),
+           *persist.commit_file_ops(step, len(reports), files, extra)]
+    return ops, set(shared)
 
 
 def commit(root: Root, step: int, reports: Sequence[RankReport], extra: dict[str, Any] | None = None) -> set[str]:
-    """Rank 0, once every rank's file is durable: write DCP's ``.metadata`` from ``reports``, then commit
-    the checkpoint (:func:`baft.persist.commits.commit_files`: the files at their sizes, manifest, ``latest``).
-    Returns the keys written under their stage's (:func:`stage_keyed`)."""
-    st = storage.at(root)
-    d = persist.step_name(step)
-    blob = _metadata_blob(tuple((r.rank, r.stage, r.file, r.items) for r in reports))
-    st.write_parts(f"{d}/{METADATA}", (blob,), sync_dir=False)
-    files = {r.file: (r.size, r.checksum) for r in reports}
-    files[METADATA] = (len(blob), persist.checksum(blob))
-    persist.commit_files(root, step, len(reports), files, extra)
-    return stage_keyed(reports)
+    """Rank 0, once every rank's file is durable: commit ``step`` (:func:`commit_ops`). Returns the keys
+    written under their stage's."""
+    ops, shared = commit_ops(step, reports, extra)
+    persist.run_ops(root, ops)
+    return shared

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from baft.errors import BaftConfigError
-from baft.persist.writer import write_durably
+from baft.persist.writer import fsync_path, write_durably
 
 Root = str | os.PathLike[str]
 """A local directory or an fsspec URL."""
@@ -145,7 +145,7 @@ class LocalStorage(Storage):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_durably(str(path), parts)
         if sync_dir:
-            _fsync(path.parent)
+            fsync_path(path.parent)
 
     def read(self, rel: str) -> bytes:
         return self.location(rel).read_bytes()
@@ -177,20 +177,13 @@ class LocalStorage(Storage):
     def sync(self, rel: str, names: list[str]) -> None:
         d = self.location(rel)
         for name in names:
-            _fsync(d / name)
-        _fsync(d)
+            fsync_path(d / name)
+        fsync_path(d)
 
     def remove_tree(self, rel: str) -> None:
         shutil.rmtree(self.location(rel), ignore_errors=True)
 
 
-def _fsync(path: Path) -> None:
-    """fsync a file or a directory (a directory's entry list is durable only after its own fsync)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FsspecStorage(Storage):

@@ -21,6 +21,7 @@ import ctypes
 import mmap
 import os
 import pickle
+import shutil
 import struct
 import subprocess
 import sys
@@ -32,6 +33,9 @@ _FRAME = struct.Struct("<Q")
 NAME = b"baft-writer"
 #: How a file checksum made by :func:`crc32_digest` begins (a bare hex digest is blake2b's).
 CRC32 = "crc32:"
+#: What a commit says of a file that is not there, and of one not at its writer's size (``N bytes ... M``).
+MISSING_AT_COMMIT = "missing at commit; the checkpoint is not committed"
+SHORT_AT_COMMIT = "bytes at commit, its writer wrote"
 
 
 class Crc32:
@@ -114,6 +118,24 @@ class WriterProcess:
             if answer[0] == "error":
                 raise OSError(answer[1], answer[2])
             return answer[1], answer[2]
+
+    def run(self, ops: list[tuple[str, str, int, bytes, bool]]) -> None:
+        """Run a commit's file operations in order (:class:`baft.persist.commits.FileOp`, each as ``(kind, absolute
+        path, size, data, sync_dir)``): the system calls of a commit leave the training process. Raises
+        :class:`baft.errors.CheckpointCorrupt` for a file not as expected (nothing after it runs), :class:`OSError`
+        as an operation did, or when the process is gone."""
+        with self._lock:
+            try:
+                _send(self._proc.stdin, ("run", ops))
+                answer = _receive(self._proc.stdout)
+            except (OSError, EOFError, ValueError) as e:
+                raise OSError(f"the writer process is gone ({e}); its exit status {self._proc.poll()}") from e
+        if answer[0] == "corrupt":
+            from baft.errors import CheckpointCorrupt
+
+            raise CheckpointCorrupt(answer[1])
+        if answer[0] == "error":
+            raise OSError(answer[1], answer[2])
 
     def cpu_seconds(self) -> float:
         """CPU time (user and system) the process has used so far (:func:`process_cpu_seconds`)."""
@@ -213,6 +235,39 @@ def write_durably(path: str, parts: Any) -> None:
         raise
 
 
+class _Corrupt(Exception):
+    """A file a commit expects is not as its writer said."""
+
+
+def _run(ops: list[tuple[str, str, int, bytes, bool]]) -> None:
+    for kind, path, size, data, sync_dir in ops:
+        if kind == "expect":
+            try:
+                found = os.stat(path).st_size
+            except FileNotFoundError:
+                raise _Corrupt(f"{path}: {MISSING_AT_COMMIT}") from None
+            if found != size:
+                raise _Corrupt(f"{path}: {found} {SHORT_AT_COMMIT} {size}")
+        elif kind == "write":
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_durably(path, (data,))
+            if sync_dir:
+                fsync_path(os.path.dirname(path))
+        elif kind == "remove":
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            raise ValueError(f"a file operation {kind!r}")
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory (a directory's entry list is durable only after its own fsync)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _serve(nice: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -229,10 +284,16 @@ def _serve(nice: int) -> None:
             request = _receive(stdin)
         except EOFError:
             return
-        _, path, slot, new, records = request
-        templates.update(new)
         try:
-            answer: tuple[Any, ...] = ("ok", *_write(path, slot, templates, records))
+            if request[0] == "run":
+                _run(request[1])
+                answer: tuple[Any, ...] = ("ok",)
+            else:
+                _, path, slot, new, records = request
+                templates.update(new)
+                answer = ("ok", *_write(path, slot, templates, records))
+        except _Corrupt as e:
+            answer = ("corrupt", str(e))
         except OSError as e:
             answer = ("error", e.errno or 0, f"{e.strerror or e}: {e.filename or path}")
         except Exception as e:  # noqa: BLE001 - said to the parent, which journals it; the next file may do

@@ -34,7 +34,7 @@ from baft.bubbles.idlegate import IdleGate
 from baft.mesh.collective import all_gather, all_gather_ints, all_min, rank_world
 from baft.mesh.control import host_twin, own_group
 from baft.persist import commits as persist
-from baft.persist import dcpformat, dcpwrite
+from baft.persist import dcpformat, dcpwrite, storage
 from baft.persist.background import OneInFlight
 from baft.persist.writer import WriterProcess
 from baft.snapshot.slotfile import SLOTS, slot_of
@@ -216,9 +216,12 @@ class BaftStrategy(Strategy):
             extra = {"format": "dcp", "strategy": "baft", **place_map(self.places)}
             if not direct:
                 dcpformat.commit(self.root, version, world, extra)
-            elif shared := dcpwrite.commit(self.root, version, reports, extra):
+                persist.prune(self.root, self.config.keep)
+                return
+            ops, shared = dcpwrite.commit_ops(version, reports, extra)
+            self._run_ops(ops + persist.prune_ops(self.root, self.config.keep, committing=version))
+            if shared:
                 dcpformat.announce_stage_keys(shared)
-            persist.prune(self.root, self.config.keep)
 
         # the persister threads of all ranks run the same saves in the same order on self.group
         gate.wait(until=until)
@@ -230,6 +233,15 @@ class BaftStrategy(Strategy):
                     bytes=sum(local_view(t).numel() * t.element_size() for t in sd.values()),
                     seconds=time.perf_counter() - t0, gated_seconds=round(gate.waited - gated, 6),
                     path=str(persist.step_dir(self.root, version)))
+
+    def _run_ops(self, ops: list[persist.FileOp]) -> None:
+        """Run a commit's file operations: in the writer process where there is one and the storage is local
+        (the system calls and their waits out of the training process), else here."""
+        st = storage.at(self.root)
+        if self._files is not None and isinstance(st, storage.LocalStorage):
+            self._files.run([(op.kind, str(st.location(op.rel)), op.size, op.data, op.sync_dir) for op in ops])
+        else:
+            persist.run_ops(self.root, ops)
 
     def _write_direct(self, version: int, rank: int, sd: dict[str, Any], slot: Any) -> dcpwrite.RankReport | str:
         """This rank's file of ``version`` (:func:`dcpwrite.write_rank`, by the writer process when there is

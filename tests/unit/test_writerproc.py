@@ -162,3 +162,40 @@ def test_the_writer_runs_in_the_idle_classes_when_asked_and_says_what_it_got() -
     finally:
         idle.close()
         normal.close()
+
+
+def _absolute(root: Path, ops: list) -> list:
+    return [(op.kind, str(root / op.rel), op.size, op.data, op.sync_dir) for op in ops]
+
+
+def test_a_commit_run_by_the_process_leaves_what_one_run_here_does_and_stops_at_a_short_file(tmp_path: Path) -> None:
+    """The commit's file operations (expect, write, remove) in the writer process: the same manifest and
+    ``latest`` as :func:`run_ops` here; a file not at its writer's size raises CheckpointCorrupt there too, and
+    nothing after it runs (``latest`` stays)."""
+    from baft.errors import CheckpointCorrupt
+    from baft.persist import commits
+
+    for root in (tmp_path / "here", tmp_path / "there"):
+        (root / commits.step_name(1)).mkdir(parents=True)
+        (root / commits.step_name(1) / "a.distcp").write_bytes(b"x" * 10)
+        (root / commits.step_name(0)).mkdir()  # an older step, stale: pruned once step 1 is committed
+    files = {"a.distcp": (10, "crc32:00000000")}
+    ops = commits.commit_file_ops(1, 1, files, {"format": "dcp"})
+    commits.run_ops(tmp_path / "here", ops + commits.prune_ops(tmp_path / "here", 1, committing=1))
+    writer = WriterProcess()
+    try:
+        writer.run(_absolute(tmp_path / "there", ops + commits.prune_ops(tmp_path / "there", 1, committing=1)))
+        for name in (f"{commits.step_name(1)}/{commits.MANIFEST}", commits.LATEST):
+            assert (tmp_path / "there" / name).read_bytes() == (tmp_path / "here" / name).read_bytes()
+        assert not (tmp_path / "there" / commits.step_name(0)).exists()
+        assert commits.latest(tmp_path / "there") == 1
+        (tmp_path / "there" / commits.step_name(2)).mkdir()
+        (tmp_path / "there" / commits.step_name(2) / "a.distcp").write_bytes(b"x" * 9)  # short
+        with pytest.raises(CheckpointCorrupt, match="9 bytes at commit, its writer wrote 10"):
+            writer.run(_absolute(tmp_path / "there", commits.commit_file_ops(2, 1, files)))
+        assert commits.latest(tmp_path / "there") == 1 and not (tmp_path / "there" / commits.step_name(2) / commits.MANIFEST).exists()
+        with pytest.raises(CheckpointCorrupt, match="missing at commit"):
+            writer.run(_absolute(tmp_path / "there", commits.commit_file_ops(3, 1, files)))
+        writer.run([])  # and it serves the next request
+    finally:
+        writer.close()
