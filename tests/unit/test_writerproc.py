@@ -199,3 +199,29 @@ def test_a_commit_run_by_the_process_leaves_what_one_run_here_does_and_stops_at_
         writer.run([])  # and it serves the next request
     finally:
         writer.close()
+
+
+def test_a_persist_from_the_same_slot_reuses_its_entries_but_writes_the_bytes_of_now(tmp_path: Path) -> None:
+    """write_rank keeps each slot's plan (templates, items, where the bytes are) for the same views: the next
+    persist writes the slot's bytes as they are then, a tensor sent by value (not in the slot) with its values
+    then, and a key whose tensor was replaced as the new one."""
+    slot = Slot(tmp_path / "slot", 4096, 1024, create=True)
+    writer = WriterProcess()
+    try:
+        data = slot.data()
+        a = data[0:400].view(torch.float32).reshape(10, 10)
+        loose = torch.zeros(3, dtype=torch.int64)  # the same object each time, not in the slot
+        for step, other in enumerate((torch.ones(2), torch.arange(6.0))):
+            a.fill_(float(step + 1))
+            loose.fill_(step + 7)
+            sd = {"a": a, "loose": loose, "other": other}
+            report = dcpwrite.write_rank(tmp_path, step, 0, "s", sd, writer=writer, slot=slot)
+            raw = (tmp_path / f"step-{step:08d}" / report.file).read_bytes()
+            for w in report.items:
+                back = torch.load(io.BytesIO(raw[w.offset : w.offset + w.length]), weights_only=True)
+                assert torch.equal(back, sd[w.key]), (step, w.key)
+            assert report.size == len(raw)
+        assert dcpwrite._PLANS  # kept for the slot's next persist
+    finally:
+        writer.close()
+        slot.close()
