@@ -231,8 +231,8 @@ def write_rank(root: Root, step: int, rank: int, stage: str, state_dict: Mapping
     name = data_file(rank)
     rel = f"{persist.step_name(step)}/{name}"
     st = storage.at(root)
-    plan = _plan(rank, slot, state_dict)
-    records = [(e.template, local) for e, local in zip(plan.entries, state_dict.values())]
+    plan, locals_ = _plan(rank, slot, state_dict)
+    records = [(e.template, local) for e, local in zip(plan.entries, locals_)]
     pos = plan.length
     if writer is not None and isinstance(st, storage.LocalStorage):
         st.makedirs(persist.step_name(step))
@@ -279,20 +279,22 @@ _PLANS: dict[tuple[int, str, int], _Plan] = {}
 _PLANS_KEPT = 16
 
 
-def _plan(rank: int, slot: Any, state_dict: Mapping[str, Any]) -> _Plan:
-    """The entries of ``state_dict``'s tensors in a rank's file. An entry of the last plan of the same slot is
-    reused for the same key and the same tensor object when its bytes are a range of the slot (read when the
-    file is written; bytes sent by value are taken anew). Only a slot's views are kept alive here, never a
-    private copy."""
+def _plan(rank: int, slot: Any, state_dict: Mapping[str, Any]) -> tuple[_Plan, list[torch.Tensor]]:
+    """The entries of ``state_dict``'s tensors in a rank's file, and each one's local tensor (a DTensor's shard).
+    An entry of the last plan of the same slot is reused for the same key and the same plain tensor object when
+    its bytes are a range of the slot (read when the file is written; bytes sent by value are taken anew). Only a
+    slot's views are kept alive here, never a private copy."""
     where = (rank, str(slot.path), slot.bytes.data_ptr()) if slot is not None else None
     last = _PLANS.get(where) if where is not None else None
     known = {k: (v, e) for k, v, e in zip(last.keys, last.values, last.entries)} if last is not None else {}
     entries: list[_Entry] = []
+    locals_: list[torch.Tensor] = []
     pos = 0
     for key, value in state_dict.items():
         old = known.get(key)
-        if old is not None and old[0] is value and isinstance(old[1].wire[1], tuple):
+        if old is not None and old[0] is value and isinstance(old[1].wire[1], tuple) and not is_dtensor(value):
             e = old[1]
+            local = value
             if e.item.offset != pos:
                 e = e._replace(item=e.item._replace(offset=pos))
         else:
@@ -303,6 +305,7 @@ def _plan(rank: int, slot: Any, state_dict: Mapping[str, Any]) -> _Plan:
             e = _Entry(template, item, ((template.head, template.tail, template.head_crc, template.tail_crc),
                                         _source(local, slot)))
         entries.append(e)
+        locals_.append(local)
         pos += e.item.length
     plan = _Plan(list(state_dict), list(state_dict.values()), entries)
     if where is not None:
@@ -310,7 +313,7 @@ def _plan(rank: int, slot: Any, state_dict: Mapping[str, Any]) -> _Plan:
         _PLANS[where] = plan
         while len(_PLANS) > _PLANS_KEPT:
             del _PLANS[next(iter(_PLANS))]
-    return plan
+    return plan, locals_
 
 
 def _source(t: torch.Tensor, slot: Any) -> tuple[int, int] | bytes:
