@@ -9,6 +9,20 @@ go when no one else's wait. Where the container forbids one (a seccomp profile,
 a kernel without the class), the process falls back to nice 19 for the CPU, and
 the priority it got is said, not assumed: :func:`apply` returns it and its
 callers journal it. Torch-free (the store imports it).
+
+The idle class orders threads within one scheduling group. With autogroups on
+(``kernel.sched_autogroup_enabled``, the default of many distributions) every
+session is a group of its own, and the scheduler first shares a core between
+groups at their group weight: a process in the idle class that leads its own
+session (the node store: the harness starts it with a session of its own) then
+competes with the ranks' group as an ordinary one would, whatever its class.
+Measured here (issue 33): the stores' replication cost training 5-7 points while
+a replicator in the ranks' own session, in the same class, cost 1-2. So for a
+session leader the idle priority also sets its session's group to nice 19 (the
+lowest weight, 15 against a normal group's 1024; ``/proc/PID/autogroup``). A
+process in its parent's session (the writer, the floor replicator) is in the
+ranks' group already, where its class does what it says; its group is never
+changed, or training's would be.
 """
 from __future__ import annotations
 
@@ -37,9 +51,13 @@ class Applied:
     """``idle`` or ``normal``."""
     note: str = ""
     """Why a class asked for was not applied ('' when all were)."""
+    group: str = ""
+    """The scheduling group's weight when it was changed: ``autogroup nice 19`` (the process leads its session's
+    autogroup); '' when it was left as it was (no autogroups, or the process is in its parent's)."""
 
     def fields(self) -> dict[str, str]:
-        return {"cpu_class": self.cpu, "io_class": self.io, **({"priority_note": self.note} if self.note else {})}
+        return {"cpu_class": self.cpu, "io_class": self.io, **({"cpu_group": self.group} if self.group else {}),
+                **({"priority_note": self.note} if self.note else {})}
 
 
 def _threads(pid: int) -> list[int]:
@@ -90,5 +108,31 @@ def apply(priority: str, pid: int = 0) -> Applied:
             notes.append(f"idle I/O class refused ({why})")
             io = "normal"
             break
-    return Applied(cpu, io, "; ".join(notes))
+    group, why = _autogroup_lowest(pid)
+    if why:
+        notes.append(why)
+    return Applied(cpu, io, "; ".join(notes), group)
+
+
+AUTOGROUPS = "/proc/sys/kernel/sched_autogroup_enabled"
+
+
+def _autogroup_lowest(pid: int) -> tuple[str, str]:
+    """Give the autogroup of process ``pid`` (0: this one) the lowest weight when the process leads its session
+    (that group is its own and its children's); (what was set or '', why it could not be or '')."""
+    try:
+        with open(AUTOGROUPS) as f:
+            if f.read().strip() != "1":
+                return "", ""
+    except OSError:
+        return "", ""  # a kernel without autogroups: the idle class alone decides
+    target = pid or os.getpid()
+    try:
+        if os.getsid(target) != target:
+            return "", ""  # in its parent's session: the group is shared with whoever started it
+        with open(f"/proc/{target}/autogroup", "w") as f:
+            f.write("19")
+    except OSError as e:
+        return "", f"its session's autogroup kept its weight ({e})"
+    return "autogroup nice 19", ""
 
