@@ -20,7 +20,7 @@ from baft.bubbles.planner import PlannerConfig
 from baft.bubbles.profiler import ProfilerConfig
 from baft.errors import BaftConfigError, deprecated
 from baft.persist.storage import check_url, is_url
-from baft.priority import PRIORITIES
+from baft.priority import CHOICES, PRIORITIES
 from baft.store.config import ReplicationConfig
 
 StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
@@ -71,7 +71,7 @@ class BaftConfig:
         if self.writer not in ("process", "thread", "dcp"):
             raise BaftConfigError("writer", "process, thread or dcp", self.writer)
         if self.writer_priority not in PRIORITIES:
-            raise BaftConfigError("writer_priority", " or ".join(PRIORITIES), self.writer_priority)
+            raise BaftConfigError("writer_priority", CHOICES, self.writer_priority)
         if (isinstance(self.persist_window_ms, bool) or not isinstance(self.persist_window_ms, (int, float))
                 or not 0 <= self.persist_window_ms < math.inf):
             raise BaftConfigError("persist_window_ms", "a number of milliseconds >= 0 (0: no gate)", self.persist_window_ms)

@@ -18,11 +18,15 @@ session (the node store: the harness starts it with a session of its own) then
 competes with the ranks' group as an ordinary one would, whatever its class.
 Measured here (issue 33): the stores' replication cost training 5-7 points while
 a replicator in the ranks' own session, in the same class, cost 1-2. So for a
-session leader the idle priority also sets its session's group to nice 19 (the
-lowest weight, 15 against a normal group's 1024; ``/proc/PID/autogroup``). A
-process in its parent's session (the writer, the floor replicator) is in the
-ranks' group already, where its class does what it says; its group is never
-changed, or training's would be.
+session leader the ``lowest`` priority also sets its session's group to nice 19
+(the lowest weight, 15 against a normal group's 1024; ``/proc/PID/autogroup``):
+then it truly runs on what training leaves, and on a machine with nothing left
+(oversubscribed, such as a test run beside other jobs) it falls behind — in CI,
+five scenarios that need fresh replicas at a node loss failed with it as the
+stores' default, which is why it is a choice and ``idle`` is not it. A process in
+its parent's session (the writer, the floor replicator) is in the ranks' group
+already, where its class does what it says; its group is never changed, or
+training's would be.
 """
 from __future__ import annotations
 
@@ -31,9 +35,12 @@ import os
 import platform
 from dataclasses import dataclass
 
-IDLE, NORMAL = "idle", "normal"
-PRIORITIES = (IDLE, NORMAL)
-"""``idle``: the idle CPU and I/O classes; ``normal``: as started (the parent's)."""
+IDLE, NORMAL, LOWEST = "idle", "normal", "lowest"
+PRIORITIES = (IDLE, NORMAL, LOWEST)
+"""``idle``: the idle CPU and I/O classes; ``lowest``: those, and a session leader's autogroup at nice 19;
+``normal``: as started (the parent's)."""
+CHOICES = "idle, lowest or normal"
+"""How a refused priority's message names the choices."""
 
 _IOPRIO_WHO_PROCESS = 1  # a thread id, for Linux
 _IOPRIO_CLASS_IDLE = 3
@@ -108,7 +115,7 @@ def apply(priority: str, pid: int = 0) -> Applied:
             notes.append(f"idle I/O class refused ({why})")
             io = "normal"
             break
-    group, why = _autogroup_lowest(pid)
+    group, why = _autogroup_lowest(pid) if priority == LOWEST else ("", "")
     if why:
         notes.append(why)
     return Applied(cpu, io, "; ".join(notes), group)

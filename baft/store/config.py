@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from baft.errors import BaftConfigError
-from baft.priority import PRIORITIES
+from baft.priority import CHOICES, PRIORITIES
 from baft.store.placement import PLACEMENTS
 from baft.store.wire import SECRET_VARIABLE
 
@@ -46,12 +46,15 @@ class ReplicationConfig:
 
     priority: str = "idle"
     """The store's CPU and I/O class: ``idle`` (``SCHED_IDLE`` and the idle I/O class, nice 19 where the idle
-    CPU class is refused; it then runs on what the ranks leave idle, such as their pipeline bubbles) or
-    ``normal`` (the class it was started in). What was applied is journaled (``store_start``)."""
+    CPU class is refused; it then runs on what the ranks leave idle, such as their pipeline bubbles — but where
+    the kernel groups processes by session, autogroups, the class counts only inside the store's own group),
+    ``lowest`` (those, and the store's session group at nice 19: idle across groups too, and behind when the
+    machine has nothing idle) or ``normal`` (the class it was started in). What was applied is journaled
+    (``store_start``)."""
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
-            raise BaftConfigError("priority", " or ".join(PRIORITIES), self.priority)
+            raise BaftConfigError("priority", CHOICES, self.priority)
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:
             raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
         if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) or self.rate < 0:

@@ -159,7 +159,7 @@ def test_a_refused_value_names_its_flag() -> None:
     with pytest.raises(UsageError, match=r"^--strategies: expected names among none, sync, .*found 'magic'$"):
         parsed(BenchConfig, ["--strategies", "none,magic"])
     # a section's refusal (the workload's, baft's, the stores') names the flag under its path
-    with pytest.raises(UsageError, match=r"^--checkpoint.baft.writer-priority: expected idle or normal, found 'fast'$"):
+    with pytest.raises(UsageError, match=r"^--checkpoint.baft.writer-priority: expected idle, lowest or normal, found 'fast'$"):
         parsed(BenchConfig, ["--checkpoint.baft.writer-priority", "fast"])
     with pytest.raises(UsageError, match=r"^--checkpoint.baft.replication.rate: expected a number >= 0"):
         parsed(BenchConfig, ["--checkpoint.baft.replication.rate=-1"])

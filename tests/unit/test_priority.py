@@ -26,13 +26,15 @@ def _group(pid: int) -> tuple[str, int]:
 @pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="a kernel without autogroups")
 def test_a_session_leaders_group_goes_to_the_lowest_weight_and_a_shared_group_is_left() -> None:
     """With autogroups on, the scheduler shares a core between sessions' groups before it looks at a thread's
-    class: a node store (its own session) in SCHED_IDLE would still compete as a normal process. Its group
-    gets nice 19; a child in this process's session (a writer) keeps the group it shares with its parent."""
+    class: a node store (its own session) in SCHED_IDLE still competes as a normal process. ``lowest`` gives its
+    group nice 19 (``idle`` leaves it); a child in this process's session (a writer) keeps the group it shares
+    with its parent."""
     leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     member = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     mine = _group(os.getpid())
     try:
-        led, shared = priority.apply(priority.IDLE, leader.pid), priority.apply(priority.IDLE, member.pid)
+        assert priority.apply(priority.IDLE, leader.pid).group == "" and _group(leader.pid)[1] == 0  # the class only
+        led, shared = priority.apply(priority.LOWEST, leader.pid), priority.apply(priority.LOWEST, member.pid)
         assert os.sched_getscheduler(leader.pid) == os.SCHED_IDLE == os.sched_getscheduler(member.pid)
         assert _group(member.pid) == mine and shared.group == ""  # training's group is never touched
         if _autogroups_on():
