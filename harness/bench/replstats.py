@@ -24,7 +24,8 @@ def replication_stats(out: Path, block: int | None = None) -> dict[str, Any]:
         "replica_bytes_median": statistics.median(e["bytes"] for e in sent) if sent else None,
         "paced_share": sum(1 for e in sent if e.get("paced")) / len(sent) if sent else None,
         "connections": sum(1 for e in evs if e["event"] == "peer_connected"),
-        "store_priority": sorted({f"{e.get('cpu_class', '?')}/{e.get('io_class', '?')}" for e in starts.values()}),
+        "store_priority": sorted({f"{e.get('cpu_class', '?')}/{e.get('io_class', '?')}"
+                                  + (f", {e['cpu_group']}" if e.get("cpu_group") else "") for e in starts.values()}),
         **serving_cpu(sent, stops, starts),
         "replicated": len(sent),
         "skipped": sum(1 for e in evs if e["event"] == "replication_skipped"),

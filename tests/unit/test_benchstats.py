@@ -162,3 +162,16 @@ def test_the_bench_reports_when_and_why_replication_stopped(tmp_path) -> None:
     assert (rep["degraded"], rep["resumed"], rep["degraded_reason"]) == (1, 0, why)
     lines = table({"tiers": {}, "restore": {}, "replication": rep}).splitlines()
     assert any(line.startswith("replication stopped 1 time(s), resumed 0: a round of replicas") for line in lines)
+
+
+def test_the_bench_says_each_stores_class_and_group_as_the_stores_journaled_them(tmp_path) -> None:
+    import json
+
+    from harness.bench.replstats import replication_stats
+
+    (tmp_path / "journal").mkdir()
+    for node, extra in ((0, {"cpu_group": "autogroup nice 19"}), (1, {})):
+        events = [{"t": 0.5, "event": "store_start", "node": f"node{node}", "cpu_class": "SCHED_IDLE", "io_class": "idle",
+                   **extra}]
+        (tmp_path / "journal" / f"store-node{node}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert replication_stats(tmp_path)["store_priority"] == ["SCHED_IDLE/idle", "SCHED_IDLE/idle, autogroup nice 19"]
