@@ -146,8 +146,13 @@ def wait_records(root: Root, step: int, world_size: int, timeout: float) -> list
 
 def _publish(st: Storage, step: int, manifest: dict[str, Any]) -> None:
     """Write the manifest of ``step``, then move ``latest`` to it: the two steps of every commit."""
-    st.write(f"{step_name(step)}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
-    st.write(LATEST, f"{step}\n".encode())
+    _run_on(st, _publish_ops(step, manifest))
+
+
+def _publish_ops(step: int, manifest: dict[str, Any]) -> list[FileOp]:
+    """:func:`_publish` as file operations."""
+    return [FileOp("write", f"{step_name(step)}/{MANIFEST}", data=json.dumps(manifest, indent=1).encode()),
+            FileOp("write", LATEST, data=f"{step}\n".encode())]
 
 
 def commit(root: Root, step: int, shards: list[ShardRecord], extra: dict[str, Any] | None = None) -> None:
@@ -221,14 +226,16 @@ def commit_file_ops(step: int, world_size: int, files: Mapping[str, tuple[int, s
     manifest = {"step": step, "world_size": world_size,
                 "files": {n: {"size": size, "checksum": digest} for n, (size, digest) in files.items()}, **(extra or {})}
     return [*(FileOp("expect", f"{d}/{name}", size, digest) for name, (size, digest) in files.items()),
-            FileOp("write", f"{d}/{MANIFEST}", data=json.dumps(manifest, indent=1).encode()),
-            FileOp("write", LATEST, data=f"{step}\n".encode())]
+            *_publish_ops(step, manifest)]
 
 
 def run_ops(root: Root, ops: Sequence[FileOp]) -> None:
     """Run ``ops`` in order on ``root``'s storage; a file not as expected raises :class:`CheckpointCorrupt`
     and runs nothing after it."""
-    st = storage.at(root)
+    _run_on(storage.at(root), ops)
+
+
+def _run_on(st: Storage, ops: Sequence[FileOp]) -> None:
     for op in ops:
         if op.kind == "expect":
             try:

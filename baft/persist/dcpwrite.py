@@ -260,12 +260,11 @@ class _Entry(NamedTuple):
 
 @dataclass(slots=True)
 class _Plan:
-    """A rank's file as last written from one slot: the state dict's keys and values (the slot's views, kept
-    alive here so that ``is`` cannot match another tensor) and each one's entry."""
+    """A rank's file as last written from one slot: each tensor's entry, in the file's order, and by key the
+    tensor it was made for (the slot's views, kept alive here so that ``is`` cannot match another tensor)."""
 
-    keys: list[str]
-    values: list[Any]
     entries: list[_Entry]
+    by_key: dict[str, tuple[Any, _Entry]]
 
     @property
     def length(self) -> int:
@@ -286,7 +285,7 @@ def _plan(rank: int, slot: Any, state_dict: Mapping[str, Any]) -> tuple[_Plan, l
     slot's views are kept alive here, never a private copy."""
     where = (rank, str(slot.path), slot.bytes.data_ptr()) if slot is not None else None
     last = _PLANS.get(where) if where is not None else None
-    known = {k: (v, e) for k, v, e in zip(last.keys, last.values, last.entries)} if last is not None else {}
+    known = last.by_key if last is not None else {}
     entries: list[_Entry] = []
     locals_: list[torch.Tensor] = []
     pos = 0
@@ -307,7 +306,7 @@ def _plan(rank: int, slot: Any, state_dict: Mapping[str, Any]) -> tuple[_Plan, l
         entries.append(e)
         locals_.append(local)
         pos += e.item.length
-    plan = _Plan(list(state_dict), list(state_dict.values()), entries)
+    plan = _Plan(entries, {k: (v, e) for (k, v), e in zip(state_dict.items(), entries)})
     if where is not None:
         _PLANS.pop(where, None)
         _PLANS[where] = plan

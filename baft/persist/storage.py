@@ -184,8 +184,6 @@ class LocalStorage(Storage):
         shutil.rmtree(self.location(rel), ignore_errors=True)
 
 
-
-
 class FsspecStorage(Storage):
     """A prefix of any fsspec file system: object stores, ``file://``, ``memory://``."""
 
