@@ -32,7 +32,9 @@ SIZE = 1_260_000  # the reference workload's gpt-tiny stage: 1.26 MB a version
 #: of back-to-back copies; one replica per version, each after an idle gap and with an answer, costs the plain
 #: program itself 2-2.5 times that); 12-14 before issue 33; 2.6-3.0 since the kept copy is read into its mapping
 #: and a replica sent from one (2026-12-06, 2.0-2.1 ms of the two stores' CPU per 1.26 MB replica, 2.6-2.8 before).
-TIMES_FLOOR = 6.0
+#: In CI the test runs beside the parallel part on two busy cores: 6.1 there once (2026-12-07, a floor of 0.29),
+#: so the bound leaves room for that load and still fails the 12-14 this guards against.
+TIMES_FLOOR = 8.0
 
 
 def _cpu(pid: int) -> float:
