@@ -23,10 +23,11 @@ session leader the ``lowest`` priority also sets its session's group to nice 19
 then it truly runs on what training leaves, and on a machine with nothing left
 (oversubscribed, such as a test run beside other jobs) it falls behind — in CI,
 five scenarios that need fresh replicas at a node loss failed with it as the
-stores' default, which is why it is a choice and ``idle`` is not it. A process in
-its parent's session (the writer, the floor replicator) is in the ranks' group
-already, where its class does what it says; its group is never changed, or
-training's would be.
+stores' default. So the store's default is ``adaptive``: the idle classes, and its
+group at nice 19 only while its replicas keep up (:mod:`baft.store.governor`
+raises it back to nice 0 when they fall behind). A process in its parent's
+session (the writer, the floor replicator) is in the ranks' group already, where
+its class does what it says; its group is never changed, or training's would be.
 """
 from __future__ import annotations
 
@@ -35,12 +36,18 @@ import os
 import platform
 from dataclasses import dataclass
 
-IDLE, NORMAL, LOWEST = "idle", "normal", "lowest"
+IDLE, NORMAL, LOWEST, ADAPTIVE = "idle", "normal", "lowest", "adaptive"
 PRIORITIES = (IDLE, NORMAL, LOWEST)
 """``idle``: the idle CPU and I/O classes; ``lowest``: those, and a session leader's autogroup at nice 19;
 ``normal``: as started (the parent's)."""
 CHOICES = "idle, lowest or normal"
 """How a refused priority's message names the choices."""
+STORE_PRIORITIES = (ADAPTIVE, *PRIORITIES)
+"""The node store's: also ``adaptive``, the idle classes with its session's group lowered while its replicas keep
+up (the store's :class:`baft.store.governor.GroupGovernor` decides; :func:`apply` leaves the group at nice 0)."""
+STORE_CHOICES = "adaptive, idle, lowest or normal"
+GROUP_LOW, GROUP_HIGH = 19, 0
+"""The autogroup nice values of a lowered and a raised group (weights 15 and 1024)."""
 
 _IOPRIO_WHO_PROCESS = 1  # a thread id, for Linux
 _IOPRIO_CLASS_IDLE = 3
@@ -60,11 +67,20 @@ class Applied:
     """Why a class asked for was not applied ('' when all were)."""
     group: str = ""
     """The scheduling group's weight when it was changed: ``autogroup nice 19`` (the process leads its session's
-    autogroup); '' when it was left as it was (no autogroups, or the process is in its parent's)."""
+    autogroup); ``autogroup adaptive`` (it leads it, and its group's weight is the governor's to set); '' when it
+    was left as it was (no autogroups, or the process is in its parent's)."""
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the process's group weight is to be set as it goes (``adaptive``, where it leads its group)."""
+        return self.group == ADAPTIVE_GROUP
 
     def fields(self) -> dict[str, str]:
         return {"cpu_class": self.cpu, "io_class": self.io, **({"cpu_group": self.group} if self.group else {}),
                 **({"priority_note": self.note} if self.note else {})}
+
+
+ADAPTIVE_GROUP = "autogroup adaptive"
 
 
 def _threads(pid: int) -> list[int]:
@@ -90,8 +106,8 @@ def _ioprio_idle(tid: int) -> str | None:
 
 def apply(priority: str, pid: int = 0) -> Applied:
     """Run every thread of process ``pid`` (0: this one; threads started later inherit it) at ``priority``."""
-    if priority not in PRIORITIES:
-        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+    if priority not in STORE_PRIORITIES:
+        raise ValueError(f"priority must be one of {STORE_CHOICES}, got {priority!r}")
     if priority == NORMAL:
         return Applied("normal", "normal")
     notes: list[str] = []
@@ -115,7 +131,13 @@ def apply(priority: str, pid: int = 0) -> Applied:
             notes.append(f"idle I/O class refused ({why})")
             io = "normal"
             break
-    group, why = _autogroup_lowest(pid) if priority == LOWEST else ("", "")
+    group, why = "", ""
+    if priority == LOWEST:
+        why = set_group_nice(GROUP_LOW, pid)
+        group = "" if why or not leads_group(pid) else "autogroup nice 19"
+    elif priority == ADAPTIVE and leads_group(pid):
+        why = set_group_nice(GROUP_HIGH, pid)  # the governor lowers it once the replicas show they keep up
+        group = "" if why else ADAPTIVE_GROUP
     if why:
         notes.append(why)
     return Applied(cpu, io, "; ".join(notes), group)
@@ -124,22 +146,27 @@ def apply(priority: str, pid: int = 0) -> Applied:
 AUTOGROUPS = "/proc/sys/kernel/sched_autogroup_enabled"
 
 
-def _autogroup_lowest(pid: int) -> tuple[str, str]:
-    """Give the autogroup of process ``pid`` (0: this one) the lowest weight when the process leads its session
-    (that group is its own and its children's); (what was set or '', why it could not be or '')."""
+def leads_group(pid: int = 0) -> bool:
+    """Whether process ``pid`` (0: this one) leads its session's autogroup (its own and its children's, nobody
+    else's) on a kernel with autogroups on."""
     try:
         with open(AUTOGROUPS) as f:
             if f.read().strip() != "1":
-                return "", ""
+                return False
+        target = pid or os.getpid()
+        return os.getsid(target) == target and os.path.exists(f"/proc/{target}/autogroup")
     except OSError:
-        return "", ""  # a kernel without autogroups: the idle class alone decides
-    target = pid or os.getpid()
-    try:
-        if os.getsid(target) != target:
-            return "", ""  # in its parent's session: the group is shared with whoever started it
-        with open(f"/proc/{target}/autogroup", "w") as f:
-            f.write("19")
-    except OSError as e:
-        return "", f"its session's autogroup kept its weight ({e})"
-    return "autogroup nice 19", ""
+        return False  # a kernel without autogroups: the idle class alone decides
 
+
+def set_group_nice(nice: int, pid: int = 0) -> str:
+    """Set the autogroup weight of process ``pid`` (0: this one) to ``nice`` where it leads its session (else
+    leave it: the group is shared with whoever started it); '' or why it could not be."""
+    if not leads_group(pid):
+        return ""
+    try:
+        with open(f"/proc/{pid or os.getpid()}/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError as e:
+        return f"its session's autogroup kept its weight ({e})"
+    return ""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 from baft.errors import BaftConfigError
@@ -33,7 +34,8 @@ class StoreClient:
                 if self._sock is None:
                     self._sock = connect(self.address, self.secret, timeout=5)
                 send(self._sock, {"op": "sealed", "rank": rank, "version": version, "file": str(file),
-                                  "persist_every": persist_every, "persisted": persisted})
+                                  "persist_every": persist_every, "persisted": persisted,
+                                  "sealed_at": time.monotonic()})  # the node's clock: the store's too
                 return True
             except OSError:
                 self.close()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from baft.errors import BaftConfigError
-from baft.priority import CHOICES, PRIORITIES
+from baft.priority import ADAPTIVE, STORE_CHOICES, STORE_PRIORITIES
 from baft.store.placement import PLACEMENTS
 from baft.store.wire import SECRET_VARIABLE
 
@@ -44,17 +44,19 @@ class ReplicationConfig:
     is journaled (``replication_degraded``) and probed again later. A budget trades the freshness
     of the peer copies for speed."""
 
-    priority: str = "idle"
+    priority: str = ADAPTIVE
     """The store's CPU and I/O class: ``idle`` (``SCHED_IDLE`` and the idle I/O class, nice 19 where the idle
     CPU class is refused; it then runs on what the ranks leave idle, such as their pipeline bubbles — but where
     the kernel groups processes by session, autogroups, the class counts only inside the store's own group),
     ``lowest`` (those, and the store's session group at nice 19: idle across groups too, and behind when the
-    machine has nothing idle) or ``normal`` (the class it was started in). What was applied is journaled
-    (``store_start``)."""
+    machine has nothing idle), ``adaptive``, the default (``idle``, and the group at nice 19 only while the
+    replicas land within half a version of their seal: raised again when one is a version late,
+    :mod:`baft.store.governor`, each change journaled as ``store_group``) or ``normal`` (the class it was
+    started in). What was applied is journaled (``store_start``)."""
 
     def __post_init__(self) -> None:
-        if self.priority not in PRIORITIES:
-            raise BaftConfigError("priority", CHOICES, self.priority)
+        if self.priority not in STORE_PRIORITIES:
+            raise BaftConfigError("priority", STORE_CHOICES, self.priority)
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 0:
             raise BaftConfigError("replicas", "an integer >= 0", self.replicas)
         if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) or self.rate < 0:

@@ -120,7 +120,7 @@ class PeerLink:
         raise AssertionError("unreachable")
 
     def _send(self, s: socket.socket, paced: bool, rank: int, version: int, fd: int, nbytes: int) -> Delivery:
-        raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes}).encode()
+        raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes, "paced": paced}).encode()
         t0 = time.perf_counter()
         deferred = 0.0
         if paced:

@@ -18,7 +18,8 @@ snapshot slots are files in the node's shared-memory directory; the store
 * keeps the replicas it receives as slot files of the same format
   (``replica-rank-R.slotK``), a ring of three per rank written in place (:mod:`baft.store.ring`);
 * runs in the idle CPU and I/O classes (``ReplicationConfig.priority``, :mod:`baft.priority`): on cores the
-  ranks keep busy it works while they wait in their bubbles;
+  ranks keep busy it works while they wait in their bubbles; under ``adaptive`` (the default) its session's
+  scheduling group is at the lowest weight while its replicas keep up (:mod:`baft.store.governor`);
 * answers restores: ``locate`` lists every complete copy of a rank's state on
   every node, ``pull`` brings a copy into the asking worker's own slot file;
 * forgets a timeline the job left: after a restore at version v, ``discard``
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from baft.priority import ADAPTIVE, leads_group, set_group_nice
 from baft.snapshot.slotfile import (
     HEADER,
     SLOTS,
@@ -58,6 +60,7 @@ from baft.snapshot.slotfile import (
     write_slot,
 )
 from baft.store.config import StoreConfig
+from baft.store.governor import GroupGovernor
 from baft.store.linkmeter import LinkMeter
 from baft.store.peerlink import PeerLink
 from baft.store.peerrounds import PeerRounds
@@ -79,6 +82,8 @@ from baft.store.wire import (
 
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0
+#: A rank's seal time older than this (seconds) is not its node's clock: the store's own time of the notice counts.
+SEAL_CLOCK_SKEW = 60.0
 #: How often the server looks whether it was asked to stop (its only wake-up while nothing happens).
 SHUTDOWN_POLL = 0.5
 
@@ -98,6 +103,7 @@ class Store:
         self._jlock = threading.Lock()
         self._cond = threading.Condition()
         self._sealed: dict[int, dict[int, str]] = {}  # rank -> recent sealed versions -> slot file
+        self._sealed_at: dict[tuple[int, int], float] = {}  # (rank, recent version) -> when the rank sealed it
         self._done = -1  # the last round finished (every local rank's copy sent)
         self._unreplicated: set[int] = set()  # versions sealed since the last round started, no round's yet
         self._current: int | None = None  # the round in progress
@@ -108,6 +114,10 @@ class Store:
         self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
         self._busy = False  # a replica was sent since the last sealed notification
+        self.governor = (GroupGovernor(self.log, set_group_nice)
+                         if config.replication.priority == ADAPTIVE and leads_group() else None)
+        """Lowers the store's scheduling group while its replicas keep up (:mod:`baft.store.governor`; None:
+        the group stays as the priority set it)."""
         self.stride = Stride(self.log, config.replication.max_slowdown)
         """Which versions are replicated (:mod:`baft.store.stride`): every stride-th, or none while the link
         is too slow for a replica to beat the persistent tier."""
@@ -211,6 +221,7 @@ class Store:
         if nbytes > limit:
             raise Refused(f"a replica of {nbytes} bytes (at most {limit} here)")
         self._hold(rank, version)  # before the body: on a paced link it takes a while, and the slots move on
+        t0 = time.monotonic()
         head = bytearray(min(nbytes, HEADER))
         recv_exact_into(sock, memoryview(head))
         ring = self.ring("replica", rank)
@@ -218,6 +229,9 @@ class Store:
             ring.receive(version, bytes(head), nbytes, lambda view: recv_exact_into(sock, view))
         with self._cond:
             self._peers_rounds.landed(rank, version)
+        period = self.stride.period  # this node's ranks' pace: the job's
+        if self.governor is not None and period and not header.get("paced"):
+            self.governor.landed((time.monotonic() - t0) / period, "received from a peer")
         return {"ok": True}, b""
 
     def _handle(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -237,10 +251,15 @@ class Store:
         with self._cond:
             versions = self._sealed.setdefault(header["rank"], {})
             versions[header["version"]] = str(file)
+            at = header.get("sealed_at")
+            now = time.monotonic()  # a rank on this node sends its CLOCK_MONOTONIC; anything else: now
+            self._sealed_at[(header["rank"], header["version"])] = (
+                at if type(at) is float and now - SEAL_CLOCK_SKEW <= at <= now else now)
             if header["version"] > self._done:
                 self._unreplicated.add(header["version"])
             for old in sorted(versions)[:-(SLOTS - 1)]:
                 del versions[old]  # its slot is being reused for the next version by now
+                self._sealed_at.pop((header["rank"], old), None)
             every = header.get("persist_every")
             busy = self._busy or self._inflight is not None  # replica data went out since the last seal
             self._busy = False
@@ -395,6 +414,8 @@ class Store:
             got = ring.copy_from(Path(versions[v]), v, k % SLOTS)
         if got is None:
             self._lose(rank, "slot rewritten before it was read")
+            if self.governor is not None:
+                self.governor.missed(f"rank {rank}'s slot of version {v} was rewritten before the store read it")
             return
         self._captured[rank] = got
         self._kept[rank] = k + 1
@@ -500,6 +521,11 @@ class Store:
                 continue
             with self._cond:  # staleness: how many newer versions the rank sealed while this one travelled
                 behind = max(self._sealed.get(rank) or {version: ""}) - version
+                sealed_at = self._sealed_at.get((rank, version))
+            period = self.stride.period
+            if self.governor is not None and not sent.paced and sealed_at is not None and period:
+                # from the seal to the peer's answer, the wait for training traffic to pause left out
+                self.governor.landed((time.monotonic() - sealed_at - sent.deferred) / period, f"sent to {target}")
             # cpu_seconds: the store's CPU so far (all threads), so a reader can price the replicas between two
             self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes, seconds=round(sent.seconds, 6),
                      deferred_seconds=round(sent.deferred, 6), behind=behind, paced=sent.paced,

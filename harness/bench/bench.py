@@ -339,6 +339,9 @@ def table(result: dict[str, Any]) -> str:
                          f"all ({rep['store_cpu_seconds_per_gb']:.2f} per replicated GB, starting included), at most "
                          f"{rep['store_max_rss_mbytes']:.0f} MB resident each; {rep['connections']} connection(s) to "
                          f"peers, {rep['paced_share'] or 0:.0%} of replicas paced")
+        if rep.get("group_lowered") is not None:
+            lines.append(f"stores' group (adaptive): lowered to nice 19 {rep['group_lowered']} time(s), raised back "
+                         f"{rep['group_raised']}; {rep['group_lowered_share'] or 0:.0%} of replicas sent while lowered")
         if rep.get("replicating_cpu_seconds_per_gb") is not None:
             floor = rep.get("floor_cpu_seconds_per_gb")
             lines.append(f"replication CPU: {rep['replicating_cpu_seconds_per_gb']:.3f} CPU-s per replicated GB while "

@@ -27,6 +27,7 @@ def replication_stats(out: Path, block: int | None = None) -> dict[str, Any]:
         "store_priority": sorted({f"{e.get('cpu_class', '?')}/{e.get('io_class', '?')}"
                                   + (f", {e['cpu_group']}" if e.get("cpu_group") else "") for e in starts.values()}),
         **serving_cpu(sent, stops, starts),
+        **group_changes(evs),
         "replicated": len(sent),
         "skipped": sum(1 for e in evs if e["event"] == "replication_skipped"),
         "failed": sum(1 for e in evs if e["event"] == "replication_failed"),
@@ -43,6 +44,27 @@ def replication_stats(out: Path, block: int | None = None) -> dict[str, Any]:
         "degraded_reason": next((e["reason"] for e in evs if e["event"] == "replication_degraded"), None),
         **staleness(sent, [e for e in evs if e["event"] == "replication_stride"], block),
     }
+
+
+def group_changes(evs: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the adaptive stores' scheduling group moved (``store_group``): times lowered and raised, and the share
+    of the replicas each store sent while its group was at nice 19 (None: no store adapted its group)."""
+    changes = [e for e in evs if e["event"] == "store_group" and e.get("nice") is not None]
+    if not changes:
+        return {}
+    lowered_sent = total = 0
+    for node in {e.get("node") for e in evs}:
+        low = False
+        for e in sorted((e for e in evs if e.get("node") == node and e["event"] in ("store_group", "replicated")),
+                        key=lambda e: e["t"]):
+            if e["event"] == "store_group":
+                low = e.get("nice") == 19 if e.get("nice") is not None else low
+            else:
+                total += 1
+                lowered_sent += low
+    return {"group_lowered": sum(1 for e in changes if e["nice"] == 19),
+            "group_raised": sum(1 for e in changes if e["nice"] != 19),
+            "group_lowered_share": lowered_sent / total if total else None}
 
 
 def serving_cpu(sent: list[dict[str, Any]], stops: list[dict[str, Any]],

@@ -175,3 +175,25 @@ def test_the_bench_says_each_stores_class_and_group_as_the_stores_journaled_them
                    **extra}]
         (tmp_path / "journal" / f"store-node{node}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     assert replication_stats(tmp_path)["store_priority"] == ["SCHED_IDLE/idle", "SCHED_IDLE/idle, autogroup nice 19"]
+
+
+def test_the_bench_says_how_the_adaptive_stores_group_moved_and_how_many_replicas_went_while_it_was_low(tmp_path) -> None:
+    import json
+
+    from harness.bench.bench import table
+    from harness.bench.replstats import replication_stats
+
+    (tmp_path / "journal").mkdir()
+    sent = {"event": "replicated", "node": "node0", "rank": 0, "peer": "node1", "version": 1, "bytes": 10**6,
+            "seconds": 0.01, "deferred_seconds": 0.0, "behind": 0}
+    events = [{"t": 0.5, "event": "store_start", "node": "node0", "cpu_class": "SCHED_IDLE", "io_class": "idle",
+               "cpu_group": "autogroup adaptive"},
+              {**sent, "t": 1.0}, {"t": 1.5, "event": "store_group", "node": "node0", "nice": 19, "reason": "calm"},
+              {**sent, "t": 2.0}, {**sent, "t": 3.0},
+              {"t": 3.5, "event": "store_group", "node": "node0", "nice": 0, "reason": "late"}, {**sent, "t": 4.0},
+              {"t": 4.5, "event": "store_group", "node": "node0", "nice": None, "reason": "refused"}, {**sent, "t": 5.0}]
+    (tmp_path / "journal" / "store-node0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rep = replication_stats(tmp_path)
+    assert (rep["group_lowered"], rep["group_raised"], rep["group_lowered_share"]) == (1, 1, 2 / 5)
+    lines = table({"tiers": {}, "restore": {}, "replication": rep}).splitlines()
+    assert "stores' group (adaptive): lowered to nice 19 1 time(s), raised back 1; 40% of replicas sent while lowered" in lines

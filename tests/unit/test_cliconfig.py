@@ -244,7 +244,7 @@ checkpoints = st.builds(
     writer_priority=st.sampled_from(["idle", "normal"]), persist_window_ms=st.floats(0, 50),
     planner=st.builds(PlannerConfig, copier=st.sampled_from(["inline", "thread"]), fill=st.floats(0.05, 1.0)),
     replication=st.builds(ReplicationConfig, replicas=st.integers(0, 3), rate=st.floats(0, 1e9),
-                          yield_to_training=st.booleans(), priority=st.sampled_from(["idle", "normal"])))
+                          yield_to_training=st.booleans(), priority=st.sampled_from(["adaptive", "idle", "lowest", "normal"])))
 
 
 @settings(max_examples=60, deadline=None)

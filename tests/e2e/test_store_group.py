@@ -1,0 +1,130 @@
+"""The stores' default priority, ``adaptive``, with real store processes that lead their own sessions (as the
+harness starts them): each lowers its scheduling group to nice 19 once its replicas land within half a version of
+their seal, and raises it back to nice 0 when a replica lands a version late (here: seals stamped two seconds
+before they were sent, as a store starved of CPU would see them), journaling each change."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from baft.priority import ADAPTIVE_GROUP, AUTOGROUPS
+from baft.snapshot.slotfile import slot_of
+from baft.snapshot.slots import SnapshotBuffer
+from baft.store.client import StoreClient
+from baft.store.config import ReplicationConfig
+from baft.store.governor import CALM
+from baft.store.wire import SECRET_VARIABLE, connect, new_secret, send
+from baft.store.wire import request as ask
+
+from harness.run.nodeenv import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
+
+
+def _autogroups() -> bool:
+    try:
+        return Path(AUTOGROUPS).read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+@pytest.fixture
+def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[subprocess.Popen], list[str], Path]]:
+    monkeypatch.setenv(SECRET_VARIABLE, new_secret())
+    base = Path("/dev/shm") / f"baft-test-group-{os.getpid()}-{tmp_path.name}"
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    assert ReplicationConfig().priority == "adaptive"  # the default, which the stores get here
+    procs = [subprocess.Popen([sys.executable, "-m", "baft.store", "--root", str(base / f"node{n}"), "--node", str(n),
+                               "--addresses", ",".join(addresses), "--journal", str(tmp_path / f"store{n}.jsonl"),
+                               "--replication", ReplicationConfig().to_json()],
+                              env=dict(os.environ), start_new_session=True)
+             for n in range(2)]
+    try:
+        for a in addresses:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    ask(a, {"op": "ping"}, timeout=1)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the store did not start"
+                    time.sleep(0.05)
+        yield procs, addresses, base
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+@pytest.mark.skipif(not _autogroups(), reason="autogroups are off on this kernel: adaptive is the idle classes alone")
+def test_an_adaptive_store_lowers_its_group_while_replicas_keep_up_and_raises_it_when_one_is_late(
+        stores, tmp_path: Path) -> None:
+    procs, addresses, base = stores
+    buffers = [SnapshotBuffer(base / f"node{n}", n) for n in range(2)]
+    for b in buffers:
+        b.allocate(200_000, 8192)
+    clients = [StoreClient(a) for a in addresses]
+    socks = [connect(a, os.environ[SECRET_VARIABLE]) for a in addresses]
+
+    def journal(n: int) -> list[dict]:
+        return [json.loads(line) for line in (tmp_path / f"store{n}.jsonl").read_text().splitlines()]
+
+    def seal(version: int, late: float = 0.0) -> None:
+        for n in range(2):
+            slot = buffers[n].slot_for(version)
+            slot.begin(version)
+            slot.data()[:64].fill_(version % 101)
+            slot.complete(version, b"m" * 100)
+            path = buffers[n].path(slot_of(version))
+            if late:  # the notice a rank sends, its seal time as far back as a starved store would find it
+                send(socks[n], {"op": "sealed", "rank": n, "version": version, "file": str(path),
+                                "persist_every": None, "persisted": None, "sealed_at": time.monotonic() - late})
+            else:
+                assert clients[n].sealed(n, version, path)
+
+    try:
+        starts = [next(e for e in journal(n) if e["event"] == "store_start") for n in range(2)]
+        assert all(s["cpu_group"] == ADAPTIVE_GROUP and s["cpu_class"] == "SCHED_IDLE" for s in starts)
+        assert [_nice(p.pid) for p in procs] == [0, 0]
+        v = 0
+        deadline = time.monotonic() + 60  # calm replicas: on busy cores some land later, and the count restarts
+        while not all(_nice(p.pid) == 19 for p in procs) and time.monotonic() < deadline:
+            seal(v)
+            v += 1
+            time.sleep(0.05)
+        assert [_nice(p.pid) for p in procs] == [19, 19], f"not lowered after {v} versions"
+        assert 2 * v >= CALM  # each store counts the replicas it sends and those it receives
+        for n in range(2):
+            low = [e for e in journal(n) if e["event"] == "store_group"]
+            assert low[0]["nice"] == 19 and "replicas in a row landed" in low[0]["reason"]
+        for _ in range(4):
+            seal(v, late=2.0)
+            v += 1
+            time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while not all(_nice(p.pid) == 0 for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [_nice(p.pid) for p in procs] == [0, 0]
+        for n in range(2):
+            raised = [e for e in journal(n) if e["event"] == "store_group" and e["nice"] == 0]
+            assert raised and "versions after its seal" in raised[0]["reason"] and raised[0]["late_versions"] > 1
+            assert raised[0]["calm_needed"] == 2 * CALM
+    finally:
+        for s in socks:
+            s.close()
+        for c in clients:
+            c.close()
+        for b in buffers:
+            b.close()
