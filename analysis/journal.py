@@ -78,16 +78,18 @@ Event fields:
                         the kernel refused)
 
 Each node's store writes ``journal/store-node<N>.jsonl``: store_start (pid, address, cpu_seconds spent
-starting, cpu_class, io_class, priority_note), replicated
+starting, cpu_class, io_class, cpu_group, priority_note), replicated
 (rank, version, peer, bytes, seconds, deferred_seconds, behind: the versions the rank sealed
-after this one by the time it landed, paced: sent in paced pieces, cpu_seconds: the store's CPU time so far),
+after this one by the time it landed, paced: sent in paced pieces, cpu_seconds: the store's CPU time so far, age_versions: versions from the rank's
+seal to the peer's answer, a wait for training traffic left out),
 peer_connected (peer, paced, reason: a kept connection made, once per peer unless one failed or the link's
 mode changed), peer_connection_failed (peer, reason), replication_skipped
 (rank, version, reason), replication_failed, pulled (rank, version, source, bytes),
 replication_paced (the link found to be the bottleneck or no longer), replication_stride (stride, reason),
 replication_degraded (persistent_age_versions, persist_every, reason, and replica_age_versions when the newest
 peer copy would be older than the persistent tier's, slowdown when replication slowed training past its budget), replication_resumed (a probe found
-the link fast again).
+the link fast again), store_group (nice: the store's session group now, 19 or 0, null when the kernel refused
+the change; reason; calm_needed: calm replicas in a row that lower it next; under the adaptive priority).
 ``finish``              step
 ``agent_start`` / ``agent_exit`` (launcher) node, returncode
 ``worker_failed``       (the node's torchrun agent, ``journal/agent-node<N>.jsonl``) node, attempt (the workers'

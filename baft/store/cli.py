@@ -16,7 +16,8 @@ from baft.errors import BaftConfigError
 from baft.fields import field_docs
 from baft.priority import apply as apply_priority
 from baft.store.config import ReplicationConfig, StoreConfig
-from baft.store.server import SHUTDOWN_POLL, Store, _Handler, _Server
+from baft.store.handler import SHUTDOWN_POLL, Handler, Server
+from baft.store.server import Store
 from baft.store.wire import secret_from_env
 
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     store = Store(config)
     addresses = config.addresses
     host, port = addresses[config.node].rsplit(":", 1)
-    server = _Server((config.listen or host, int(port)), _Handler)
+    server = Server((config.listen or host, int(port)), Handler)
     server.store = store  # type: ignore[attr-defined]
     (config.root / "store.pid").write_text(str(os.getpid()))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())

@@ -50,7 +50,7 @@ class ReplicationConfig:
     the kernel groups processes by session, autogroups, the class counts only inside the store's own group),
     ``lowest`` (those, and the store's session group at nice 19: idle across groups too, and behind when the
     machine has nothing idle), ``adaptive``, the default (``idle``, and the group at nice 19 only while the
-    replicas land within half a version of their seal: raised again when one is a version late,
+    replicas land within half a version of their seal: raised again when one is 0.75 versions late,
     :mod:`baft.store.governor`, each change journaled as ``store_group``) or ``normal`` (the class it was
     started in). What was applied is journaled (``store_start``)."""
 

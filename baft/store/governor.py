@@ -8,11 +8,14 @@ training's time saved — but on a machine with nothing left it falls behind,
 and a replica that lands late is a node loss that loses more steps. So under
 the ``adaptive`` priority (the default) the store starts at nice 0 and the
 governor watches each replica: one that takes longer than ``RAISE_AT``
-versions between its seal and its landing here or at the peer (waiting for the
-node's training traffic to pause left out: that wait is by design), or a
-version the store could not take before its slot was reused, raises the group
-to nice 0 at once; ``calm`` replicas in a row that take at most ``CALM_AT``
-versions lower it to nice 19. Each raise after a lowering doubles ``calm``
+(three quarters of a version: before a round outlasts its version and the
+stride doubles) between its seal and its landing here or at the peer (waiting for the
+node's training traffic to pause left out: that wait is by design), a round
+still unsent that long when a rank seals the next version (a store starved of
+CPU would never see its late replicas land), or a version the store could not
+take before its slot was reused, raises the group to nice 0 at once; ``calm``
+replicas in a row that it sent in at most ``CALM_AT`` versions lower it to
+nice 19. Each raise after a lowering doubles ``calm``
 (up to ``MAX_CALM``), so a machine that cannot give the store its time keeps
 it raised instead of trying again and again. Every change is journaled
 (``store_group``: the nice value and why). Paced replicas (the link, not the
@@ -27,11 +30,11 @@ from typing import Any
 from baft.priority import GROUP_HIGH, GROUP_LOW
 
 #: A replica later than this many versions after its seal raises the group.
-RAISE_AT = 1.0
+RAISE_AT = 0.75
 #: A replica at most this many versions after its seal counts towards lowering it.
 CALM_AT = 0.5
 #: Replicas in a row at most ``CALM_AT`` late before the group is lowered (first, and the most).
-CALM, MAX_CALM = 20, 1280
+CALM, MAX_CALM = 32, 2048
 
 
 class GroupGovernor:
@@ -51,16 +54,17 @@ class GroupGovernor:
         self._off = False  # the kernel refused a change: the group stays as it is
         self._lock = threading.Lock()
 
-    def landed(self, versions: float, what: str) -> None:
-        """A replica took ``versions`` (seconds over the seconds per version) from its seal to ``what`` (where it
-        landed: 'sent to PEER', 'received from a peer')."""
+    def landed(self, versions: float, what: str, counts: bool = True) -> None:
+        """A replica took ``versions`` (seconds over the seconds per version) from its seal to ``what`` ('sent to
+        PEER', 'received from a peer', 'still unsent when the next version was sealed'); only the ones that
+        ``counts`` (the replicas this store sent) make a calm run, any may raise the group."""
         with self._lock:
             if versions > RAISE_AT:
                 self._calm = 0
                 if self.lowered:
                     self._change(GROUP_HIGH, f"a replica {what} {versions:.2f} versions after its seal, more than "
                                  f"{RAISE_AT:g}", late_versions=round(versions, 3))
-            elif versions <= CALM_AT:
+            elif versions <= CALM_AT and counts:
                 self._calm += 1
                 if not self.lowered and self._calm >= self.calm_needed:
                     self._change(GROUP_LOW, f"{self._calm} replicas in a row landed at most {CALM_AT:g} versions "

@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import socketserver
 import threading
 import time
 from pathlib import Path
@@ -69,23 +68,15 @@ from baft.store.ring import SlotRing
 from baft.store.stride import Stride
 from baft.store.traffic import TRAFFIC_FILE, TrafficFlags
 from baft.store.wire import (
-    FRAME_TIMEOUT,
-    HANDSHAKE_TIMEOUT,
     Refused,
     recv_exact_into,
-    recv_header,
     request,
-    send,
-    server_handshake,
-    set_kernel_timeouts,
 )
 
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0
 #: A rank's seal time older than this (seconds) is not its node's clock: the store's own time of the notice counts.
 SEAL_CLOCK_SKEW = 60.0
-#: How often the server looks whether it was asked to stop (its only wake-up while nothing happens).
-SHUTDOWN_POLL = 0.5
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -231,7 +222,7 @@ class Store:
             self._peers_rounds.landed(rank, version)
         period = self.stride.period  # this node's ranks' pace: the job's
         if self.governor is not None and period and not header.get("paced"):
-            self.governor.landed((time.monotonic() - t0) / period, "received from a peer")
+            self.governor.landed((time.monotonic() - t0) / period, "received from a peer", counts=False)
         return {"ok": True}, b""
 
     def _handle(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -266,6 +257,8 @@ class Store:
             persisted = header.get("persisted")
             self.stride.sealed(header["version"], every if type(every) is int and every > 0 else None, busy,
                                persisted if type(persisted) is int else None)
+            if self.governor is not None and self._current is not None and header["version"] > self._current:
+                self._still_unsent(now)
             if self._current is None:
                 self._start_round()  # at once: a peer's round of it then finds the kept copy
             if header["version"] == self._current:
@@ -389,6 +382,21 @@ class Store:
         for rank in self._sealed:
             self._capture(rank)
 
+    def _still_unsent(self, now: float) -> None:
+        """A rank sealed a version newer than the round in flight: tell the governor how long the round's oldest
+        copy the store has yet to deliver has waited since its seal (a starved store would learn of its lateness
+        only once its replicas land; a rank that has not sealed the round's version yet is not the store's wait).
+        Under the lock."""
+        current, period = self._current, self.stride.period
+        if current is None:
+            return
+        waiting = {r for r in self._sealed if r not in self._sent and r not in self._lost}
+        if self._inflight is not None and self._inflight[1] == current:
+            waiting.add(self._inflight[0])
+        first = min((at for r in waiting if (at := self._sealed_at.get((r, current))) is not None), default=None)
+        if self.governor is not None and first is not None and period:
+            self.governor.landed((now - first) / period, "still unsent when the next version was sealed", counts=False)
+
     def _capture(self, rank: int) -> None:
         """Copy ``rank``'s slot of the round's version into the node's kept ring (file to file, in the
         kernel) if it is sealed and not yet taken; the replica is sent from that copy."""
@@ -450,6 +458,9 @@ class Store:
                 self.log("hold_evicted", rank=rank, version=min(v for v in ring.held if v is not None), reason="more peer rounds than held slots")
             if ring.copy_from(Path(versions[version]), version, free[0] if free else ring.choose(version)) is None:
                 self.log("hold_skipped", rank=rank, version=version, reason="slot rewritten before it was read")
+                if self.governor is not None:
+                    self.governor.missed(f"rank {rank}'s slot of version {version} was rewritten before the store "
+                                         "held it")
 
     def _lose(self, rank: int, reason: str) -> None:
         self._lost.add(rank)
@@ -523,13 +534,15 @@ class Store:
                 behind = max(self._sealed.get(rank) or {version: ""}) - version
                 sealed_at = self._sealed_at.get((rank, version))
             period = self.stride.period
-            if self.governor is not None and not sent.paced and sealed_at is not None and period:
-                # from the seal to the peer's answer, the wait for training traffic to pause left out
-                self.governor.landed((time.monotonic() - sealed_at - sent.deferred) / period, f"sent to {target}")
+            # versions from the seal to the peer's answer, the wait for training traffic to pause left out
+            age = (time.monotonic() - sealed_at - sent.deferred) / period if sealed_at is not None and period else None
+            if self.governor is not None and not sent.paced and age is not None:
+                self.governor.landed(age, f"sent to {target}")
             # cpu_seconds: the store's CPU so far (all threads), so a reader can price the replicas between two
             self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes, seconds=round(sent.seconds, 6),
                      deferred_seconds=round(sent.deferred, 6), behind=behind, paced=sent.paced,
-                     blocked_share=round(self.link.blocked_share(), 3), cpu_seconds=round(time.process_time(), 4))
+                     blocked_share=round(self.link.blocked_share(), 3), cpu_seconds=round(time.process_time(), 4),
+                     age_versions=None if age is None else round(age, 3))
 
     def close(self) -> None:
         with self._cond:
@@ -542,51 +555,3 @@ class Store:
                 with ring.lock:  # a receive in progress finishes first
                     ring.close()
             self._rings.clear()
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    """One connection: the handshake within ``HANDSHAKE_TIMEOUT``, then messages, each delivered whole
-    within ``FRAME_TIMEOUT`` once it began (an authenticated worker may stay quiet between them)."""
-
-    def handle(self) -> None:
-        store: Store = self.server.store  # type: ignore[attr-defined]
-        sock: socket.socket = self.request
-        peer = "%s:%s" % self.client_address[:2]
-        try:
-            sock.settimeout(HANDSHAKE_TIMEOUT)
-            server_handshake(sock, store.config.secret)
-            # From here the socket blocks in the kernel with a timeout per call (a large replica lands in
-            # one receive, not one per segment); quiet between messages is allowed, mid-message it is not.
-            set_kernel_timeouts(sock, FRAME_TIMEOUT)
-            while True:
-                try:
-                    if not sock.recv(1, socket.MSG_PEEK):
-                        return  # the peer closed between messages
-                except BlockingIOError:
-                    continue  # quiet for FRAME_TIMEOUT between messages: a kept connection may be
-                header = recv_header(sock)
-                op = header.get("op")
-                if op == "put":
-                    try:
-                        reply, data = store.receive_put(header, sock)
-                    except (ValueError, Refused) as e:  # the payload may be unread: the stream is out of step
-                        store.refused(str(e), op="put", peer=peer)
-                        send(sock, {"ok": False, "error": str(e)})
-                        return
-                elif header.get("nbytes"):
-                    raise Refused(f"a payload with op {str(op)[:40]!r} (only put carries one)")
-                else:
-                    reply, data = store.handle(header)
-                if op != "sealed":  # notifications get no answer
-                    send(sock, reply, data)
-        except Refused as e:
-            store.refused(str(e), peer=peer)
-        except (socket.timeout, BlockingIOError):
-            store.refused("the peer went quiet in the middle of a message or the handshake", peer=peer)
-        except (ConnectionError, OSError):
-            return
-
-
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True

@@ -356,7 +356,9 @@ def table(result: dict[str, Any]) -> str:
         if rep.get("behind_versions_median") is not None:
             lines.append(f"staleness: a replica lands {rep['behind_versions_median']:g} versions behind (median; at most "
                          f"{rep['behind_versions_max']}), one every {rep['gap_versions_median'] or 0:g} versions (stride up to "
-                         f"{rep['stride_max']}): the newest peer copy is at most {rep['staleness_versions_max'] or 0} versions old")
+                         f"{rep['stride_max']}): the newest peer copy is at most {rep['staleness_versions_max'] or 0} versions old"
+                         + (f"; from seal to landing {rep['age_versions_median']:.2f} versions (median; at most "
+                            f"{rep['age_versions_max']:.2f})" if rep.get("age_versions_median") is not None else ""))
     for tier, r in result["restore"].items():
         if r["seconds_median"] is not None:
             extra = f" ({r['slower_than_shm']:.1f}x shm)" if "slower_than_shm" in r else ""

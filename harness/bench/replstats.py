@@ -119,7 +119,8 @@ def staleness(sent: list[dict[str, Any]], strides: list[dict[str, Any]], block: 
     """How far behind training the peers' copies are, in versions: ``behind`` (when a replica landed, how
     many newer versions its rank had sealed), ``gap`` (versions between one rank's consecutive replicas)
     and the worst staleness (``gap + behind``: how old the newest replica got just before the next
-    landed, what a node loss then would lose beyond the persistent tier's floor). With ``block``: gaps of a
+    landed, what a node loss then would lose beyond the persistent tier's floor), and ``age`` (versions from a
+    replica's seal to the peer's answer, as the sending store journaled it). With ``block``: gaps of a
     block or more span the other arms' blocks (which do not replicate) and are left out."""
     if not sent or "behind" not in sent[0]:
         return {}
@@ -136,4 +137,6 @@ def staleness(sent: list[dict[str, Any]], strides: list[dict[str, Any]], block: 
     return {"behind_versions_median": statistics.median(behind), "behind_versions_max": max(behind),
             "gap_versions_median": statistics.median(gaps) if gaps else None,
             "staleness_versions_max": max(worst) if worst else None,
-            "stride_max": max((e["stride"] for e in strides), default=1)}
+            "stride_max": max((e["stride"] for e in strides), default=1),
+            **({"age_versions_median": statistics.median(ages), "age_versions_max": max(ages)}
+               if (ages := [e["age_versions"] for e in sent if e.get("age_versions") is not None]) else {})}

@@ -1,11 +1,12 @@
 """The stores' default priority, ``adaptive``, with real store processes that lead their own sessions (as the
 harness starts them): each lowers its scheduling group to nice 19 once its replicas land within half a version of
-their seal, and raises it back to nice 0 when a replica lands a version late (here: seals stamped two seconds
-before they were sent, as a store starved of CPU would see them), journaling each change."""
+their seal, and raises it back to nice 0 when a round is still unsent at the next seal (here: its peer stopped)
+or a replica lands late (here: seals stamped two seconds before they were sent), journaling each change."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,15 @@ def _autogroups() -> bool:
 
 def _nice(pid: int) -> int:
     return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+def _changes(journal: Path, nice: int) -> list[dict]:
+    """The store's journaled changes of its group to ``nice`` (each written just after the change is made)."""
+    return [e for e in map(json.loads, journal.read_text().splitlines()) if e["event"] == "store_group" and e["nice"] == nice]
+
+
+def _settled(proc: subprocess.Popen, journal: Path, nice: int) -> bool:
+    return _nice(proc.pid) == nice and bool(_changes(journal, nice))
 
 
 @pytest.fixture
@@ -81,8 +91,8 @@ def test_an_adaptive_store_lowers_its_group_while_replicas_keep_up_and_raises_it
     def journal(n: int) -> list[dict]:
         return [json.loads(line) for line in (tmp_path / f"store{n}.jsonl").read_text().splitlines()]
 
-    def seal(version: int, late: float = 0.0) -> None:
-        for n in range(2):
+    def seal(version: int, late: float = 0.0, nodes: tuple[int, ...] = (0, 1)) -> None:
+        for n in nodes:
             slot = buffers[n].slot_for(version)
             slot.begin(version)
             slot.data()[:64].fill_(version % 101)
@@ -100,27 +110,49 @@ def test_an_adaptive_store_lowers_its_group_while_replicas_keep_up_and_raises_it
         assert [_nice(p.pid) for p in procs] == [0, 0]
         v = 0
         deadline = time.monotonic() + 60  # calm replicas: on busy cores some land later, and the count restarts
-        while not all(_nice(p.pid) == 19 for p in procs) and time.monotonic() < deadline:
+        while not all(_settled(p, tmp_path / f"store{n}.jsonl", 19) for n, p in enumerate(procs)) and time.monotonic() < deadline:
             seal(v)
             v += 1
             time.sleep(0.05)
         assert [_nice(p.pid) for p in procs] == [19, 19], f"not lowered after {v} versions"
-        assert 2 * v >= CALM  # each store counts the replicas it sends and those it receives
+        assert v >= CALM  # only the replicas a store sends count towards its calm run
         for n in range(2):
             low = [e for e in journal(n) if e["event"] == "store_group"]
             assert low[0]["nice"] == 19 and "replicas in a row landed" in low[0]["reason"]
+
+        # A store that cannot deliver (here its peer is stopped, as a starved store would be): its replica never
+        # lands, so the next seals must raise its group.
+        before = [len(_changes(tmp_path / f"store{n}.jsonl", 0)) for n in range(2)]  # a late replica may have raised one
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        try:
+            for _ in range(4):
+                seal(v, nodes=(0,))  # node 1's rank would be as stopped as its store
+                v += 1
+                time.sleep(0.05)
+            deadline = time.monotonic() + 30
+            while (len(_changes(tmp_path / "store0.jsonl", 0)) == before[0] or _nice(procs[0].pid) != 0) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            os.kill(procs[1].pid, signal.SIGCONT)
+        assert _nice(procs[0].pid) == 0
+        raised = _changes(tmp_path / "store0.jsonl", 0)[before[0]:]
+        assert "still unsent when the next version was sealed" in raised[0]["reason"] and raised[0]["late_versions"] > 0.75
+
+        # Replicas that land late (seals stamped two seconds back): the other store, still lowered, raises too.
+        assert _nice(procs[1].pid) == 19
         for _ in range(4):
             seal(v, late=2.0)
             v += 1
             time.sleep(0.05)
         deadline = time.monotonic() + 30
-        while not all(_nice(p.pid) == 0 for p in procs) and time.monotonic() < deadline:
+        while (len(_changes(tmp_path / "store1.jsonl", 0)) == before[1] or _nice(procs[1].pid) != 0) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert [_nice(p.pid) for p in procs] == [0, 0]
-        for n in range(2):
-            raised = [e for e in journal(n) if e["event"] == "store_group" and e["nice"] == 0]
-            assert raised and "versions after its seal" in raised[0]["reason"] and raised[0]["late_versions"] > 1
-            assert raised[0]["calm_needed"] == 2 * CALM
+        assert _nice(procs[1].pid) == 0
+        raised = _changes(tmp_path / "store1.jsonl", 0)[before[1]:]
+        assert "versions after its seal" in raised[0]["reason"] and raised[0]["late_versions"] > 1
+        assert raised[0]["calm_needed"] == 2 ** (before[1] + 1) * CALM
     finally:
         for s in socks:
             s.close()

@@ -195,5 +195,23 @@ def test_the_bench_says_how_the_adaptive_stores_group_moved_and_how_many_replica
     (tmp_path / "journal" / "store-node0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     rep = replication_stats(tmp_path)
     assert (rep["group_lowered"], rep["group_raised"], rep["group_lowered_share"]) == (1, 1, 2 / 5)
+    assert "age_versions_median" not in rep  # journals from before the stores wrote it
     lines = table({"tiers": {}, "restore": {}, "replication": rep}).splitlines()
     assert "stores' group (adaptive): lowered to nice 19 1 time(s), raised back 1; 40% of replicas sent while lowered" in lines
+
+
+def test_the_bench_says_how_long_replicas_took_from_seal_to_landing(tmp_path) -> None:
+    import json
+
+    from harness.bench.bench import table
+    from harness.bench.replstats import replication_stats
+
+    (tmp_path / "journal").mkdir()
+    events = [{"t": float(v), "event": "replicated", "node": "node0", "rank": 0, "peer": "node1", "version": v,
+               "bytes": 10**6, "seconds": 0.01, "deferred_seconds": 0.0, "behind": 0, "age_versions": age}
+              for v, age in enumerate([0.1, 0.3, 0.2, 0.9, None])]
+    (tmp_path / "journal" / "store-node0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rep = replication_stats(tmp_path)
+    assert (rep["age_versions_median"], rep["age_versions_max"]) == (0.25, 0.9)
+    line = next(x for x in table({"tiers": {}, "restore": {}, "replication": rep}).splitlines() if x.startswith("staleness"))
+    assert line.endswith("from seal to landing 0.25 versions (median; at most 0.90)")

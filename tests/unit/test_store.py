@@ -17,7 +17,8 @@ from baft.snapshot.slotfile import COMPLETE, copies, slot_header, slot_of
 from baft.snapshot.slots import SnapshotBuffer
 from baft.store.client import StoreClient
 from baft.store.config import ReplicationConfig, StoreConfig
-from baft.store.server import Store, _Handler, _Server
+from baft.store.handler import Handler, Server
+from baft.store.server import Store
 from baft.store.wire import request
 
 from harness.run.nodeenv import free_port
@@ -41,7 +42,7 @@ def stores(tmp_path: Path, replication: ReplicationConfig) -> Iterator[tuple[lis
                                   journal=tmp_path / f"j{node}.jsonl", replication=replication,
                                   secret=SECRET, world_size=8, max_payload=1 << 20))
         host, port = addresses[node].rsplit(":", 1)
-        server = _Server((host, int(port)), _Handler)
+        server = Server((host, int(port)), Handler)
         server.store = store
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append((server, store))

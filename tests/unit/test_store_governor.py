@@ -27,11 +27,14 @@ def test_the_group_is_lowered_after_calm_replicas_and_raised_by_a_late_one_then_
     for _ in range(CALM - 1):
         g.landed(0.1, "sent to b")
     assert not g.lowered and set_to == []
-    g.landed(0.2, "received from a peer")
+    g.landed(0.2, "received from a peer", counts=False)  # a replica received: may raise, never lowers
+    assert not g.lowered
+    g.landed(0.2, "sent to b")
     assert g.lowered and set_to == [GROUP_LOW]
-    g.landed(0.9, "sent to b")  # later than calm, not late: neither
+    g.landed(0.7, "received from a peer", counts=False)
+    g.landed(0.7, "sent to b")  # later than calm, not late: neither
     assert g.lowered and set_to == [GROUP_LOW]
-    g.landed(1.5, "sent to b")
+    g.landed(1.5, "still unsent when the next version was sealed", counts=False)
     assert not g.lowered and set_to == [GROUP_LOW, GROUP_HIGH] and g.calm_needed == 2 * CALM
     assert events[-1][0] == "store_group" and events[-1][1]["nice"] == GROUP_HIGH
     assert "1.50 versions after its seal" in events[-1][1]["reason"] and events[-1][1]["late_versions"] == 1.5
@@ -54,26 +57,29 @@ def test_a_refused_change_is_journaled_once_and_the_group_is_left_alone() -> Non
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.floats(0, 3 * RAISE_AT, allow_nan=False), st.none()), max_size=400))
-def test_the_governor_against_its_rule(steps: list[float | None]) -> None:
-    """Any sequence of landings (``None``: a missed version): the group is lowered exactly when ``calm_needed``
-    calm landings in a row came since the last change or late one, raised exactly at a late landing or a miss
-    while lowered; ``calm_needed`` doubles at each raise, up to ``MAX_CALM``."""
+@given(st.lists(st.one_of(st.tuples(st.floats(0, 3 * RAISE_AT, allow_nan=False), st.booleans()), st.none()),
+                max_size=600))
+def test_the_governor_against_its_rule(steps: list[tuple[float, bool] | None]) -> None:
+    """Any sequence of landings (with whether they count towards a calm run; ``None``: a missed version): the
+    group is lowered exactly when ``calm_needed`` calm landings that count came in a row since the last change
+    or late one, raised exactly at a late landing (counting or not) or a miss while lowered; ``calm_needed``
+    doubles at each raise, up to ``MAX_CALM``."""
     g, set_to, events = governor()
     lowered, calm, needed = False, 0, CALM
-    for s in steps:
-        if s is None:
+    for step in steps:
+        if step is None:
             g.missed("slot rewritten")
             calm = 0
             if lowered:
                 lowered, needed = False, min(2 * needed, MAX_CALM)
         else:
-            g.landed(s, "sent to b")
+            s, counts = step
+            g.landed(s, "sent to b", counts=counts)
             if s > RAISE_AT:
                 calm = 0
                 if lowered:
                     lowered, needed = False, min(2 * needed, MAX_CALM)
-            elif s <= CALM_AT:
+            elif s <= CALM_AT and counts:
                 calm += 1
                 if not lowered and calm >= needed:
                     lowered, calm = True, 0

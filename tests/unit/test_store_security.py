@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import baft.store.cli
+import baft.store.handler
 import baft.store.server
 from baft.errors import BaftConfigError
 from baft.store.client import StoreClient
@@ -37,13 +38,13 @@ from .test_store import SECRET, seal, wait_for
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("BAFT_STORE_SECRET", SECRET)
-    monkeypatch.setattr(baft.store.server, "HANDSHAKE_TIMEOUT", 0.5)  # a quiet peer is dropped quickly in tests
-    monkeypatch.setattr(baft.store.server, "FRAME_TIMEOUT", 0.5)
+    monkeypatch.setattr(baft.store.handler, "HANDSHAKE_TIMEOUT", 0.5)  # a quiet peer is dropped quickly in tests
+    monkeypatch.setattr(baft.store.handler, "FRAME_TIMEOUT", 0.5)
     address = f"127.0.0.1:{free_port()}"
     st = baft.store.server.Store(baft.store.config.StoreConfig(root=tmp_path / "node0", node=0, addresses=[address],
                                                  journal=tmp_path / "j.jsonl", secret=SECRET, world_size=4,
                                                  max_payload=1 << 20))
-    server = baft.store.server._Server(("127.0.0.1", int(address.rsplit(":", 1)[1])), baft.store.server._Handler)
+    server = baft.store.handler.Server(("127.0.0.1", int(address.rsplit(":", 1)[1])), baft.store.handler.Handler)
     server.store = st
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield address, tmp_path / "j.jsonl"
