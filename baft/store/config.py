@@ -50,9 +50,9 @@ class ReplicationConfig:
     the kernel groups processes by session, autogroups, the class counts only inside the store's own group),
     ``lowest`` (those, and the store's session group at nice 19: idle across groups too, and behind when the
     machine has nothing idle), ``adaptive``, the default (``idle``, and the group at nice 19 only while the
-    replicas land within half a version of their seal: raised again when one is 0.75 versions late,
-    :mod:`baft.store.governor`, each change journaled as ``store_group``) or ``normal`` (the class it was
-    started in). What was applied is journaled (``store_start``)."""
+    replicas land within half a version of their seal: raised again when one is 0.75 versions late or still
+    unsent at the next seal, :mod:`baft.store.governor`, each change journaled as ``store_group``) or
+    ``normal`` (the class it was started in). What was applied is journaled (``store_start``)."""
 
     def __post_init__(self) -> None:
         if self.priority not in STORE_PRIORITIES:
