@@ -23,9 +23,10 @@ session leader the ``lowest`` priority also sets its session's group to nice 19
 then it truly runs on what training leaves, and on a machine with nothing left
 (oversubscribed, such as a test run beside other jobs) it falls behind — in CI,
 five scenarios that need fresh replicas at a node loss failed with it as the
-stores' default. So the store's default is ``adaptive``: the idle classes, and its
+stores' default. The store's ``adaptive`` takes both: the idle classes, and its
 group at nice 19 only while its replicas keep up (:mod:`baft.store.governor`
-raises it back to nice 0 when they fall behind). A process in its parent's
+raises it back to nice 0 when they fall behind); ``idle`` stays the default, the
+freshest replicas. A process in its parent's
 session (the writer, the floor replicator) is in the ranks' group already, where
 its class does what it says; its group is never changed, or training's would be.
 """

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from baft.errors import BaftConfigError
-from baft.priority import ADAPTIVE, STORE_CHOICES, STORE_PRIORITIES
+from baft.priority import IDLE, STORE_CHOICES, STORE_PRIORITIES
 from baft.store.placement import PLACEMENTS
 from baft.store.wire import SECRET_VARIABLE
 
@@ -44,15 +44,16 @@ class ReplicationConfig:
     is journaled (``replication_degraded``) and probed again later. A budget trades the freshness
     of the peer copies for speed."""
 
-    priority: str = ADAPTIVE
-    """The store's CPU and I/O class: ``idle`` (``SCHED_IDLE`` and the idle I/O class, nice 19 where the idle
+    priority: str = IDLE
+    """The store's CPU and I/O class: ``idle``, the default (``SCHED_IDLE`` and the idle I/O class, nice 19 where the idle
     CPU class is refused; it then runs on what the ranks leave idle, such as their pipeline bubbles — but where
     the kernel groups processes by session, autogroups, the class counts only inside the store's own group),
     ``lowest`` (those, and the store's session group at nice 19: idle across groups too, and behind when the
-    machine has nothing idle), ``adaptive``, the default (``idle``, and the group at nice 19 only while the
+    machine has nothing idle), ``adaptive`` (``idle``, and the group at nice 19 only while the
     replicas land within half a version of their seal: raised again when one is 0.75 versions late or still
-    unsent at the next seal, :mod:`baft.store.governor`, each change journaled as ``store_group``) or
-    ``normal`` (the class it was started in). What was applied is journaled (``store_start``)."""
+    unsent at the next seal, :mod:`baft.store.governor`, each change journaled as ``store_group``: training
+    a few points faster on a small machine, a replica now and then a version late) or ``normal`` (the class it
+    was started in). What was applied is journaled (``store_start``)."""
 
     def __post_init__(self) -> None:
         if self.priority not in STORE_PRIORITIES:

@@ -6,7 +6,7 @@ group's weight decides how it shares a busy core with the ranks' groups
 training leaves — measured on a 2-core machine (issue 33), a few points of
 training's time saved — but on a machine with nothing left it falls behind,
 and a replica that lands late is a node loss that loses more steps. So under
-the ``adaptive`` priority (the default) the store starts at nice 0 and the
+the ``adaptive`` priority the store starts at nice 0 and the
 governor watches each replica: one that takes longer than ``RAISE_AT``
 (three quarters of a version: before a round outlasts its version and the
 stride doubles) between its seal and its landing here or at the peer (waiting for the
@@ -15,9 +15,10 @@ still unsent that long when a rank seals the next version (a store starved of
 CPU would never see its late replicas land), or a version the store could not
 take before its slot was reused, raises the group to nice 0 at once; ``calm``
 replicas in a row that it sent in at most ``CALM_AT`` versions lower it to
-nice 19. Each raise after a lowering doubles ``calm``
-(up to ``MAX_CALM``), so a machine that cannot give the store its time keeps
-it raised instead of trying again and again. Every change is journaled
+nice 19. A raise that comes before the store sent ``calm`` replicas lowered
+doubles ``calm`` (up to ``MAX_CALM``), so a machine that cannot give the store
+its time keeps it raised instead of trying again and again; one after a longer
+spell starts it afresh (a sporadic late replica). Every change is journaled
 (``store_group``: the nice value and why). Paced replicas (the link, not the
 CPU, is the bottleneck) decide nothing. Torch-free.
 """
@@ -51,6 +52,7 @@ class GroupGovernor:
         self.changes = 0
         """Changes made so far."""
         self._calm = 0
+        self._spell = 0  # replicas sent since the group was lowered
         self._off = False  # the kernel refused a change: the group stays as it is
         self._lock = threading.Lock()
 
@@ -59,6 +61,8 @@ class GroupGovernor:
         PEER', 'received from a peer', 'still unsent when the next version was sealed'); only the ones that
         ``counts`` (the replicas this store sent) make a calm run, any may raise the group."""
         with self._lock:
+            if self.lowered and counts:
+                self._spell += 1
             if versions > RAISE_AT:
                 self._calm = 0
                 if self.lowered:
@@ -87,8 +91,10 @@ class GroupGovernor:
                      "it stays as it is")
             return
         self._calm = 0
-        if nice == GROUP_HIGH and self.lowered:
-            self.calm_needed = min(2 * self.calm_needed, MAX_CALM)
+        if nice == GROUP_HIGH and self.lowered:  # a quick relapse doubles the calm run needed; after a long spell, a
+            # sporadic late replica starts it afresh
+            self.calm_needed = min(2 * self.calm_needed, MAX_CALM) if self._spell < self.calm_needed else CALM
+        self._spell = 0
         self.lowered = nice == GROUP_LOW
         self.changes += 1
         self.log("store_group", nice=nice, reason=reason, calm_needed=self.calm_needed, **fields)

@@ -63,27 +63,48 @@ def test_the_governor_against_its_rule(steps: list[tuple[float, bool] | None]) -
     """Any sequence of landings (with whether they count towards a calm run; ``None``: a missed version): the
     group is lowered exactly when ``calm_needed`` calm landings that count came in a row since the last change
     or late one, raised exactly at a late landing (counting or not) or a miss while lowered; ``calm_needed``
-    doubles at each raise, up to ``MAX_CALM``."""
+    doubles at a raise that comes before that many were sent lowered (up to ``MAX_CALM``), and is ``CALM``
+    again after a longer spell."""
     g, set_to, events = governor()
-    lowered, calm, needed = False, 0, CALM
+    lowered, calm, needed, spell = False, 0, CALM, 0
+
+    def raised() -> int:
+        return min(2 * needed, MAX_CALM) if spell < needed else CALM
+
     for step in steps:
         if step is None:
             g.missed("slot rewritten")
             calm = 0
             if lowered:
-                lowered, needed = False, min(2 * needed, MAX_CALM)
+                lowered, needed = False, raised()
         else:
             s, counts = step
             g.landed(s, "sent to b", counts=counts)
+            spell += lowered and counts
             if s > RAISE_AT:
                 calm = 0
                 if lowered:
-                    lowered, needed = False, min(2 * needed, MAX_CALM)
+                    lowered, needed = False, raised()
             elif s <= CALM_AT and counts:
                 calm += 1
                 if not lowered and calm >= needed:
-                    lowered, calm = True, 0
+                    lowered, calm, spell = True, 0, 0
         assert g.lowered == lowered and g.calm_needed == needed
     assert len(set_to) == len(events) == g.changes
     assert all(a != b for a, b in zip(set_to, set_to[1:]))  # it alternates: never set twice to the same
     assert all(n == (GROUP_LOW if i % 2 == 0 else GROUP_HIGH) for i, n in enumerate(set_to))
+
+
+def test_a_late_replica_after_a_long_calm_spell_starts_the_calm_run_afresh() -> None:
+    g, _, events = governor()
+    for _ in range(CALM):
+        g.landed(0.0, "sent to b")
+    g.landed(2.0, "sent to b")  # at once: a relapse
+    assert g.calm_needed == 2 * CALM
+    for _ in range(2 * CALM):
+        g.landed(0.0, "sent to b")
+    assert g.lowered
+    for _ in range(5 * CALM):  # a long good spell lowered
+        g.landed(0.1, "sent to b")
+    g.landed(0.9, "still unsent when the next version was sealed", counts=False)
+    assert not g.lowered and g.calm_needed == CALM and events[-1][1]["calm_needed"] == CALM
