@@ -18,8 +18,8 @@ snapshot slots are files in the node's shared-memory directory; the store
 * keeps the replicas it receives as slot files of the same format
   (``replica-rank-R.slotK``), a ring of three per rank written in place (:mod:`baft.store.ring`);
 * runs in the idle CPU and I/O classes (``ReplicationConfig.priority``, :mod:`baft.priority`): on cores the
-  ranks keep busy it works while they wait in their bubbles; under ``adaptive`` (the default) its session's
-  scheduling group is at the lowest weight while its replicas keep up (:mod:`baft.store.governor`);
+  ranks keep busy it works while they wait in their bubbles; under ``adaptive`` its session's scheduling
+  group is at the lowest weight while its replicas keep up (:mod:`baft.store.governor`);
 * answers restores: ``locate`` lists every complete copy of a rank's state on
   every node, ``pull`` brings a copy into the asking worker's own slot file;
 * forgets a timeline the job left: after a restore at version v, ``discard``
@@ -340,6 +340,7 @@ class Store:
             versions = self._sealed.get(rank, {})
             for v in [v for v in versions if v > version]:
                 del versions[v]
+                self._sealed_at.pop((rank, v), None)  # a newer seal of the new timeline's v is its own
             if self._current is not None and self._current > version:
                 self._current, self._captured, self._sent, self._lost = None, {}, set(), set()
             self._done = min(self._done, version)
