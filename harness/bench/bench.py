@@ -43,6 +43,17 @@ SNAPSHOT_ARMS = {"baft": "baft:snapshot", "checkfreq": "checkfreq:snapshot", "as
 """The snapshot-tier arm of each strategy that has a snapshot step of its own."""
 NEVER = 10**12
 FLOOR_ARM = "floor:replicate"
+
+
+def floor_with_sync(every: int) -> str:
+    """The arm that persists as ``sync@every`` while the floor replicator moves every iteration's bytes: the
+    simplest programs doing ``baft@every``'s persisting and replicating, together."""
+    return f"floor:sync@{every}+replicate"
+
+
+def is_floor(arm: str) -> bool:
+    """Whether the floor replicator runs beside the arm ``arm``."""
+    return arm.startswith("floor:")
 """With 2+ nodes: training with no checkpoint beside a plain program that replicates the state's bytes every
 iteration (:mod:`harness.bench.floorlink`): the floor under ``baft@k``'s replication cost."""
 """``every`` of a checkpointer that never persists."""
@@ -126,7 +137,10 @@ class BenchConfig:
     (in the stores' CPU class) moves each rank's state bytes to the next node every iteration, as a store does
     with nothing else: the training-side floor of replication on this machine, paired like every arm. Not with
     ``link_rate``: a throttled link cannot carry a replica every iteration (the stores' stride and pacing decide
-    what they send there), and a replica still in flight at the end of its block would load the next arm's."""
+    what they send there), and a replica still in flight at the end of its block would load the next arm's.
+    With ``sync`` among the strategies also ``floor:sync@k+replicate`` for each k: a blocking save every k
+    iterations while the same program moves the bytes — the simplest programs doing baft@k's persisting and
+    replicating at once, the floor that baft@k on two nodes is measured against."""
     floor_count: int = 800
     """With 2+ nodes: copies of a replica the floor (a plain sendfile loop on loopback, both sides' CPU) moves
     in each of its three measurements, after the job (0: no floor)."""
@@ -199,6 +213,8 @@ class BenchConfig:
         out += [Arm(f"{s}@{k}", "persistent", s, k) for s in self.strategies if s != "none" for k in self.persist_every]
         if self.floor_arm and self.nodes > 1 and "baft" in self.strategies and self.link_rate is None:
             out.append(Arm(FLOOR_ARM, "persistent", "none", NEVER))
+            if "sync" in self.strategies:  # the floor of baft@k's two works at once: a blocking save and the bytes
+                out += [Arm(floor_with_sync(k), "persistent", "sync", k) for k in self.persist_every]
         return out
 
     def order(self) -> list[tuple[int, str]]:
@@ -255,9 +271,10 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
             s["writer"] = {"process": "each rank's DCP file straight from its slot by a writer process",
                            "thread": "each rank's DCP file straight from its slot by the persister thread",
                            "dcp": "dcp.save of a copy"}[own.writer]
-        if a.name == FLOOR_ARM:
-            s["replicates"] = ("the floor: no checkpoint; a plain program moves the state's bytes to the next node every "
-                               f"iteration (kept copy, sendfile, recv_into a mapping), {own.replication.priority} class")
+        if is_floor(a.name):
+            s["replicates"] = (f"the floor: {'no checkpoint' if a.name == FLOOR_ARM else 'a blocking save every ' + str(a.every)}"
+                               "; a plain program moves the state's bytes to the next node every iteration (kept copy, "
+                               f"sendfile, recv_into a mapping), {own.replication.priority} class")
         if a.name == SNAPSHOT_ARMS["async-dcp"]:
             s["staging"] = "DefaultStager, synchronous, cached buffers"
         s.update((raw.get("settings") or {}).get(a.name) or {})
@@ -302,11 +319,12 @@ TIER_TITLES = {
 def table(result: dict[str, Any]) -> str:
     lines: list[str] = []
     for tier, t in result["tiers"].items():
+        w = max([20, *map(len, t["arms"])])  # the arm column fits the longest name (floor:sync@k+replicate)
         lines += [TIER_TITLES[tier],
-                  f"  {'arm':<20} {'ratio vs none':>13} {'IQR':>17} {'95% CI':>17} {'n':>3} {'iter ms':>8}"]
+                  f"  {'arm':<{w}} {'ratio vs none':>13} {'IQR':>17} {'95% CI':>17} {'n':>3} {'iter ms':>8}"]
         for name, s in sorted(t["arms"].items(), key=lambda kv: kv[1]["ratio_vs_none"]):
             lines.append(
-                f"  {name:<20} {s['ratio_vs_none']:>13.4f} {s['iqr'][0]:>8.4f}-{s['iqr'][1]:<8.4f} "
+                f"  {name:<{w}} {s['ratio_vs_none']:>13.4f} {s['iqr'][0]:>8.4f}-{s['iqr'][1]:<8.4f} "
                 f"{s['ci95'][0]:>8.4f}-{s['ci95'][1]:<8.4f} {s['n']:>3} {s['median_iteration_ms']:>8.1f}"
             )
     dcp = next((s["settings"] for t in result["tiers"].values() for s in t["arms"].values()

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from baft.config import StrategyName
 
-from harness.bench.bench import FLOOR_ARM, SNAPSHOT_ARMS, Arm, BenchConfig, BenchSpec
+from harness.bench.bench import FLOOR_ARM, SNAPSHOT_ARMS, Arm, BenchConfig, BenchSpec, is_floor
 
 
 def _write_raw(run_dir: Path, times: list[dict[str, Any]], settings: dict[str, Any], mine: dict[str, Any]) -> None:
@@ -81,7 +81,8 @@ def worker(spec_path: Path) -> int:
         from harness.bench.floorlink import join
 
         floor = join(cfg.nodes, cfg.checkpoint.baft.replication.priority, spec.stores, Path(spec.shm_dir) / "floor", trainer.state)
-        snapshot_steps[FLOOR_ARM] = floor[1]
+        for name in filter(is_floor, arms):  # floor:replicate, and floor:sync@k+replicate beside a sync checkpointer
+            snapshot_steps[name] = floor[1]
 
     baft_events: list[dict[str, Any]] = []
     events.subscribe(lambda kind, f: baft_events.append({"event": kind, **f}) if kind in ("snapshot", "bubbles", "replan") else None)

@@ -70,3 +70,11 @@ def test_the_floor_arm_runs_beside_a_replicating_baft_only() -> None:
     assert FLOOR_ARM not in names(nodes=2, strategies=["sync"])  # no store replicates: nothing to set it beside
     assert FLOOR_ARM not in names(nodes=2, strategies=["baft"], floor_arm=False)
     assert FLOOR_ARM not in names(nodes=2, strategies=["baft"], link_rate="50mbit")
+    from harness.bench.bench import floor_with_sync, is_floor
+
+    both = names(nodes=2, strategies=["sync", "baft"], persist_every=[1, 10])
+    assert [n for n in both if is_floor(n)] == [FLOOR_ARM, floor_with_sync(1), floor_with_sync(10)]
+    arm = next(a for a in BenchConfig(workload=WorkloadConfig(nodes=2), strategies=["sync", "baft"], persist_every=[10]).arms()
+               if a.name == floor_with_sync(10))
+    assert (arm.tier, arm.strategy, arm.every) == ("persistent", "sync", 10)  # a sync checkpointer beside the floor
+    assert not any(is_floor(n) and n != FLOOR_ARM for n in names(nodes=2, strategies=["baft"]))
