@@ -71,11 +71,6 @@ class Applied:
     autogroup); ``autogroup adaptive`` (it leads it, and its group's weight is the governor's to set); '' when it
     was left as it was (no autogroups, or the process is in its parent's)."""
 
-    @property
-    def adaptive(self) -> bool:
-        """Whether the process's group weight is to be set as it goes (``adaptive``, where it leads its group)."""
-        return self.group == ADAPTIVE_GROUP
-
     def fields(self) -> dict[str, str]:
         return {"cpu_class": self.cpu, "io_class": self.io, **({"cpu_group": self.group} if self.group else {}),
                 **({"priority_note": self.note} if self.note else {})}
@@ -133,12 +128,9 @@ def apply(priority: str, pid: int = 0) -> Applied:
             io = "normal"
             break
     group, why = "", ""
-    if priority == LOWEST:
-        why = set_group_nice(GROUP_LOW, pid)
-        group = "" if why or not leads_group(pid) else "autogroup nice 19"
-    elif priority == ADAPTIVE and leads_group(pid):
-        why = set_group_nice(GROUP_HIGH, pid)  # the governor lowers it once the replicas show they keep up
-        group = "" if why else ADAPTIVE_GROUP
+    if priority in (LOWEST, ADAPTIVE) and leads_group(pid):  # adaptive: nice 0 until the governor lowers it
+        why = set_group_nice(GROUP_LOW if priority == LOWEST else GROUP_HIGH, pid)
+        group = "" if why else "autogroup nice 19" if priority == LOWEST else ADAPTIVE_GROUP
     if why:
         notes.append(why)
     return Applied(cpu, io, "; ".join(notes), group)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +17,10 @@ import pytest
 from baft.snapshot.slotfile import slot_of
 from baft.snapshot.slots import SnapshotBuffer
 from baft.store.client import StoreClient
-from baft.store.config import ReplicationConfig
-from baft.store.wire import SECRET_VARIABLE, new_secret
-from baft.store.wire import request as ask
 
 from harness.bench.floor import measure
-from harness.run.nodeenv import free_port
+
+from .storeprocs import two_stores
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 
@@ -47,30 +44,8 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[subprocess.Popen], list[str], Path]]:
     """Two store processes as the harness starts them, in the CPU class the test asks for (the idle classes
     by default)."""
-    monkeypatch.setenv(SECRET_VARIABLE, new_secret())
-    base = Path("/dev/shm") / f"baft-test-cost-{os.getpid()}-{tmp_path.name}"
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "baft.store", "--root", str(base / f"node{n}"), "--node", str(n),
-                               "--addresses", ",".join(addresses), "--journal", str(tmp_path / f"store{n}.jsonl"),
-                               "--replication", ReplicationConfig(priority=request.param).to_json()],
-                              env=dict(os.environ))
-             for n in range(2)]
-    try:
-        for a in addresses:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    ask(a, {"op": "ping"}, timeout=1)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "the store did not start"
-                    time.sleep(0.05)
-        yield procs, addresses, base
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)
-        subprocess.run(["rm", "-rf", str(base)], check=False)
+    with two_stores(tmp_path, monkeypatch, request.param, "cost") as started:
+        yield started
 
 
 @pytest.mark.parametrize("stores", ["normal"], indirect=True)  # the cost of the work, not how long it waits for a core:

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +18,10 @@ from baft.priority import ADAPTIVE_GROUP, AUTOGROUPS
 from baft.snapshot.slotfile import slot_of
 from baft.snapshot.slots import SnapshotBuffer
 from baft.store.client import StoreClient
-from baft.store.config import ReplicationConfig
 from baft.store.governor import CALM
-from baft.store.wire import SECRET_VARIABLE, connect, new_secret, send
-from baft.store.wire import request as ask
+from baft.store.wire import SECRET_VARIABLE, connect, send
 
-from harness.run.nodeenv import free_port
+from .storeprocs import two_stores
 
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 
@@ -55,30 +52,17 @@ def _settled(proc: subprocess.Popen, journal: Path, nice: int) -> bool:
 
 @pytest.fixture
 def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[subprocess.Popen], list[str], Path]]:
-    monkeypatch.setenv(SECRET_VARIABLE, new_secret())
-    base = Path("/dev/shm") / f"baft-test-group-{os.getpid()}-{tmp_path.name}"
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "baft.store", "--root", str(base / f"node{n}"), "--node", str(n),
-                               "--addresses", ",".join(addresses), "--journal", str(tmp_path / f"store{n}.jsonl"),
-                               "--replication", ReplicationConfig(priority="adaptive").to_json()],
-                              env=dict(os.environ), start_new_session=True)
-             for n in range(2)]
-    try:
-        for a in addresses:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    ask(a, {"op": "ping"}, timeout=1)
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "the store did not start"
-                    time.sleep(0.05)
-        yield procs, addresses, base
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)
-        subprocess.run(["rm", "-rf", str(base)], check=False)
+    with two_stores(tmp_path, monkeypatch, "adaptive", "group", own_sessions=True) as started:
+        yield started
+
+
+def _raised_again(proc: subprocess.Popen, journal: Path, before: int) -> list[dict]:
+    """Wait (30 s at most) for a store to journal a raise beyond its first ``before`` and be at nice 0; those raises."""
+    deadline = time.monotonic() + 30
+    while (len(_changes(journal, 0)) == before or _nice(proc.pid) != 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _nice(proc.pid) == 0
+    return _changes(journal, 0)[before:]
 
 
 @pytest.mark.skipif(not _autogroups(), reason="autogroups are off on this kernel: adaptive is the idle classes alone")
@@ -132,14 +116,9 @@ def test_an_adaptive_store_lowers_its_group_while_replicas_keep_up_and_raises_it
                 seal(v, nodes=(0,))  # node 1's rank would be as stopped as its store
                 v += 1
                 time.sleep(PERIOD)
-            deadline = time.monotonic() + 30
-            while (len(_changes(tmp_path / "store0.jsonl", 0)) == before[0] or _nice(procs[0].pid) != 0) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.05)
+            raised = _raised_again(procs[0], tmp_path / "store0.jsonl", before[0])
         finally:
             os.kill(procs[1].pid, signal.SIGCONT)
-        assert _nice(procs[0].pid) == 0
-        raised = _changes(tmp_path / "store0.jsonl", 0)[before[0]:]
         assert "still unsent when the next version was sealed" in raised[0]["reason"] and raised[0]["late_versions"] > 0.75
 
         # Replicas that land late (seals stamped two seconds back): the other store, still lowered, raises too.
@@ -148,12 +127,7 @@ def test_an_adaptive_store_lowers_its_group_while_replicas_keep_up_and_raises_it
             seal(v, late=10 * PERIOD)
             v += 1
             time.sleep(PERIOD)
-        deadline = time.monotonic() + 30
-        while (len(_changes(tmp_path / "store1.jsonl", 0)) == before[1] or _nice(procs[1].pid) != 0) \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _nice(procs[1].pid) == 0
-        raised = _changes(tmp_path / "store1.jsonl", 0)[before[1]:]
+        raised = _raised_again(procs[1], tmp_path / "store1.jsonl", before[1])
         assert "versions after its seal" in raised[0]["reason"] and raised[0]["late_versions"] > 1
         if not before[1]:  # lowered for a few replicas only: the calm run needed next doubles
             assert raised[0]["calm_needed"] == 2 * CALM

@@ -51,7 +51,7 @@ def test_a_session_leaders_group_goes_to_the_lowest_weight_and_a_shared_group_is
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="a kernel without autogroups")
 def test_adaptive_leaves_a_leaders_group_at_nice_0_for_its_governor_and_a_members_alone() -> None:
-    """``adaptive`` (the store's default): the idle classes, a session leader's group at nice 0 and marked as the
+    """``adaptive`` (a choice of the store's): the idle classes, a session leader's group at nice 0 and marked as the
     governor's (:class:`baft.store.governor.GroupGovernor` lowers and raises it through ``set_group_nice``); a
     process in its parent's session gets the classes only."""
     leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
@@ -61,13 +61,13 @@ def test_adaptive_leaves_a_leaders_group_at_nice_0_for_its_governor_and_a_member
         priority.set_group_nice(7, leader.pid)
         led, shared = priority.apply(priority.ADAPTIVE, leader.pid), priority.apply(priority.ADAPTIVE, member.pid)
         assert os.sched_getscheduler(leader.pid) == os.SCHED_IDLE == os.sched_getscheduler(member.pid)
-        assert not shared.adaptive and shared.group == "" and _group(member.pid) == mine
+        assert shared.group == "" and _group(member.pid) == mine
         assert priority.set_group_nice(19, member.pid) == "" and _group(member.pid) == mine  # never a shared group
         if _autogroups_on():
-            assert led.adaptive and led.fields()["cpu_group"] == priority.ADAPTIVE_GROUP and _group(leader.pid)[1] == 0
+            assert led.group == priority.ADAPTIVE_GROUP and led.fields()["cpu_group"] == priority.ADAPTIVE_GROUP and _group(leader.pid)[1] == 0
             assert priority.set_group_nice(priority.GROUP_LOW, leader.pid) == "" and _group(leader.pid)[1] == 19
         else:
-            assert not led.adaptive and not priority.leads_group(leader.pid)
+            assert led.group == "" and not priority.leads_group(leader.pid)
     finally:
         for p in (leader, member):
             p.kill()
