@@ -273,8 +273,8 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
                            "dcp": "dcp.save of a copy"}[own.writer]
         if is_floor(a.name):
             s["replicates"] = (f"the floor: {'no checkpoint' if a.name == FLOOR_ARM else 'a blocking save every ' + str(a.every)}"
-                               "; a plain program moves the state's bytes to the next node every iteration (kept copy, "
-                               f"sendfile, recv_into a mapping), {own.replication.priority} class")
+                               "; a plain program moves the state's bytes to the next node every iteration (sendfile, "
+                               f"recv_into a mapping), {own.replication.priority} class")
         if a.name == SNAPSHOT_ARMS["async-dcp"]:
             s["staging"] = "DefaultStager, synchronous, cached buffers"
         s.update((raw.get("settings") or {}).get(a.name) or {})
@@ -306,8 +306,30 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
         for tier in ("peer", "persistent-dcp", "persistent-sync"):
             if restores.get(tier, {}).get("seconds_median"):
                 restores[tier]["slower_than_shm"] = restores[tier]["seconds_median"] / restores["shm"]["seconds_median"]
-    return {"config": dataclasses.asdict(cfg), "tiers": tiers,
-            "baft": baft, "restore": restores}
+    out = {"config": dataclasses.asdict(cfg), "tiers": tiers, "baft": baft, "restore": restores}
+    gap = floor_gap(cfg, raw["iterations"])
+    if gap:
+        out["floor_gap"] = gap
+    return out
+
+
+def floor_gap(cfg: BenchConfig, iterations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The replicating ``baft@k`` paired with ``floor:sync@k+replicate``, the simplest programs doing its
+    persisting and replicating, instead of with ``none``: per cycle the block's mean iteration over the floor
+    arm's, the median over cycles with its IQR and bootstrap 95% interval ({}: no such pair in this run). What
+    baft adds over the least this machine pays for the same work, like with like in one run."""
+    from analysis.benchstats import paired_ratios
+
+    names = {a.name for a in cfg.arms()}
+    k = cfg.persist_every[0]  # the arm placed on the stores (the one that replicates)
+    arm, floor = f"baft@{k}", floor_with_sync(k)
+    if cfg.nodes < 2 or arm not in names or floor not in names:
+        return {}
+    got = paired_ratios(iterations, baseline=floor, stat="mean", only={arm}).get(arm)
+    if got is None:
+        return {}
+    return {arm: {"floor_arm": floor, "ratio": got["ratio_vs_none"], "iqr": got["iqr"], "ci95": got["ci95"],
+                  "n": got["n"]}}
 
 
 TIER_TITLES = {
@@ -327,6 +349,9 @@ def table(result: dict[str, Any]) -> str:
                 f"  {name:<{w}} {s['ratio_vs_none']:>13.4f} {s['iqr'][0]:>8.4f}-{s['iqr'][1]:<8.4f} "
                 f"{s['ci95'][0]:>8.4f}-{s['ci95'][1]:<8.4f} {s['n']:>3} {s['median_iteration_ms']:>8.1f}"
             )
+    for name, g in (result.get("floor_gap") or {}).items():
+        lines.append(f"{name} against the floor of its work ({g['floor_arm']}, paired per cycle): {g['ratio']:.4f} "
+                     f"(95% CI {g['ci95'][0]:.4f}-{g['ci95'][1]:.4f}, n={g['n']})")
     dcp = next((s["settings"] for t in result["tiers"].values() for s in t["arms"].values()
                 if s["settings"].get("async")), None)
     if dcp:

@@ -2,15 +2,16 @@
 
 ``baft bench`` with 2+ nodes adds the arm ``floor:replicate``: training with no checkpoint while, after
 every iteration, each rank asks its own replicator process (in the stores' CPU class) to move one copy of
-the rank's state size to the replicator of the same rank position on the next node, doing what a node
-store does with the bytes and nothing else: copy a source file into a kept file (``copy_file_range``),
-``sendfile`` the kept file to a kept TCP connection, and on the other end ``recv_into`` a mapped file. No
-framing beyond the size, no acknowledgement, no journal; its socket is marked as filler like a store's (on a
-link that serves packets by priority, training goes first), and a request that comes while a replica is still
-on its way is folded into the next one (on a slow link it replicates what the link carries, as a store's
-stride does, instead of queueing behind it). Its ratio against ``none`` is what moving those
-bytes costs training on this machine: the floor under ``baft@k``'s replication cost, measured in the
-same run.
+the rank's state size to the replicator of the same rank position on the next node, the least a program can
+do to move those bytes: ``sendfile`` a source file to a kept TCP connection, and on the other end
+``recv_into`` a mapped file. No copy of the source first: nobody rewrites it (until 2026-12-07 the
+replicator took one with ``copy_file_range``, as a store keeps a copy of each round's version; that cost it
+0.25-0.3 CPU-s per GB more, training's cost moving within the runs' spread). No framing beyond the size, no
+acknowledgement, no journal; its socket is marked as filler like a store's (on a link that serves packets by
+priority, training goes first), and a request that comes while a replica is still on its way is folded into
+the next one (on a slow link it replicates what the link carries, as a store's stride does, instead of
+queueing behind it). Its ratio against ``none`` is what moving those bytes costs training on this machine:
+the floor under ``baft@k``'s replication cost, measured in the same run.
 
 The connection is authenticated: the first 32 bytes are a token the ranks share (broadcast by rank 0);
 the replicator drops a connection that does not begin with it. It listens on its node store's host.
@@ -199,7 +200,7 @@ def _serve(host: str, directory: Path, token: bytes, priority: int, tos: int) ->
     server = socket.create_server((host, 0))
     print(server.getsockname()[1], flush=True)
     out: socket.socket | None = None
-    src = kept = -1
+    src = -1
     size = sent_bytes = 0
     cpu0: float | None = None
     for batch in _commands(sys.stdin.fileno()):
@@ -214,17 +215,13 @@ def _serve(host: str, directory: Path, token: bytes, priority: int, tos: int) ->
         if cpu0 is None:
             cpu0 = _cpu()
         if n != size:
-            for fd in (src, kept):
-                if fd >= 0:
-                    os.close(fd)
-            src, kept, size = _file(directory / "source", n, True), _file(directory / "kept", n, True), n
-        done = 0
-        while done < n:  # the kept copy, as a store takes one of each round's version
-            done += os.copy_file_range(src, kept, n - done, done, done)
+            if src >= 0:
+                os.close(src)
+            src, size = _file(directory / "source", n, True), n
         out.sendall(_SIZE.pack(n))
         sent = 0
         while sent < n:
-            sent += os.sendfile(out.fileno(), kept, sent, n - sent)
+            sent += os.sendfile(out.fileno(), src, sent, n - sent)
         sent_bytes += n
     if out is not None:
         out.close()

@@ -85,10 +85,11 @@ def test_bench_rejects_bad_options(tmp_path: Path) -> None:
 
 
 def test_two_nodes_pair_baft_with_the_floor_of_its_replication(tmp_path: Path) -> None:
-    """With 2 nodes on loopback the plain replicator's arm (``floor:replicate``) is timed beside the stores'."""
+    """With 2 nodes on loopback the plain replicator's arm (``floor:replicate``) is timed beside the stores', and
+    with ``sync`` the floor of baft@k's whole work (``floor:sync@k+replicate``), baft@k paired with it."""
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "bench", "--out", str(out), "--workload.nodes", "2", "--strategies", "baft",
+        [sys.executable, "-m", "harness.cli", "bench", "--out", str(out), "--workload.nodes", "2", "--strategies", "sync,baft",
          "--cycles", "2", "--warmup", "1", "--block", "3", "--persist-every", "3", "--workload.microbatches", "4",
          "--floor-count", "0"],
         cwd=ROOT, capture_output=True, text=True, timeout=280,
@@ -96,7 +97,12 @@ def test_two_nodes_pair_baft_with_the_floor_of_its_replication(tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "bench.json").read_text())
     arms = result["tiers"]["persistent"]["arms"]
-    assert set(arms) == {"none", "baft@3", "floor:replicate"} and arms["floor:replicate"]["n"] == 2
+    assert set(arms) == {"none", "sync@3", "baft@3", "floor:replicate", "floor:sync@3+replicate"}
+    assert arms["floor:replicate"]["n"] == 2
+    gap = result["floor_gap"]["baft@3"]
+    assert gap["floor_arm"] == "floor:sync@3+replicate" and gap["n"] == 2 and gap["ratio"] > 0
+    assert re.search(r"baft@3 against the floor of its work \(floor:sync@3\+replicate, paired per cycle\): \d\.\d{4}",
+                     proc.stdout)
     assert "the floor" in arms["floor:replicate"]["settings"]["replicates"]
     assert re.search(r"floor:replicate\s+\d\.\d{4}", proc.stdout)
     rep = result["replication"]

@@ -215,3 +215,29 @@ def test_the_bench_says_how_long_replicas_took_from_seal_to_landing(tmp_path) ->
     assert (rep["age_versions_median"], rep["age_versions_max"]) == (0.25, 0.9)
     line = next(x for x in table({"tiers": {}, "restore": {}, "replication": rep}).splitlines() if x.startswith("staleness"))
     assert line.endswith("from seal to landing 0.25 versions (median; at most 0.90)")
+
+
+def test_the_replicating_baft_arm_is_paired_with_the_floor_of_its_work() -> None:
+    """baft@k (the arm on the stores) over floor:sync@k+replicate per cycle, under a drifting machine: the
+    statistics of those ratios, not of either arm against none; no such pair, nothing said."""
+    from harness.bench.bench import BenchConfig, floor_gap, floor_with_sync, table
+    from harness.worker.spec import WorkloadConfig
+
+    cfg = BenchConfig(workload=WorkloadConfig(nodes=2), strategies=["sync", "baft"], persist_every=[10, 1])
+    over = [1.02, 1.06, 1.04, 1.10, 1.05]  # baft@10 over the floor arm, cycle by cycle
+    its = []
+    for c, r in enumerate(over):
+        base = 0.05 * (1 + c)  # the machine drifts 5x over the run
+        for name, factor in (("none", 1.0), ("floor:sync@10+replicate", 1.05), ("baft@10", 1.05 * r), ("baft@1", 1.5)):
+            its += [{"cycle": c, "strategy": name, "position": p, "seconds": base * factor} for p in range(10)]
+            its.append({"cycle": c, "strategy": name, "position": -1, "seconds": 0.0})
+    gap = floor_gap(cfg, its)
+    assert list(gap) == ["baft@10"]  # baft@1 does not replicate: nothing to set beside the floor arm
+    g = gap["baft@10"]
+    assert g["floor_arm"] == floor_with_sync(10) and g["n"] == 5
+    assert g["ratio"] == pytest.approx(1.05) and g["iqr"] == pytest.approx([1.04, 1.06])
+    assert 1.02 - 1e-9 <= g["ci95"][0] <= 1.05 <= g["ci95"][1] <= 1.10 + 1e-9
+    line = table({"tiers": {}, "restore": {}, "floor_gap": gap}).splitlines()[0]
+    assert line.startswith("baft@10 against the floor of its work (floor:sync@10+replicate, paired per cycle): 1.0500")
+    assert floor_gap(BenchConfig(workload=WorkloadConfig(nodes=2), strategies=["baft"], persist_every=[10]), its) == {}
+    assert floor_gap(BenchConfig(workload=WorkloadConfig(nodes=1), strategies=["sync", "baft"], persist_every=[10]), its) == {}
