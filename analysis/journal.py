@@ -84,7 +84,8 @@ after this one by the time it landed, paced: sent in paced pieces, cpu_seconds: 
 seal to the peer's answer, a wait for training traffic left out),
 peer_connected (peer, paced, reason: a kept connection made, once per peer unless one failed or the link's
 mode changed), peer_connection_failed (peer, reason), replication_skipped
-(rank, version, reason), replication_failed, pulled (rank, version, source, bytes),
+(rank, version, reason: one rank's copy of a round lost; or version, skipped, versions: the first 64 of them,
+stride, reason: the versions sealed since the last round that no round took, each counted once), replication_failed, pulled (rank, version, source, bytes),
 replication_paced (the link found to be the bottleneck or no longer), replication_stride (stride, reason),
 replication_degraded (persistent_age_versions, persist_every, reason, and replica_age_versions when the newest
 peer copy would be older than the persistent tier's, slowdown when replication slowed training past its budget), replication_resumed (a probe found

@@ -81,6 +81,8 @@ __getattr__, _ = exports(__name__, renamed={"SHUTDOWN_POLL": ("baft.store.handle
 
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0
+#: A ``replication_skipped`` line lists at most this many of the versions it counts.
+SKIPPED_LISTED = 64
 #: A rank's seal time older than this (seconds) is not its node's clock: the store's own time of the notice counts.
 SEAL_CLOCK_SKEW = 60.0
 
@@ -103,6 +105,7 @@ class Store:
         self._sealed_at: dict[tuple[int, int], float] = {}  # (rank, recent version) -> when the rank sealed it
         self._done = -1  # the last round finished (every local rank's copy sent)
         self._unreplicated: set[int] = set()  # versions sealed since the last round started, no round's yet
+        self._opened = -1  # the newest round's version: one sealed at or below it was a round's or was counted
         self._current: int | None = None  # the round in progress
         self._captured: dict[int, tuple[int, int]] = {}  # rank -> its kept copy of the round's version: file, bytes
         self._sent: set[int] = set()  # ranks whose copy of the current round is sent
@@ -252,7 +255,7 @@ class Store:
             now = time.monotonic()  # a rank on this node sends its CLOCK_MONOTONIC; anything else: now
             self._sealed_at[(header["rank"], header["version"])] = (
                 at if type(at) is float and now - SEAL_CLOCK_SKEW <= at <= now else now)
-            if header["version"] > self._done:
+            if header["version"] > self._opened:  # not the open round's (another rank sealed it first)
                 self._unreplicated.add(header["version"])
             for old in sorted(versions)[:-(SLOTS - 1)]:
                 del versions[old]  # its slot is being reused for the next version by now
@@ -349,7 +352,8 @@ class Store:
                 self._sealed_at.pop((rank, v), None)  # a newer seal of the new timeline's v is its own
             if self._current is not None and self._current > version:
                 self._current, self._captured, self._sent, self._lost = None, {}, set(), set()
-            self._done = min(self._done, version)
+            self._done, self._opened = min(self._done, version), min(self._opened, version)
+            self._unreplicated = {u for u in self._unreplicated if u <= version}  # the new timeline seals them again
             self._peers_rounds.discard(version)
             while self._inflight is not None and self._inflight[0] == rank and self._inflight[1] > version:
                 self._cond.wait(0.1)
@@ -379,11 +383,13 @@ class Store:
             return
         v = max(fresh)
         # Versions sealed since the last round that no round took (a job may seal only some: the bench's arms)
-        skipped = sum(1 for u in self._unreplicated if u < v)
+        skipped = sorted(u for u in self._unreplicated if u < v)
         self._unreplicated = {u for u in self._unreplicated if u > v}
-        if self._done >= 0 and skipped:
-            self.log("replication_skipped", version=v, skipped=skipped, stride=self.stride.value,
-                     reason=f"{skipped} version(s) sealed since the last round were not replicated")
+        if self._opened >= 0 and skipped:  # each version counted once, by the round that passed it
+            self.log("replication_skipped", version=v, skipped=len(skipped), versions=skipped[:SKIPPED_LISTED],
+                     stride=self.stride.value,
+                     reason=f"{len(skipped)} version(s) sealed since the last round were not replicated")
+        self._opened = v
         self._current, self._captured, self._sent, self._lost = v, {}, set(), set()
         self._round_t0 = time.monotonic()
         for rank in self._sealed:

@@ -271,6 +271,89 @@ def test_rounds_replicate_one_version_for_every_local_rank(two_stores) -> None:
     client.close()
 
 
+def test_a_version_every_local_rank_replicated_is_never_journaled_as_skipped(tmp_path: Path) -> None:
+    """Found in amp-bf16-fsdp's journals (two ranks per node): a round opens at the first rank's seal, and the
+    second rank's seal of the same version counted it again among the versions no round took, so every round
+    after the first journaled ``replication_skipped`` (and the bench counted it) though none was."""
+    with stores(tmp_path, ReplicationConfig(replicas=1)) as (addresses, nodes):
+        clients = [StoreClient(addresses[0]), StoreClient(addresses[0])]
+
+        def replicated() -> set[tuple[int, int]]:
+            return {(e["rank"], e["version"]) for e in map(json.loads, (tmp_path / "j0.jsonl").read_text().splitlines())
+                    if e["event"] == "replicated"}
+
+        for rank in (0, 1):
+            assert clients[rank].sealed(rank, 3, seal(tmp_path / "node0", rank=rank, version=3, fill=3))
+        wait_for(lambda: set(nodes[0]._sealed) == {0, 1})  # from here a round waits for both ranks' seals
+        for v in range(4, 9):
+            for rank in (0, 1):  # rank 1 seals each version after rank 0 has opened its round
+                assert clients[rank].sealed(rank, v, seal(tmp_path / "node0", rank=rank, version=v, fill=v))
+            wait_for(lambda v=v: {(0, v), (1, v)} <= replicated())
+        events = [json.loads(line) for line in (tmp_path / "j0.jsonl").read_text().splitlines()]
+        assert [e for e in events if e["event"] == "replication_skipped"] == []
+        for c in clients:
+            c.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(["seal0", "seal1", "seal0", "seal1", "round", "round", "round", ("stride", 1),
+                                 ("stride", 2), ("stride", 3)]), max_size=50))
+def test_every_version_no_round_took_is_journaled_as_skipped_once_and_no_other(actions: list) -> None:
+    """Local ranks 0 and 1 seal in any order (at most two versions apart) while this node's rounds take what its
+    stride wants: the versions ``replication_skipped`` lists are sealed ones no round took, each in one line,
+    and every sealed version between two rounds that no round took is among them."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        store = Store(StoreConfig(root=root / "node0", node=0, addresses=["127.0.0.1:1", "127.0.0.1:2"],
+                                  replication=ReplicationConfig(replicas=1), secret=SECRET, world_size=8,
+                                  journal=root / "j.jsonl"))
+        with store._cond:  # the rounds are driven here, one send at a time, not by its thread
+            store._closed = True
+            store._cond.notify_all()
+        store.stride.round_done = lambda seconds: None  # the stride changes only when an action says
+        opened: list[int] = []
+        start = store._start_round
+
+        def spy() -> None:
+            before = store._current
+            start()
+            if store._current is not None and store._current != before:
+                opened.append(store._current)
+
+        store._start_round = spy  # type: ignore[method-assign]
+        newest = {0: -1, 1: -1}
+        try:
+            for action in actions:
+                if action in ("seal0", "seal1"):
+                    rank = int(action[-1])
+                    if newest[rank] - newest[1 - rank] >= 2:
+                        continue  # the pipeline keeps the ranks within two versions of each other
+                    newest[rank] += 1
+                    store.handle({"op": "sealed", "rank": rank, "version": newest[rank],
+                                  "file": str(seal(root / "node0", rank, newest[rank], fill=newest[rank] % 100))})
+                elif action == "round":
+                    with store._cond:
+                        job = store._next_send()
+                        if job is not None:
+                            store._sent.add(job[0])
+                else:
+                    store.stride.value = action[1]
+        finally:
+            store.close()
+        lines = [e for e in map(json.loads, (root / "j.jsonl").read_text().splitlines())
+                 if e["event"] == "replication_skipped" and "skipped" in e]
+        listed = [u for e in lines for u in e["versions"]]
+        assert all(e["skipped"] == len(e["versions"]) for e in lines)
+        assert len(listed) == len(set(listed))  # each version counted once
+        sealed = set(range(max(newest.values()) + 1))
+        assert set(listed) <= sealed - set(opened)  # never a version a round took: no false alarm
+        if opened:
+            passed = {u for u in sealed - set(opened) if min(opened) < u < max(opened)}
+            assert passed <= set(listed)  # and none passed over in silence
+
+
 def test_a_node_holds_its_ranks_at_the_versions_its_peer_replicates_whatever_its_own_rounds_took(tmp_path: Path) -> None:
     """Found in CI (link-throttle-replication, 1 run in 8): the two nodes' strides followed their own links,
     node 0's rounds kept versions 4, 8, 12 and node 1's replicas on node 0 were 5 and 6; node 1 was lost and
