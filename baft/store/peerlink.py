@@ -17,6 +17,11 @@ two ways, as the link allows (:class:`baft.store.linkmeter.LinkMeter` decides):
   the node's pipeline traffic pauses, their average held under the link's pace,
   so a replica never queues megabytes ahead of training's packets.
 
+A whole replica may be sent by a thread that must not wait long (the one that takes the ranks' seal
+notices): given a ``patience``, :meth:`PeerLink.send` gives up waiting on the link after that long and
+returns what is left (:class:`Unfinished`) for another thread to :meth:`~PeerLink.finish`, on the same
+connection, where the bytes stopped.
+
 Switching between the two makes a new connection (a socket buffer set by hand stays
 that size). Replica sockets carry the lowest class of traffic (``SO_PRIORITY``
 filler, DSCP Lower Effort). Torch-free (the store imports it).
@@ -26,11 +31,13 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from baft.store.linkmeter import LinkMeter, PaceChange
 from baft.store.traffic import TrafficFlags
@@ -64,6 +71,24 @@ class Delivery:
     """Sent in paced pieces (else whole)."""
 
 
+@dataclass(slots=True)
+class Unfinished:
+    """A whole replica its sender stopped waiting for (``patience``), to be finished by another thread."""
+
+    rank: int
+    version: int
+    fd: int
+    nbytes: int
+    frame: bytes = b""
+    """The put's length and header."""
+    sent: int = 0
+    """Bytes of the frame and the body that went out (all of them: only the peer's answer is awaited)."""
+    t0: float = 0.0
+    deferred: float = 0.0
+    started: bool = False
+    """Whether any of it went out (else :meth:`PeerLink.finish` sends it all, as :meth:`PeerLink.send` would)."""
+
+
 class PeerLink:
     """The connection to the store at ``address``. ``meter``: the store's view of the link (shared by its
     peers); ``flags``: the node's training traffic (None: do not wait for it); ``log(event, **fields)``."""
@@ -78,6 +103,7 @@ class PeerLink:
         self._sock: socket.socket | None = None
         self._maps: dict[int, tuple[int, mmap.mmap]] = {}  # a kept file's descriptor -> (its inode, a read-only map)
         self._paced = False  # how the open connection's send buffer is set
+        self._timeout = IO_TIMEOUT  # the open connection's kernel timeouts (a patient send shortens them)
         self.connections = 0
         """Connections made so far (one for the store's life, unless one failed or the mode changed)."""
 
@@ -90,6 +116,7 @@ class PeerLink:
             s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, LOWER_EFFORT_TOS)  # sets a priority from the TOS: first
             s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, FILLER_PRIORITY)
             set_kernel_timeouts(s, IO_TIMEOUT)
+            self._timeout = IO_TIMEOUT
         except BaseException:
             s.close()
             raise
@@ -98,11 +125,25 @@ class PeerLink:
         self.log("peer_connected", peer=self.address, paced=paced, reason=why)
         return s
 
-    def send(self, rank: int, version: int, fd: int, nbytes: int) -> Delivery:
+    def send(self, rank: int, version: int, fd: int, nbytes: int, patience: float | None = None) -> Delivery | Unfinished:
         """Send the first ``nbytes`` of the file ``fd`` (a slot's used bytes) as ``rank``'s replica of
         ``version`` and wait for the peer's answer; ``OSError`` if the peer cannot be reached or refused it
-        (after one new connection: a kept one may have died with its peer's last store)."""
+        (after one new connection: a kept one may have died with its peer's last store).
+
+        With a ``patience`` (seconds), only a whole replica over the connection already made is sent, and
+        the link is waited on about that long at most: what is left then, or all of it (paced, no
+        connection, a failed one), comes back :class:`Unfinished` for :meth:`finish`."""
         paced = self.meter.paced()
+        if patience is not None:
+            s = self._sock
+            if paced or s is None or self._paced:
+                return Unfinished(rank, version, fd, nbytes)
+            try:
+                return self._whole(s, rank, version, fd, nbytes, patience)
+            except OSError as e:
+                self.close()
+                self.log("peer_connection_failed", peer=self.address, reason=str(e) or type(e).__name__)
+                return Unfinished(rank, version, fd, nbytes)  # tried again by finish, on a new connection
         for attempt in (0, 1):
             s = self._sock
             try:
@@ -111,6 +152,7 @@ class PeerLink:
                            "a failed connection" if s is None else
                            "the link is the bottleneck: paced pieces" if paced else "the link keeps up: whole replicas")
                     s = self._connect(paced, why)
+                self._timeouts(s, IO_TIMEOUT)
                 return self._send(s, paced, rank, version, fd, nbytes)
             except OSError as e:
                 self.close()
@@ -118,6 +160,82 @@ class PeerLink:
                     raise
                 self.log("peer_connection_failed", peer=self.address, reason=str(e) or type(e).__name__)
         raise AssertionError("unreachable")
+
+    def finish(self, rest: Unfinished) -> Delivery:
+        """Send what ``rest`` left (on the same connection, from where it stopped; all of it, with the retry
+        :meth:`send` makes, if it never started or its connection failed) and wait for the peer's answer."""
+        s = self._sock
+        if not rest.started or s is None:
+            got = self.send(rest.rank, rest.version, rest.fd, rest.nbytes)
+            assert isinstance(got, Delivery)  # no patience: delivered or raised
+            return got
+        try:
+            self._timeouts(s, IO_TIMEOUT)
+            view = self._view(rest.fd, rest.nbytes)
+            try:
+                self._push(s, rest.frame, view, rest.sent, None)
+            finally:
+                view.release()
+            reply, _ = recv(s, max_payload=0)
+            return self._answered(reply, False, rest.nbytes, rest.t0, rest.deferred)
+        except OSError as e:
+            self.close()
+            self.log("peer_connection_failed", peer=self.address, reason=str(e) or type(e).__name__)
+            return self.finish(Unfinished(rest.rank, rest.version, rest.fd, rest.nbytes))
+
+    def _timeouts(self, s: socket.socket, seconds: float) -> None:
+        if self._timeout != seconds:
+            set_kernel_timeouts(s, seconds)
+            self._timeout = seconds
+
+    def _whole(self, s: socket.socket, rank: int, version: int, fd: int, nbytes: int,
+               patience: float) -> Delivery | Unfinished:
+        """A whole replica, the link waited on for about ``patience`` at most (each blocked send, the answer)."""
+        self._timeouts(s, patience)
+        raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes, "paced": False}).encode()
+        frame = struct.pack(">I", len(raw)) + raw
+        t0 = time.perf_counter()
+        deferred = self.flags.wait_idle(MAX_DEFER) if self.flags is not None else 0.0
+        view = self._view(fd, nbytes)
+        try:
+            sent = self._push(s, frame, view, 0, time.perf_counter() + patience)
+        finally:
+            view.release()
+        rest = Unfinished(rank, version, fd, nbytes, frame, sent, t0, deferred, started=True)
+        if sent < len(frame) + nbytes:
+            return rest
+        poll = select.poll()
+        poll.register(s, select.POLLIN)
+        if not poll.poll(max(1, int(patience * 1000))):
+            return rest  # the answer is late: another thread waits for it
+        reply, _ = recv(s, max_payload=0)
+        return self._answered(reply, False, nbytes, t0, deferred)
+
+    @staticmethod
+    def _push(s: socket.socket, frame: bytes, body: memoryview, sent: int, deadline: float | None) -> int:
+        """Send ``frame`` then ``body`` from byte ``sent`` of the two; with a ``deadline``, stop at a send the link
+        held up (it blocks for the socket's timeout at most) once the deadline passed. The bytes sent by then."""
+        total = len(frame) + len(body)
+        while sent < total:
+            want = total - sent
+            try:
+                n = s.sendmsg([frame[sent:], body] if sent < len(frame) else [body[sent - len(frame):]])
+            except BlockingIOError:  # nothing went out within the socket's timeout
+                if deadline is None:
+                    raise
+                n = 0
+            sent += n
+            if deadline is not None and n < want and time.perf_counter() >= deadline:
+                break
+        return sent
+
+    def _answered(self, reply: dict[str, Any], paced: bool, nbytes: int, t0: float, deferred: float) -> Delivery:
+        seconds = time.perf_counter() - t0
+        if not reply.get("ok"):
+            raise ConnectionError(f"the peer refused the replica: {reply.get('error')}")
+        if not paced:
+            self._changed(self.meter.measure_whole(nbytes, seconds - deferred))
+        return Delivery(seconds, deferred, paced)
 
     def _send(self, s: socket.socket, paced: bool, rank: int, version: int, fd: int, nbytes: int) -> Delivery:
         raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes, "paced": paced}).encode()
@@ -136,12 +254,7 @@ class PeerLink:
             finally:
                 view.release()
         reply, _ = recv(s, max_payload=0)
-        seconds = time.perf_counter() - t0
-        if not reply.get("ok"):
-            raise ConnectionError(f"the peer refused the replica: {reply.get('error')}")
-        if not paced:
-            self._changed(self.meter.measure_whole(nbytes, seconds - deferred))
-        return Delivery(seconds, deferred, paced)
+        return self._answered(reply, paced, nbytes, t0, deferred)
 
     def _view(self, fd: int, nbytes: int) -> memoryview:
         """The first ``nbytes`` of the file ``fd`` (a kept copy the store wrote itself, only ever grown),

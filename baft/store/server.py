@@ -12,15 +12,17 @@ snapshot slots are files in the node's shared-memory directory; the store
   and when a replica could no longer land before the persistent tier has a
   newer version, replication stops and says why (:mod:`baft.store.stride`);
 * sends each replica over one kept connection per peer (:mod:`baft.store.peerlink`): whole, in one
-  ``sendfile``, where the link keeps up; in pieces paced to a share of the link, each only while no
-  worker of the node has pipeline traffic in flight (``baft.store.traffic``), where the link is the
-  bottleneck (:mod:`baft.store.linkmeter`);
+  ``send``, where the link keeps up, from the thread that took the rank's seal notice, at once (no hand-off
+  to another thread: one wake-up fewer per replica); in pieces paced to a share of the link, each only while
+  no worker of the node has pipeline traffic in flight (``baft.store.traffic``), where the link is the
+  bottleneck (:mod:`baft.store.linkmeter`), from the store's replicate thread, so a notice is never stuck
+  behind a slow link; one send at a time, whichever thread makes it;
 * keeps the replicas it receives as slot files of the same format
   (``replica-rank-R.slotK``), a ring of three per rank written in place (:mod:`baft.store.ring`);
 * runs in the idle CPU and I/O classes (``ReplicationConfig.priority``, :mod:`baft.priority`): on cores the
   ranks keep busy it works while they wait in their bubbles; under ``adaptive`` its session's scheduling
   group is at the lowest weight while its replicas keep up (:mod:`baft.store.governor`);
-* answers restores: ``locate`` lists every complete copy of a rank's state on
+* answers restores (:mod:`baft.store.restores`): ``locate`` lists every complete copy of a rank's state on
   every node, ``pull`` brings a copy into the asking worker's own slot file;
 * forgets a timeline the job left: after a restore at version v, ``discard``
   removes every copy of the rank newer than v, on every node (a version is only
@@ -50,21 +52,19 @@ from baft.priority import ADAPTIVE, leads_group, set_group_nice
 from baft.snapshot.slotfile import (
     HEADER,
     SLOTS,
-    copies,
     held_slot,
     kept_slot,
     own_slot,
-    read_complete,
     replica_slot,
     slot_of,
-    write_slot,
 )
 from baft.store.config import StoreConfig
 from baft.store.governor import GroupGovernor
 from baft.store.linkmeter import LinkMeter
-from baft.store.peerlink import PeerLink
+from baft.store.peerlink import Delivery, PeerLink, Unfinished
 from baft.store.peerrounds import PeerRounds
 from baft.store.placement import targets
+from baft.store.restores import ANSWERS as RESTORE_ANSWERS
 from baft.store.ring import SlotRing
 from baft.store.stride import Stride
 from baft.store.traffic import TRAFFIC_FILE, TrafficFlags
@@ -81,10 +81,19 @@ __getattr__, _ = exports(__name__, renamed={"SHUTDOWN_POLL": ("baft.store.handle
 
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0
+#: Seconds a rank's notice thread waits on the link for a whole replica it sends (the link keeps up: ~1 ms per MB)
+#: before it leaves the rest to the replicate thread, so the rank's next notices are not stuck behind a stalled peer.
+INLINE_PATIENCE = 0.05
+#: The longest the replicate thread sleeps: while the link keeps up the ranks' notice threads send the replicas and
+#: open the rounds without waking it, so it looks again this often for a round's deadline or the stride's probe.
+LOOK_AGAIN = 1.0
 #: A ``replication_skipped`` line lists at most this many of the versions it counts.
 SKIPPED_LISTED = 64
 #: A rank's seal time older than this (seconds) is not its node's clock: the store's own time of the notice counts.
 SEAL_CLOCK_SKEW = 60.0
+
+
+_Job = tuple[int, int, tuple[int, int]]  # (rank, version, (file of the kept ring, bytes))
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -100,7 +109,9 @@ class Store:
             journal.parent.mkdir(parents=True, exist_ok=True)
         self._journal = open(journal, "a", buffering=1) if journal else None
         self._jlock = threading.Lock()
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # the store's state; the replicate thread waits on it for its work
+        self._landed = threading.Condition(lock)  # notified as a send ends (a discard waits for one in flight)
         self._sealed: dict[int, dict[int, str]] = {}  # rank -> recent sealed versions -> slot file
         self._sealed_at: dict[tuple[int, int], float] = {}  # (rank, recent version) -> when the rank sealed it
         self._done = -1  # the last round finished (every local rank's copy sent)
@@ -113,6 +124,7 @@ class Store:
         self._round_t0, self._peers_rounds = 0.0, PeerRounds()  # the versions of peers' rounds to keep copies of
         self._kept: dict[int, int] = {}  # rank -> copies kept so far (a ring of SLOTS)
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
+        self._handed: tuple[_Job, Unfinished, list[str]] | None = None  # a notice thread's send left to finish
         self._busy = False  # a replica was sent since the last sealed notification
         self.governor = (GroupGovernor(self.log, set_group_nice)
                          if config.replication.priority == ADAPTIVE and leads_group() else None)
@@ -123,7 +135,7 @@ class Store:
         is too slow for a replica to beat the persistent tier."""
         self.link = LinkMeter(config.replication.rate, self.flags is not None)
         """The link's measured capacity and the pace of the sends (:mod:`baft.store.linkmeter`)."""
-        self._peers: dict[str, PeerLink] = {}  # one kept connection per target (the replicate thread's alone)
+        self._peers: dict[str, PeerLink] = {}  # one kept connection per target (the sender in flight's alone)
         self._rings: dict[tuple[str, int], SlotRing] = {}  # ("replica" | "kept" | "held", rank) -> its slot files
         self._rings_lock = threading.Lock()
         self._own: dict[tuple[int, int, str], Path] = {}  # (rank, slot, path as named) -> the checked slot file
@@ -235,8 +247,10 @@ class Store:
         return {"ok": True}, b""
 
     def _handle(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        handler = {"ping": self._ping, "sealed": self._sealed_op, "discard": self._discard_op, "query": self._query,
-                   "fetch": self._fetch, "locate": self._locate, "pull": self._pull}.get(str(header.get("op")))
+        op = str(header.get("op"))
+        if op in RESTORE_ANSWERS:  # query, fetch, locate, pull
+            return RESTORE_ANSWERS[op](self, header)
+        handler = {"ping": self._ping, "sealed": self._sealed_op, "discard": self._discard_op}.get(op)
         if handler is None:
             raise ValueError(f"unknown op {str(header.get('op'))[:40]!r}")
         return handler(header)
@@ -274,7 +288,11 @@ class Store:
                 self._capture(header["rank"])  # now, before the slot is reused
             if header["version"] in self._peers_rounds.needed():
                 self._hold_rank(header["rank"], header["version"])
-            self._cond.notify()
+            inline = not self.link.paced()
+            if not inline:
+                self._cond.notify()  # paced pieces take long: the replicate thread's, not the notice's
+        if inline:
+            self._drain()
         return {"ok": True}, b""
 
     def _discard_op(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -293,54 +311,6 @@ class Store:
                         continue  # that node is down: its copies are gone with it
         return {"ok": True, "dropped": dropped}, b""
 
-    def _query(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        """The complete copies of a rank this node holds."""
-        self._check(header.get("rank"), 0)
-        return {"copies": [[v, str(p)] for v, p in copies(self.root, header["rank"])]}, b""
-
-    def _fetch(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        """The bytes of one complete copy held here."""
-        self._check(header.get("rank"), header.get("version"))
-        for v, p in copies(self.root, header["rank"]):
-            if v == header["version"]:
-                data = read_complete(p, v)
-                if data is not None:
-                    return {"ok": True}, data
-        return {"ok": False}, b""
-
-    def _locate(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        """The complete copies of a rank on every node that answers."""
-        self._check(header.get("rank"), 0)
-        found: list[list[Any]] = [[v, self.node] for v, _ in copies(self.root, header["rank"])]
-        for i, addr in enumerate(self.addresses):
-            if i == self.node:
-                continue
-            try:
-                reply, _ = self.request(addr, {"op": "query", "rank": header["rank"]}, timeout=5)
-                found += [[v, i] for v, _ in reply["copies"]]
-            except OSError:
-                continue  # that node is down: its copies are gone
-        return {"copies": found}, b""
-
-    def _pull(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        """Bring a copy (from this node or a peer) into the rank's slot file."""
-        rank, version = self._check(header.get("rank"), header.get("version"))
-        dest = self.own_slot_path(rank, version, header.get("dest"))
-        order = [self.node] + [i for i in range(len(self.addresses)) if i != self.node]
-        for i in order:
-            try:
-                reply, data = (self.handle({"op": "fetch", "rank": rank, "version": version}) if i == self.node
-                               else self.request(self.addresses[i], {"op": "fetch", "rank": rank, "version": version}))
-            except OSError:
-                continue
-            if reply.get("ok"):
-                t = time.perf_counter()
-                write_slot(dest, data)
-                self.log("pulled", rank=rank, version=version, source=f"node{i}", bytes=len(data),
-                         seconds=time.perf_counter() - t)
-                return {"ok": True, "source": i}, b""
-        return {"ok": False}, b""
-
     def discard(self, rank: int, version: int) -> list[int]:
         """Forget every copy of ``rank`` newer than ``version`` on this node: sealed versions not yet
         replicated, the round in progress if it is newer, replicas and kept copies. A replica of a
@@ -356,7 +326,7 @@ class Store:
             self._unreplicated = {u for u in self._unreplicated if u <= version}  # the new timeline seals them again
             self._peers_rounds.discard(version)
             while self._inflight is not None and self._inflight[0] == rank and self._inflight[1] > version:
-                self._cond.wait(0.1)
+                self._landed.wait(0.1)
             dropped = []
             for kind in ("replica", "kept", "held"):
                 ring = self.ring(kind, rank)
@@ -502,60 +472,110 @@ class Store:
             return self._next_send()
         return None
 
-    def _wake_in(self) -> float | None:
-        """Seconds until the replicate thread must look again with nothing notified (None: only when
-        notified): the open round's deadline for a rank that never seals, or the stride's next probe."""
+    def _wake_in(self) -> float:
+        """Seconds until the replicate thread must look again with nothing notified: the open round's deadline
+        for a rank that never seals, the stride's next probe, at most :data:`LOOK_AGAIN` (a round opened by a
+        notice thread does not wake it)."""
         now = time.monotonic()
         if self._current is not None:
-            return max(0.0, self._round_t0 + ROUND_TIMEOUT - now) + 0.01
+            return min(LOOK_AGAIN, max(0.0, self._round_t0 + ROUND_TIMEOUT - now) + 0.01)
         if self.stride.degraded:
-            return max(0.0, self.stride.probe_at - self.stride.clock()) + 0.01
-        return None
+            return min(LOOK_AGAIN, max(0.0, self.stride.probe_at - self.stride.clock()) + 0.01)
+        return LOOK_AGAIN
+
+    def _take(self) -> _Job | None:
+        """The next replica to send, marked in flight; None while one is in flight or none is due. Under the lock."""
+        if self._closed or self._inflight is not None:
+            return None
+        job = self._next_send()
+        if job is not None:
+            self._sent.add(job[0])
+            self._inflight = (job[0], job[1])
+            self._busy = True
+        return job
+
+    def _send_job(self, job: _Job, patience: float | None = None,
+                  rest: tuple[Unfinished, list[str]] | None = None) -> tuple[Unfinished, list[str]] | None:
+        """Send ``job`` to every target (``rest``: what a notice thread left: its unfinished send, the targets
+        from it on); with a ``patience``, what is left once a send waited that long (the job stays in flight)."""
+        handed = None
+        try:
+            handed = self._send_all(job, patience, rest)
+            return handed
+        finally:
+            if handed is None:
+                with self._cond:
+                    self._inflight = None
+                    self._landed.notify_all()
+
+    def _drain(self) -> None:
+        """Send what is due from the calling thread (a rank's notice thread, while the link keeps up: no hand-off
+        per replica); a send the link holds up longer than :data:`INLINE_PATIENCE` goes to the replicate thread."""
+        while True:
+            with self._cond:
+                job = self._take() if not self.link.paced() else None
+                if job is None:
+                    if self.link.paced():
+                        self._cond.notify()
+                    return
+            handed = self._send_job(job, INLINE_PATIENCE)
+            if handed is not None:
+                with self._cond:
+                    self._handed = (job, *handed)
+                    self._cond.notify()
+                return
 
     def _replicate_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (job := self._next_send()) is None:
-                    self._cond.wait(self._wake_in())  # a seal, a discard or the close notifies
+                while not self._closed and self._handed is None and (job := self._take()) is None:
+                    self._cond.wait(self._wake_in())  # a paced seal, a hand-over, a discard or the close notifies
                 if self._closed:
                     return
-                assert job is not None  # the loop ends with one unless closed
-                rank, version, copy = job
-                self._sent.add(rank)
-                self._inflight = (rank, version)
-                self._busy = True
-            try:
-                self._send_all(rank, version, *copy)
-            finally:
-                with self._cond:
-                    self._inflight = None
-                    self._cond.notify_all()
+                handed, self._handed = self._handed, None
+            if handed is not None:
+                self._send_job(handed[0], rest=handed[1:])
+            else:
+                assert job is not None  # the loop ends with one unless closed or handed one
+                self._send_job(job)
 
-    def _send_all(self, rank: int, version: int, k: int, nbytes: int) -> None:
-        """Send one replica (the used ``nbytes`` of file ``k`` of the rank's kept ring) to every target node."""
+    def _send_all(self, job: _Job, patience: float | None,
+                  rest: tuple[Unfinished, list[str]] | None) -> tuple[Unfinished, list[str]] | None:
+        """Send one replica (the used bytes of a file of the rank's kept ring) to every target node (see
+        :meth:`_send_job`)."""
+        rank, version, (k, nbytes) = job
         fd = self.ring("kept", rank).fd(k)
-        for target in self.targets:
+        targets = rest[1] if rest is not None else self.targets
+        for i, target in enumerate(targets):
             link = self._peers.get(target)
             if link is None:
                 link = self._peers[target] = PeerLink(target, self.config.secret, self.link, self.flags, self.log)
             try:
-                sent = link.send(rank, version, fd, nbytes)
+                sent = (link.finish(rest[0]) if rest is not None and i == 0 else
+                        link.send(rank, version, fd, nbytes, patience))
             except OSError as e:
                 self.log("replication_failed", rank=rank, version=version, peer=target, reason=str(e))
                 continue
-            with self._cond:  # staleness: how many newer versions the rank sealed while this one travelled
-                behind = max(self._sealed.get(rank) or {version: ""}) - version
-                sealed_at = self._sealed_at.get((rank, version))
-            period = self.stride.period
-            # versions from the seal to the peer's answer, the wait for training traffic to pause left out
-            age = (time.monotonic() - sealed_at - sent.deferred) / period if sealed_at is not None and period else None
-            if self.governor is not None and not sent.paced and age is not None:
-                self.governor.landed(age, f"sent to {target}")
-            # cpu_seconds: the store's CPU so far (all threads), so a reader can price the replicas between two
-            self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes, seconds=round(sent.seconds, 6),
-                     deferred_seconds=round(sent.deferred, 6), behind=behind, paced=sent.paced,
-                     blocked_share=round(self.link.blocked_share(), 3), cpu_seconds=round(time.process_time(), 4),
-                     age_versions=None if age is None else round(age, 3))
+            if isinstance(sent, Unfinished):
+                return sent, targets[i:]
+            self._delivered(rank, version, target, nbytes, sent)
+        return None
+
+    def _delivered(self, rank: int, version: int, target: str, nbytes: int, sent: Delivery) -> None:
+        """Journal a replica the peer at ``target`` has (and tell the governor how late it landed)."""
+        with self._cond:  # staleness: how many newer versions the rank sealed while this one travelled
+            behind = max(self._sealed.get(rank) or {version: ""}) - version
+            sealed_at = self._sealed_at.get((rank, version))
+        period = self.stride.period
+        # versions from the seal to the peer's answer, the wait for training traffic to pause left out
+        age = (time.monotonic() - sealed_at - sent.deferred) / period if sealed_at is not None and period else None
+        if self.governor is not None and not sent.paced and age is not None:
+            self.governor.landed(age, f"sent to {target}")
+        # cpu_seconds: the store's CPU so far (all threads), so a reader can price the replicas between two
+        self.log("replicated", rank=rank, version=version, peer=target, bytes=nbytes, seconds=round(sent.seconds, 6),
+                 deferred_seconds=round(sent.deferred, 6), behind=behind, paced=sent.paced,
+                 blocked_share=round(self.link.blocked_share(), 3), cpu_seconds=round(time.process_time(), 4),
+                 age_versions=None if age is None else round(age, 3))
 
     def close(self) -> None:
         with self._cond:
