@@ -85,8 +85,11 @@ class Unfinished:
     """Bytes of the frame and the body that went out (all of them: only the peer's answer is awaited)."""
     t0: float = 0.0
     deferred: float = 0.0
-    started: bool = False
-    """Whether any of it went out (else :meth:`PeerLink.finish` sends it all, as :meth:`PeerLink.send` would)."""
+
+    @property
+    def started(self) -> bool:
+        """Whether any of it went out (else :meth:`PeerLink.finish` sends it all, as :meth:`PeerLink.send` would)."""
+        return bool(self.frame)
 
 
 class PeerLink:
@@ -188,26 +191,34 @@ class PeerLink:
             set_kernel_timeouts(s, seconds)
             self._timeout = seconds
 
+    @staticmethod
+    def _frame(rank: int, version: int, nbytes: int, paced: bool) -> bytes:
+        """A put's length and JSON header."""
+        raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes, "paced": paced}).encode()
+        return struct.pack(">I", len(raw)) + raw
+
     def _whole(self, s: socket.socket, rank: int, version: int, fd: int, nbytes: int,
-               patience: float) -> Delivery | Unfinished:
-        """A whole replica, the link waited on for about ``patience`` at most (each blocked send, the answer)."""
-        self._timeouts(s, patience)
-        raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes, "paced": False}).encode()
-        frame = struct.pack(">I", len(raw)) + raw
+               patience: float | None) -> Delivery | Unfinished:
+        """A whole replica; with a ``patience``, the link waited on for about that long at most (each blocked
+        send, the answer), and what is left then :class:`Unfinished`."""
+        if patience is not None:
+            self._timeouts(s, patience)
+        frame = self._frame(rank, version, nbytes, False)
         t0 = time.perf_counter()
         deferred = self.flags.wait_idle(MAX_DEFER) if self.flags is not None else 0.0
         view = self._view(fd, nbytes)
         try:
-            sent = self._push(s, frame, view, 0, time.perf_counter() + patience)
+            sent = self._push(s, frame, view, 0, None if patience is None else time.perf_counter() + patience)
         finally:
             view.release()
-        rest = Unfinished(rank, version, fd, nbytes, frame, sent, t0, deferred, started=True)
-        if sent < len(frame) + nbytes:
-            return rest
-        poll = select.poll()
-        poll.register(s, select.POLLIN)
-        if not poll.poll(max(1, int(patience * 1000))):
-            return rest  # the answer is late: another thread waits for it
+        if patience is not None:
+            rest = Unfinished(rank, version, fd, nbytes, frame, sent, t0, deferred)
+            if sent < len(frame) + nbytes:
+                return rest
+            poll = select.poll()
+            poll.register(s, select.POLLIN)
+            if not poll.poll(max(1, int(patience * 1000))):
+                return rest  # the answer is late: another thread waits for it
         reply, _ = recv(s, max_payload=0)
         return self._answered(reply, False, nbytes, t0, deferred)
 
@@ -238,23 +249,15 @@ class PeerLink:
         return Delivery(seconds, deferred, paced)
 
     def _send(self, s: socket.socket, paced: bool, rank: int, version: int, fd: int, nbytes: int) -> Delivery:
-        raw = json.dumps({"op": "put", "rank": rank, "version": version, "nbytes": nbytes, "paced": paced}).encode()
+        if not paced:
+            got = self._whole(s, rank, version, fd, nbytes, None)
+            assert isinstance(got, Delivery)  # no patience: delivered or raised
+            return got
         t0 = time.perf_counter()
-        deferred = 0.0
-        if paced:
-            s.sendall(struct.pack(">I", len(raw)) + raw)
-            deferred = self._pieces(s, fd, nbytes)
-        else:
-            if self.flags is not None:
-                deferred = self.flags.wait_idle(MAX_DEFER)
-            s.sendall(struct.pack(">I", len(raw)) + raw)
-            view = self._view(fd, nbytes)
-            try:
-                s.sendall(view)
-            finally:
-                view.release()
+        s.sendall(self._frame(rank, version, nbytes, True))
+        deferred = self._pieces(s, fd, nbytes)
         reply, _ = recv(s, max_payload=0)
-        return self._answered(reply, paced, nbytes, t0, deferred)
+        return self._answered(reply, True, nbytes, t0, deferred)
 
     def _view(self, fd: int, nbytes: int) -> memoryview:
         """The first ``nbytes`` of the file ``fd`` (a kept copy the store wrote itself, only ever grown),

@@ -513,9 +513,10 @@ class Store:
         per replica); a send the link holds up longer than :data:`INLINE_PATIENCE` goes to the replicate thread."""
         while True:
             with self._cond:
-                job = self._take() if not self.link.paced() else None
+                paced = self.link.paced()
+                job = None if paced else self._take()
                 if job is None:
-                    if self.link.paced():
+                    if paced:
                         self._cond.notify()
                     return
             handed = self._send_job(job, INLINE_PATIENCE)
