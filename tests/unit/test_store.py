@@ -212,10 +212,10 @@ def test_replicas_wait_for_training_traffic_to_pause(two_stores, monkeypatch: py
 
 def test_a_link_too_slow_to_beat_the_persistent_tier_stops_replication_until_a_probe_finds_it_fast(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A rank seals a version every ~10 ms and persists every 20; at 8 kB/s a round of its ~4 kB replica takes
+    """A rank seals a version every ~10 ms and persists every 40; at 8 kB/s a round of its ~4 kB replica takes
     ~0.5 s (about 50 versions): the store stops replicating, journals why, keeps probing while the link is
-    slow, and resumes once a probe round is fast (the newest replica at most 5 versions old at a failure,
-    half the persistent tier's 10)."""
+    slow, and resumes once a probe round is fast (the newest replica at most 10 versions old at a failure,
+    half the persistent tier's 20: a fast round may take ~70 ms on busy cores and still resume)."""
     from baft.store import stride as replstride
 
     monkeypatch.setattr(replstride, "DEGRADE_HOLD", 0.6)
@@ -226,9 +226,9 @@ def test_a_link_too_slow_to_beat_the_persistent_tier_stops_replication_until_a_p
             v = 0
             while not stop.is_set():
                 v += 1
-                # the persistent tier commits every 20th version as it comes: 10 versions old at a failure
-                client.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v % 7), persist_every=20,
-                              persisted=20 * (v // 20))
+                # the persistent tier commits every 40th version as it comes: 20 versions old at a failure
+                client.sealed(0, v, seal(tmp_path / "node0", rank=0, version=v, fill=v % 7), persist_every=40,
+                              persisted=40 * (v // 40))
                 time.sleep(0.01)
 
         trainer = threading.Thread(target=train, daemon=True)
@@ -241,7 +241,7 @@ def test_a_link_too_slow_to_beat_the_persistent_tier_stops_replication_until_a_p
         try:
             wait_for(lambda: journal.is_file() and events("replication_degraded"))
             (why,) = events("replication_degraded")
-            assert why["persist_every"] == 20 and why["replica_age_versions"] > 10 and "persistent tier" in why["reason"]
+            assert why["persist_every"] == 40 and why["replica_age_versions"] > 20 and "persistent tier" in why["reason"]
             sent = len(events("replicated"))
             time.sleep(0.4)  # no probe before the hold is over: nothing sent
             assert len(events("replicated")) == sent and nodes[0].stride.degraded
@@ -276,10 +276,14 @@ def test_rounds_replicate_one_version_for_every_local_rank(two_stores) -> None:
     client.close()
 
 
-def test_a_version_every_local_rank_replicated_is_never_journaled_as_skipped(tmp_path: Path) -> None:
+def test_a_version_every_local_rank_replicated_is_never_journaled_as_skipped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found in amp-bf16-fsdp's journals (two ranks per node): a round opens at the first rank's seal, and the
     second rank's seal of the same version counted it again among the versions no round took, so every round
     after the first journaled ``replication_skipped`` (and the bench counted it) though none was."""
+    # Every version stays on the stride: this script seals v+1 ms after v (its first measured period) and a
+    # round on busy cores can take longer, which would rightly double the stride and skip v+1 (a CI flake).
+    monkeypatch.setattr(Stride, "round_done", lambda stride, seconds: None)
     with stores(tmp_path, ReplicationConfig(replicas=1)) as (addresses, nodes):
         clients = [StoreClient(addresses[0]), StoreClient(addresses[0])]
 
