@@ -7,6 +7,7 @@ from its configs) reads them from the class's source with :mod:`ast`.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 import textwrap
@@ -15,7 +16,13 @@ import textwrap
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of dataclass ``cls`` (the string literal right after the field),
     as one line of plain text (reST's double backquotes and roles dropped); empty when the source
-    cannot be read (a stripped install)."""
+    cannot be read (a stripped install). Read once per class (a parser of nested configs asks for each
+    class many times; reading the source is most of a command line's build)."""
+    return dict(_read(cls))
+
+
+@functools.cache
+def _read(cls: type) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
