@@ -89,10 +89,10 @@ def test_random_failures_are_seeded_and_journaled(tmp_path: Path, ref_cache: Pat
     assert rc == 0, out
     faults = Journal.load(tmp_path / "out" / "faulted").events("fault")
     assert [e["occurrence"] for e in faults] == [0, 1]
-    assert all(e["seed"] == 236 and e["mtbf"] == 6 for e in faults)
+    assert all(e["seed"] == 236 and e["mtbf"] == 3 for e in faults)
     # Each fired no earlier than its seeded draw (load can only make a firing later).
-    due = KillConfig(rank=1, mtbf=6, seed=236, times=2).time_occurrences()
-    assert [round(t, 1) for t in due] == [6.7, 10.8]  # what the scenario's description promises
+    due = KillConfig(rank=1, mtbf=3, seed=236, times=2).time_occurrences()
+    assert [round(t, 1) for t in due] == [3.4, 5.4]  # what the scenario's description promises
     assert all(e["elapsed"] >= t for e, t in zip(faults, due)), (faults, due)
     # the persistent interval adapted (checkpoint.mtbf_hours): every rank decided the same at the same
     # steps, to Daly's interval for the cost they agreed on, and both persisted the same steps

@@ -10,22 +10,18 @@ from pathlib import Path
 from harness.bench.floorlink import TOKEN_BYTES, FloorLink
 
 
-def _wait_for(path: Path, data: bytes, timeout: float = 20.0) -> bool:
+def _lands(directory: Path, peer: Path, nbytes: int, timeout: float = 20.0) -> bool:
+    """Whether the peer's ``received`` file comes to hold the bytes of this replicator's ``source`` of
+    ``nbytes``. Both are read again at each look: the source is sized before its bytes are written (found
+    in a full run: a source read between the two was all zeros, and no replica could match it)."""
+    source, received = directory / "source", peer / "received"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+        if (source.is_file() and received.is_file() and source.stat().st_size == received.stat().st_size == nbytes
+                and source.read_bytes() == received.read_bytes()):
             return True
         time.sleep(0.05)
     return False
-
-
-def _source(directory: Path, nbytes: int, timeout: float = 20.0) -> bytes:
-    """The replicator's source file once it has been made at ``nbytes``."""
-    path = directory / "source"
-    deadline = time.monotonic() + timeout
-    while not (path.is_file() and path.stat().st_size == nbytes) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return path.read_bytes()
 
 
 def test_a_replica_lands_whole_in_the_peer_and_an_intruder_is_dropped(tmp_path: Path) -> None:
@@ -42,9 +38,9 @@ def test_a_replica_lands_whole_in_the_peer_and_an_intruder_is_dropped(tmp_path: 
         b.connect(a.address)
         nbytes = 300_001  # not a multiple of a page
         a.replicate(nbytes)
-        assert _wait_for(tmp_path / "b" / "received", _source(tmp_path / "a", nbytes))
+        assert _lands(tmp_path / "a", tmp_path / "b", nbytes)
         b.replicate(1000)  # the other way, another size: a new mapping
-        assert _wait_for(tmp_path / "a" / "received", _source(tmp_path / "b", 1000))
+        assert _lands(tmp_path / "b", tmp_path / "a", 1000)
         intruder.close()
     finally:
         a.close()
