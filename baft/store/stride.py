@@ -109,8 +109,8 @@ class Stride:
                     self._quiet_at = now
             if self._quiet_left:
                 self._quiet_left -= 1
-        if self._last_seal is None or version >= self._last_seal[0]:
-            self._last_seal = (version, now)
+        if self._last_seal is None or version > self._last_seal[0]:
+            self._last_seal = (version, now)  # each version timed at its first seal (the node's ranks seal apart)
         if persist_every is not None:
             self.persist_every = persist_every
         if persisted is not None:
