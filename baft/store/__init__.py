@@ -6,7 +6,8 @@ connections (:mod:`~baft.store.handler`), its scheduling group (:mod:`~baft.stor
 worker's client (:mod:`~baft.store.client`), the wire format and handshake (:mod:`~baft.store.wire`), the
 connection to a peer (:mod:`~baft.store.peerlink`), the answers to a restore (:mod:`~baft.store.restores`),
 where replicas go (:mod:`~baft.store.placement`), which versions (:mod:`~baft.store.stride`), how fast
-(:mod:`~baft.store.linkmeter`), when training traffic is in flight (:mod:`~baft.store.traffic`), and the store's rings of slot files (:mod:`~baft.store.ring`).
+(:mod:`~baft.store.linkmeter`), when training traffic is in flight (:mod:`~baft.store.traffic`), and the
+store's rings of slot files (:mod:`~baft.store.ring`).
 Its names resolve on first use: importing one module of the room imports no other.
 """
 from __future__ import annotations

@@ -144,8 +144,7 @@ class PeerLink:
             try:
                 return self._whole(s, rank, version, fd, nbytes, patience)
             except OSError as e:
-                self.close()
-                self.log("peer_connection_failed", peer=self.address, reason=str(e) or type(e).__name__)
+                self._dropped(e)
                 return Unfinished(rank, version, fd, nbytes)  # tried again by finish, on a new connection
         for attempt in (0, 1):
             s = self._sock
@@ -158,10 +157,10 @@ class PeerLink:
                 self._timeouts(s, IO_TIMEOUT)
                 return self._send(s, paced, rank, version, fd, nbytes)
             except OSError as e:
-                self.close()
                 if attempt:
+                    self.close()
                     raise
-                self.log("peer_connection_failed", peer=self.address, reason=str(e) or type(e).__name__)
+                self._dropped(e)
         raise AssertionError("unreachable")
 
     def finish(self, rest: Unfinished) -> Delivery:
@@ -182,9 +181,13 @@ class PeerLink:
             reply, _ = recv(s, max_payload=0)
             return self._answered(reply, False, rest.nbytes, rest.t0, rest.deferred)
         except OSError as e:
-            self.close()
-            self.log("peer_connection_failed", peer=self.address, reason=str(e) or type(e).__name__)
+            self._dropped(e)
             return self.finish(Unfinished(rest.rank, rest.version, rest.fd, rest.nbytes))
+
+    def _dropped(self, e: OSError) -> None:
+        """Close the connection that failed and journal why (the next send makes a new one)."""
+        self.close()
+        self.log("peer_connection_failed", peer=self.address, reason=str(e) or type(e).__name__)
 
     def _timeouts(self, s: socket.socket, seconds: float) -> None:
         if self._timeout != seconds:

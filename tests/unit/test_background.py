@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -44,15 +48,11 @@ def test_close_finishes_the_job_in_flight_and_ends_the_thread() -> None:
     assert done.is_set() and not any(t.name == "test-close" for t in threading.enumerate())
 
 
-def test_a_process_that_dies_of_an_exception_does_not_wait_for_a_stuck_persist(tmp_path) -> None:
+def test_a_process_that_dies_of_an_exception_does_not_wait_for_a_stuck_persist(tmp_path: Path) -> None:
     """Found in CI (elastic-restage, restart 64 s instead of ~7): a rank raised as its pipeline peer was lost,
     but its persist in flight waited in a collective for ranks that were gone (the group's timeout is 30
     minutes by default), and the interpreter's exit joined that thread: the failed rank stayed alive with its
     sockets open, its node's other rank waited on it, and only the harness's hang watchdog ended both."""
-    import subprocess
-    import sys
-    import time
-
     script = tmp_path / "stuck.py"
     script.write_text(
         "import threading\n"

@@ -97,6 +97,11 @@ def wait_for(cond, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+def journaled(journal: Path, event: str) -> list[dict]:
+    """The lines of a store's journal for ``event``."""
+    return [e for e in map(json.loads, journal.read_text().splitlines()) if e["event"] == event]
+
+
 def sealed_on_node0(root: Path, address: str) -> tuple[Path, StoreClient, Path]:
     """Rank 3 seals version 7 on node 0; returns its slot, the client and the store's kept copy once it is there."""
     path = seal(root / "node0", rank=3, version=7, fill=5)
@@ -242,22 +247,19 @@ def test_a_link_too_slow_to_beat_the_persistent_tier_stops_replication_until_a_p
         trainer.start()
         journal = tmp_path / "j0.jsonl"
 
-        def events(kind: str) -> list[dict]:
-            return [e for e in map(json.loads, journal.read_text().splitlines()) if e["event"] == kind]
-
         try:
-            wait_for(lambda: journal.is_file() and events("replication_degraded"))
-            (why,) = events("replication_degraded")
+            wait_for(lambda: journal.is_file() and journaled(journal, "replication_degraded"))
+            (why,) = journaled(journal, "replication_degraded")
             assert why["persist_every"] == 40 and why["replica_age_versions"] > 20 and "persistent tier" in why["reason"]
-            sent = len(events("replicated"))
+            sent = len(journaled(journal, "replicated"))
             time.sleep(0.4)  # no probe before the hold is over: nothing sent
-            assert len(events("replicated")) == sent and nodes[0].stride.degraded
-            wait_for(lambda: len(events("replicated")) > sent)  # a probe round, still slow
-            assert nodes[0].stride.degraded and not events("replication_resumed")
+            assert len(journaled(journal, "replicated")) == sent and nodes[0].stride.degraded
+            wait_for(lambda: len(journaled(journal, "replicated")) > sent)  # a probe round, still slow
+            assert nodes[0].stride.degraded and not journaled(journal, "replication_resumed")
             nodes[0].link.rate = 0  # the link is fast again
-            wait_for(lambda: events("replication_resumed"))
-            n = len(events("replicated"))
-            wait_for(lambda: len(events("replicated")) >= n + 5)  # replicating again, round after round
+            wait_for(lambda: journaled(journal, "replication_resumed"))
+            n = len(journaled(journal, "replicated"))
+            wait_for(lambda: len(journaled(journal, "replicated")) >= n + 5)  # replicating again, round after round
         finally:
             stop.set()
             trainer.join()
@@ -291,8 +293,7 @@ def test_a_version_every_local_rank_replicated_is_never_journaled_as_skipped(tmp
         clients = [StoreClient(addresses[0]), StoreClient(addresses[0])]
 
         def replicated() -> set[tuple[int, int]]:
-            return {(e["rank"], e["version"]) for e in map(json.loads, (tmp_path / "j0.jsonl").read_text().splitlines())
-                    if e["event"] == "replicated"}
+            return {(e["rank"], e["version"]) for e in journaled(tmp_path / "j0.jsonl", "replicated")}
 
         for rank in (0, 1):
             assert clients[rank].sealed(rank, 3, seal(tmp_path / "node0", rank=rank, version=3, fill=3))
@@ -301,8 +302,7 @@ def test_a_version_every_local_rank_replicated_is_never_journaled_as_skipped(tmp
             for rank in (0, 1):  # rank 1 seals each version after rank 0 has opened its round
                 assert clients[rank].sealed(rank, v, seal(tmp_path / "node0", rank=rank, version=v, fill=v))
             wait_for(lambda v=v: {(0, v), (1, v)} <= replicated())
-        events = [json.loads(line) for line in (tmp_path / "j0.jsonl").read_text().splitlines()]
-        assert [e for e in events if e["event"] == "replication_skipped"] == []
+        assert journaled(tmp_path / "j0.jsonl", "replication_skipped") == []
         for c in clients:
             c.close()
 
@@ -830,8 +830,7 @@ def test_a_ranks_notices_are_never_stuck_behind_a_stalled_peer_and_the_replica_f
         store.handle({"op": "sealed", "rank": 0, "version": v, "file": str(buf.path(slot_of(v)))})
 
     def replicated() -> list[int]:
-        return [e["version"] for e in map(json.loads, (tmp_path / "j0.jsonl").read_text().splitlines())
-                if e["event"] == "replicated"]
+        return [e["version"] for e in journaled(tmp_path / "j0.jsonl", "replicated")]
 
     try:
         v, whole = 0, 0
@@ -848,8 +847,7 @@ def test_a_ranks_notices_are_never_stuck_behind_a_stalled_peer_and_the_replica_f
         assert {v, v + 1} <= set(store._sealed[0])
         peer.stall.clear()
         wait_for(lambda: v in replicated())
-        nbytes = next(e["bytes"] for e in map(json.loads, (tmp_path / "j0.jsonl").read_text().splitlines())
-                      if e["event"] == "replicated" and e["version"] == v)
+        nbytes = next(e["bytes"] for e in journaled(tmp_path / "j0.jsonl", "replicated") if e["version"] == v)
         kept = {ver: path for ver, path in copies(root, 0) if path.name.startswith("kept-")}
         with open(kept[v], "rb") as f:
             expected = f.read(nbytes)
