@@ -770,7 +770,12 @@ class _StallingPeer:
     ``stall`` is set reads nothing more: a peer that stopped (SIGSTOP, a hung node) as far as a sender can tell."""
 
     def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        # Its receive buffer stays small, as a stopped peer's fills: loopback's autotuning would grow it to
+        # tcp_rmem's most (32 MB here), and a body that fits stalls nothing mid-way (a CI flake).
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # accepted connections inherit it
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
         self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
         self.stall = threading.Event()
         self.bodies: list[tuple[int, bytes]] = []  # (version, body) of each put taken
