@@ -11,7 +11,7 @@ interpreter's switch interval to hand it back quickly when a wait ends.
 
 Measured here: a copier at SCHED_IDLE priority was starved; normal priority works.
 
-On CUDA the copy jobs go to a :class:`Sink` instead (:class:`baft.bubbles.devicecopy.VersionCopy`): it
+On CUDA the copy jobs go to a :class:`Sink` instead (:class:`baft.device.copies.VersionCopy`): it
 issues each chunk on a copy stream and returns at once, ends each window's batch with an event
 (:meth:`Sink.flush`), and the window's budget is spent by the chunks' estimated copy time, not by the
 host's time issuing them.

@@ -23,7 +23,7 @@ batch size), so this never stops.
 Other code (the copy engine) can listen to wait enter/exit to use the windows.
 
 On CUDA the host's clock around a launch measures the launch: :meth:`BubbleProfiler.use_device` hands
-the timing to a device timer (:class:`baft.bubbles.devicetimer.DeviceTimer`, events on the stage's
+the timing to a device timer (:class:`baft.device.timer.DeviceTimer`, events on the stage's
 stream) from the next iteration on; its profiles arrive one iteration late. CPU tensors keep the host
 clock.
 """
@@ -99,7 +99,7 @@ class IterationProfile:
 
 
 class SpanTimer(Protocol):
-    """Times spans on the device (:class:`baft.bubbles.devicetimer.DeviceTimer`)."""
+    """Times spans on the device (:class:`baft.device.timer.DeviceTimer`)."""
 
     def begin_iteration(self, step: int) -> None: ...
 

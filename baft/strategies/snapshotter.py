@@ -34,11 +34,11 @@ import torch.distributed as dist
 
 from baft import events
 from baft.bubbles.copier import CopyEngine, CopyJob, CopyStats, Item, Task
-from baft.bubbles.devicecopy import DeviceCopies
-from baft.bubbles.devicerestore import restore_into
 from baft.bubbles.planner import Chunk, Plan, make_chunks, owned, plan
 from baft.bubbles.profiler import BubbleProfiler
 from baft.config import CheckpointConfig
+from baft.device.copies import DeviceCopies
+from baft.device.restore import restore_into
 from baft.mesh.collective import all_gather, all_min, rank_world
 from baft.mesh.topology import holders, restaged, stages_of
 from baft.mesh.tpshared import broadcast_shared, shared_tensors
@@ -207,7 +207,7 @@ class BubbleSnapshotter:
     def begin(self, version: int) -> None:
         """At boundary ``version``: capture what changes during the iteration, queue the rest."""
         if self.device is None and self._static is None:  # the layout is not known yet, or changed: on CUDA?
-            self.device = DeviceCopies.cuda_if([*self.state.model.parameters(), *self.state.model.buffers()], self)
+            self.device = DeviceCopies.for_state([*self.state.model.parameters(), *self.state.model.buffers()], self)
         self.profiler.begin_iteration(version)
         self._pending = None
         if version == self.restored_version or not self.due(version):
@@ -314,7 +314,7 @@ class BubbleSnapshotter:
         specs = layout(tensors)
         # a buffer is copied from its staging (the boundary's value), everything else from the live tensor
         sources = [as_bytes(self._staged.get(name, t)) for name, t in tensors]
-        self.device = self.device or DeviceCopies.cuda_if(sources, self)
+        self.device = self.device or DeviceCopies.for_state(sources, self)
         if specs != self.specs:
             self._relayout(specs)
         if self.device is not None:  # page-lock the slots' data as mapped now (else: staging buffers)

@@ -1,4 +1,4 @@
-"""The order of the device path's copies (baft.bubbles.devicecopy), checked on CPU with a simulated device.
+"""The order of the device path's copies (baft.device.copies), checked on CPU with a simulated device.
 
 :class:`FakeStreams` runs each stream's work in FIFO order, a wait only once its event completed, and the
 streams interleaved as the test chooses; a copy moves the bytes when the device runs it, and the training's
@@ -18,13 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baft import CheckpointConfig, TrainState, digest_components, events
-from baft.bubbles import devicecopy
 from baft.bubbles.copier import CopyEngine, CopyJob
-from baft.bubbles.devicecopy import DeviceCopies, DeviceRestore, FakeStreams, StagingRing, VersionCopy
 from baft.bubbles.profiler import BubbleProfiler
+from baft.device import copies as devicecopy
+from baft.device.copies import DeviceCopies, StagingRing, VersionCopy
+from baft.device.restore import DeviceRestore
 from baft.snapshot.slotfile import SLOTS, slot_of
 from baft.snapshot.slots import SnapshotBuffer
 from baft.strategies.snapshotter import BubbleSnapshotter
+
+from tests.fakes.streams import FakeStreams
 
 CHUNK = 16
 
@@ -148,9 +151,8 @@ def test_a_version_is_sealed_only_when_its_last_copy_completed() -> None:
     assert ("wait", "compute", copies.dones[-1].id) in fake.log  # nothing ran yet: the step waits on the last
     run.optimizer_step(0)
     fake.step(fake.current())  # `ready` completes
-    for _ in range(3):  # the wait on ready, two copies, the first done: still one batch to go
-        fake.step(run.device.stream)
-    fake.step(run.device.stream)
+    while not copies.dones[0].done:  # the wait on ready, the batch's timing mark, two copies, its done
+        assert fake.step(run.device.stream)
     assert copies.dones[0].done and not copies.dones[-1].done
     run.device.settle()
     assert run.sealed == []

@@ -1,4 +1,4 @@
-"""The device digest (baft.state.devicedigest): one function, the same digest for the same bytes on any
+"""The device digest (baft.device.digest): one function, the same digest for the same bytes on any
 device. Run here on the CPU: equal bytes give equal digests, any flipped bit, dtype or shape changes them,
 the piece size and the strides do not; the norms agree with the host fingerprint's; non-CPU tensors are
 routed to it. The CUDA test compares a GPU's digest with this CPU's."""
@@ -14,9 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.state import devicedigest as dd
+from baft.device import digest as dd
+from baft.device.digest import PRIME, device_fingerprint
 from baft.state import fingerprint as fp_mod
-from baft.state.devicedigest import PRIME, device_fingerprint
 from baft.state.fingerprint import fingerprint_components, fingerprint_leaf
 
 from harness.bench.digest import DEVICE_METHOD, digest_benchmark, digest_table

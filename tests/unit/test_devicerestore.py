@@ -1,5 +1,5 @@
 """A restored slot into a state on the device (issue 37, item 2, the host-to-device direction), on the simulated
-device of :class:`baft.bubbles.devicecopy.FakeStreams`: the bulk bytes are copied on a side stream after the
+device of :class:`tests.fakes.streams.FakeStreams`: the bulk bytes are copied on a side stream after the
 compute stream's last use of the live tensors, training's next kernel runs after the copies, the host never
 waits for the training stream, and the state is the saved one bit for bit."""
 from __future__ import annotations
@@ -10,10 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.bubbles.devicecopy import FakeStreams
-from baft.bubbles.devicerestore import restore_into
+from baft.device.restore import restore_into
 from baft.state.fingerprint import digest_components
 from baft.state.train import TrainState
+
+from tests.fakes.streams import FakeStreams
 
 
 def trained(seed: int, steps: int) -> TrainState:

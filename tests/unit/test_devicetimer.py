@@ -1,4 +1,4 @@
-"""Bubbles timed on the device (baft.bubbles.devicetimer), one iteration late, with fake timing events."""
+"""Bubbles timed on the device (baft.device.timer), one iteration late, with fake timing events."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.bubbles.devicetimer import DeviceTimer
 from baft.bubbles.profiler import BubbleProfiler, ProfilerConfig
+from baft.device.timer import DeviceTimer
 
 
 @dataclass(eq=False)

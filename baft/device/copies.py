@@ -15,239 +15,29 @@ before the next optimizer step
 sealed      only once the last ``done`` completed (a query, never a wait on the training stream;
             :meth:`VersionCopy.sealable`), checked at later points; at close a host wait is allowed.
 
-Restore runs the same order the other way (:class:`DeviceRestore`). The order itself is
-device-independent: it speaks to a :class:`Streams` (the CUDA one, :class:`CudaStreams`, or
-:class:`FakeStreams`, a simulated device that records every operation and runs the streams' work in
-whatever order a test chooses, so the order can be checked on CPU).
+Each batch is timed on the device (a timing event before its first chunk and its ``done``), so a
+sealed version says how long its copies took on the copy stream (:meth:`VersionCopy.batch_seconds`).
+
+Restore runs the same order the other way (:mod:`baft.device.restore`). The order itself is
+device-independent: it speaks to a :class:`~baft.device.streams.Streams` (CUDA's, or a simulated device
+that runs the streams' work in whatever order a test chooses, so the order is checked on a CPU).
 """
 from __future__ import annotations
 
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from baft.bubbles.copier import CopyJob
-from baft.bubbles.devicetimer import CudaTimingEvents, DeviceTimer
 from baft.bubbles.profiler import BubbleProfiler, SpanTimer
+from baft.device.streams import CudaStreams, Streams, for_tensors
+from baft.device.timer import CudaTimingEvents, DeviceTimer
 from baft.snapshot.slotfile import slot_of
 from baft.snapshot.slots import Slot, SnapshotBuffer
-from baft.state.dtensor import local_view
-
-
-class Streams(Protocol):
-    """What the copy order needs from a device."""
-
-    def on_device(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` lives on this device (else a copy of it is the host's own)."""
-
-    def current(self) -> Any:
-        """The compute stream (the stream the training's kernels run on now)."""
-
-    def side(self) -> Any:
-        """A new stream for copies."""
-
-    def record(self, stream: Any) -> Any:
-        """Record an event on ``stream``; returns it."""
-
-    def wait(self, stream: Any, event: Any) -> None:
-        """Make ``stream``'s later work wait for ``event`` (the host does not wait)."""
-
-    def query(self, event: Any) -> bool:
-        """Whether ``event`` completed (never blocks)."""
-
-    def synchronize(self, event: Any) -> None:
-        """The host waits for ``event`` (one event of a copy stream; only at close or drain)."""
-
-    def copy(self, stream: Any, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Issue ``dst.copy_(src, non_blocking=True)`` on ``stream``."""
-
-    def pinned(self, nbytes: int) -> torch.Tensor:
-        """A page-locked host buffer of ``nbytes`` uint8."""
-
-    def register(self, ptr: int, nbytes: int) -> bool:
-        """Page-lock host memory in place (False: refused)."""
-
-    def unregister(self, ptr: int) -> None:
-        """Undo :meth:`register`."""
-
-
-class CudaStreams:
-    """:class:`Streams` of one CUDA device (the current one)."""
-
-    def __init__(self, device: int | None = None) -> None:
-        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else device)
-
-    def on_device(self, t: torch.Tensor) -> bool:
-        return bool(t.is_cuda)
-
-    def current(self) -> Any:
-        return torch.cuda.current_stream(self.device)
-
-    def side(self) -> Any:
-        return torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-
-    def record(self, stream: Any) -> Any:
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(stream)
-        return event
-
-    def wait(self, stream: Any, event: Any) -> None:
-        stream.wait_event(event)
-
-    def query(self, event: Any) -> bool:
-        return bool(event.query())
-
-    def synchronize(self, event: Any) -> None:
-        event.synchronize()
-
-    def copy(self, stream: Any, dst: torch.Tensor, src: torch.Tensor) -> None:
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-        for t in (src, dst):  # the caching allocator must not reuse a block while the copy stream uses it
-            if t.is_cuda:
-                t.record_stream(stream)
-
-    def pinned(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    def register(self, ptr: int, nbytes: int) -> bool:
-        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-        ok = int(cudart.cudaHostRegister(ptr, nbytes, 0)) == 0
-        if not ok:  # the failed call leaves its error as the last one: clear it, or torch's next check raises it
-            clear = getattr(cudart, "cudaGetLastError", None)
-            if clear is not None:
-                clear()
-        return ok
-
-    def unregister(self, ptr: int) -> None:
-        torch.cuda.cudart().cudaHostUnregister(ptr)  # type: ignore[no-untyped-call]
-
-
-# -- the simulated device ----------------------------------------------------------------------
-@dataclass(eq=False)
-class FakeEvent:
-    """An event of :class:`FakeStreams`: complete once its stream ran past it."""
-
-    id: int
-    stream: str
-    done: bool = False
-    time: float = 0.0  # when it completed (the device's clock), for timers
-
-
-@dataclass
-class FakeStreams:
-    """A simulated device: each stream a FIFO of work that runs only when :meth:`step`, :meth:`run` or
-    :meth:`synchronize` lets it (a wait runs once its event completed), every call logged in order.
-
-    Log entries: ``("record", stream, event_id)``, ``("wait", stream, event_id)``, ``("copy", stream,
-    tag)`` (at issue), ``("ran", stream, what)`` (when the device runs it), ``("query", event_id,
-    result)``, ``("sync", event_id)``, ``("kernel", stream, name)``. ``tag(src)`` names a copy's source."""
-
-    refuse_register: bool = False
-    device_tensors: bool = True  # every tensor counts as the device's (False: every one is the host's)
-    tag: Callable[[torch.Tensor], Any] = field(default=lambda src: src.data_ptr())
-    log: list[tuple[Any, ...]] = field(default_factory=list)
-    queues: dict[str, deque[tuple[Any, ...]]] = field(default_factory=lambda: {"compute": deque()})
-    registered: dict[int, int] = field(default_factory=dict)
-    clock: float = 0.0
-    _events: int = 0
-    _sides: int = 0
-
-    def on_device(self, t: torch.Tensor) -> bool:
-        return self.device_tensors
-
-    def current(self) -> str:
-        return "compute"
-
-    def side(self) -> str:
-        self._sides += 1
-        name = f"copy{self._sides}"
-        self.queues[name] = deque()
-        return name
-
-    def record(self, stream: str) -> FakeEvent:
-        self._events += 1
-        event = FakeEvent(self._events, stream)
-        self.queues[stream].append(("record", event))
-        self.log.append(("record", stream, event.id))
-        return event
-
-    def wait(self, stream: str, event: FakeEvent) -> None:
-        self.queues[stream].append(("wait", event))
-        self.log.append(("wait", stream, event.id))
-
-    def query(self, event: FakeEvent) -> bool:
-        self.log.append(("query", event.id, event.done))
-        return event.done
-
-    def synchronize(self, event: FakeEvent) -> None:
-        self.log.append(("sync", event.id))
-        while not event.done:
-            if not any(self.step(s) for s in list(self.queues)):
-                raise RuntimeError(f"event {event.id} can never complete: the device is stuck")
-
-    def copy(self, stream: str, dst: torch.Tensor, src: torch.Tensor) -> None:
-        tag = self.tag(src)
-        self.queues[stream].append(("copy", dst, src, tag))
-        self.log.append(("copy", stream, tag))
-
-    def kernel(self, stream: str, name: str, fn: Callable[[], None]) -> None:
-        """Launch a 'kernel' (``fn``, run when the device reaches it) on ``stream``."""
-        self.queues[stream].append(("kernel", fn, name))
-        self.log.append(("kernel", stream, name))
-
-    def pinned(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8)
-
-    def register(self, ptr: int, nbytes: int) -> bool:
-        if self.refuse_register:
-            return False
-        self.registered[ptr] = nbytes
-        return True
-
-    def unregister(self, ptr: int) -> None:
-        del self.registered[ptr]
-
-    # the device's side -------------------------------------------------------------------------
-    def step(self, stream: str) -> bool:
-        """Run the next piece of ``stream``'s work if it can run now; whether it ran."""
-        q = self.queues[stream]
-        if not q:
-            return False
-        op = q[0]
-        if op[0] == "wait" and not op[1].done:
-            return False
-        q.popleft()
-        self.clock += 1.0
-        if op[0] == "record":
-            op[1].done, op[1].time = True, self.clock
-            self.log.append(("ran", stream, ("record", op[1].id)))
-        elif op[0] == "wait":
-            self.log.append(("ran", stream, ("wait", op[1].id)))
-        elif op[0] == "copy":
-            op[1].copy_(op[2])
-            self.log.append(("ran", stream, ("copy", op[3])))
-        else:
-            op[1]()
-            self.log.append(("ran", stream, ("kernel", op[2])))
-        return True
-
-    def run(self, choose: Callable[[list[str]], int], steps: int) -> None:
-        """Up to ``steps`` pieces of work, each on the stream ``choose(runnable streams)`` picks."""
-        for _ in range(steps):
-            runnable = [s for s, q in self.queues.items() if q and (q[0][0] != "wait" or q[0][1].done)]
-            if not runnable:
-                return
-            self.step(runnable[choose(runnable) % len(runnable)])
-
-    def drain(self) -> None:
-        """Run everything that can run."""
-        while any(self.step(s) for s in list(self.queues)):
-            pass
 
 
 # -- pinned slot memory ------------------------------------------------------------------------
@@ -366,6 +156,9 @@ class VersionCopy:
         self.streams, self.stream, self.version, self.ring = streams, copy_stream, version, ring
         self.ready = streams.record(streams.current())
         self.dones: list[Any] = []
+        self.starts: list[Any] = []  # a timing event on the copy stream before each batch's first chunk
+        self.batch_bytes: list[int] = []
+        self._batch_bytes = 0
         self.issued = 0
         self.host_copies = 0
         self.staging = 0  # chunks in the ring's buffers, not yet in the slot
@@ -385,6 +178,9 @@ class VersionCopy:
             if not self._waited:
                 self.streams.wait(self.stream, self.ready)
                 self._waited = True
+            if not self._unflushed:  # a batch begins: its device time runs from here to its `done`
+                self.starts.append(self.streams.record(self.stream, timing=True))
+            self._batch_bytes += job.src.numel()
             if self.ring is None:
                 self.streams.copy(self.stream, job.dst, job.src)
             else:
@@ -403,8 +199,9 @@ class VersionCopy:
     def _flush(self) -> None:
         with self._lock:
             if self._unflushed:
-                self.dones.append(self.streams.record(self.stream))
-                self._unflushed = 0
+                self.dones.append(self.streams.record(self.stream, timing=True))
+                self.batch_bytes.append(self._batch_bytes)
+                self._unflushed = self._batch_bytes = 0
 
     def before_optimizer_step(self, rest: Iterable[CopyJob] = ()) -> None:
         """Issue ``rest`` and end the last batch; the compute stream waits on its ``done`` unless it
@@ -426,6 +223,17 @@ class VersionCopy:
         if self.ring is not None:
             self.ring.poll()
         return self.staging == 0
+
+    def batch_seconds(self) -> list[float] | None:
+        """Each batch's device time on the copy stream, from before its first chunk to its ``done`` (only once
+        :meth:`sealable`); None where the device cannot time its events."""
+        out: list[float] = []
+        for start, done in zip(self.starts, self.dones):
+            dt = self.streams.elapsed(start, done)
+            if dt is None:
+                return None
+            out.append(max(dt, 0.0))
+        return out
 
     def wait(self) -> None:
         """The host waits for the last ``done`` (at close, or when the slot is needed again)."""
@@ -464,13 +272,16 @@ class DeviceCopies:
         self._sealing = False
 
     @classmethod
-    def cuda_if(cls, tensors: Iterable[Any], snapshotter: _Snapshotter) -> DeviceCopies | None:
-        """The CUDA path, attached to ``snapshotter``, if any of ``tensors`` (its state's; DTensors by
-        their local shards) lives on CUDA; else None (the host's path)."""
-        if not any(isinstance(t, torch.Tensor) and local_view(t).is_cuda for t in tensors):
+    def for_state(cls, tensors: Iterable[Any], snapshotter: _Snapshotter) -> DeviceCopies | None:
+        """The device path, attached to ``snapshotter``, if any of ``tensors`` (its state's; DTensors by their
+        local shards) lives on CUDA (on that tensor's device) or a simulated device is plugged in
+        (:func:`baft.device.streams.simulate`); else None (the host's path)."""
+        streams = for_tensors(tensors)
+        if streams is None:
             return None
-        device = cls(CudaStreams())
-        device.attach(snapshotter.profiler, snapshotter.buffer, DeviceTimer(CudaTimingEvents()))
+        device = cls(streams)
+        timer = DeviceTimer(CudaTimingEvents()) if isinstance(streams, CudaStreams) else None
+        device.attach(snapshotter.profiler, snapshotter.buffer, timer)
         return device
 
     def attach(self, profiler: BubbleProfiler, buffer: SnapshotBuffer, timer: SpanTimer | None = None) -> None:
@@ -558,35 +369,3 @@ class DeviceCopies:
             self.pinned.release()
 
 
-# -- host -> device: restore ---------------------------------------------------------------------
-class DeviceRestore:
-    """Copy a restored slot's bytes into the live CUDA tensors on a side stream.
-
-    :meth:`run` records ``start`` on the compute stream (the live tensors' last use before the
-    restore), makes the copy stream wait on it, issues every job (``dst`` a view of a live CUDA
-    tensor, ``src`` a view of the slot, page-locked) and records ``done``; the compute stream waits on
-    ``done``, so training continues after the copies without the host waiting. The slot must stay
-    mapped and unchanged until :meth:`finished` (or :meth:`wait`)."""
-
-    def __init__(self, streams: Streams, copy_stream: Any) -> None:
-        self.streams, self.stream = streams, copy_stream
-        self.done: Any = None
-
-    def run(self, jobs: Iterable[CopyJob]) -> None:
-        s = self.streams
-        start = s.record(s.current())
-        s.wait(self.stream, start)
-        n = 0
-        for job in jobs:
-            s.copy(self.stream, job.dst, job.src)
-            n += 1
-        if n:
-            self.done = s.record(self.stream)
-            s.wait(s.current(), self.done)
-
-    def finished(self) -> bool:
-        return self.done is None or self.streams.query(self.done)
-
-    def wait(self) -> None:
-        if self.done is not None:
-            self.streams.synchronize(self.done)
