@@ -112,6 +112,9 @@ def _measuring_flags(sub: Any, command: str | None) -> None:
                             "(default 2): cost against none with pipeline-like waits, the copies' share inside the "
                             "waits and rate against a plain device-to-host copy, a snapshot and a SIGKILLed "
                             "process's restore bit for bit, device fingerprints; writes device-check.json")
+    bench.add_argument("--simulate-device", dest="simulate_device", metavar="MODULE:FACTORY",
+                       help="with --device-check: run baft's device path on a simulated device that factory makes "
+                            "(the CPU rehearsal of a GPU run; from a checkout: tests.fakes.streams:rehearsal_device)")
     bench.add_argument("--probe", action="store_true",
                        help="instead: the probe's cost per step on the shipped unmodified-script examples, and its "
                             "fingerprint rate on a 1 GB state")
@@ -197,11 +200,11 @@ def _digest_bench(gigabytes: float, out: Path, device: str | None = None) -> int
     return 0
 
 
-def _device_check(gigabytes: float, out: Path) -> int:
+def _device_check(gigabytes: float, out: Path, simulate: str | None) -> int:
     from harness.bench.devicecheck import check_table, device_check
 
     try:
-        result = device_check(gigabytes, out)
+        result = device_check(gigabytes, out, simulate=simulate)
     except ValueError as e:
         raise UsageError(f"--device-check: {e}") from None
     print(check_table(result))
@@ -231,7 +234,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.probe:
         return _probe_bench(args.out)
     if args.device_check is not None:
-        return _device_check(args.device_check, args.out)
+        return _device_check(args.device_check, args.out, args.simulate_device)
     cfg = config_from_args(BenchConfig, args)
     w = cfg.workload
     inside = "".join(f" x {label}{n}" for label, n in (("DP", w.data_parallel), ("FSDP", w.dp_shard), ("TP", w.tp)) if n > 1)

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from baft.errors import BaftConfigError
+from baft.errors import BaftConfigError, BaftError
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,6 +118,57 @@ WaitListener = Callable[[bool, int], None]
 """``listener(entering, window_index)``: called when a wait starts (True) and ends (False)."""
 
 
+#: The torch releases whose ``torch.distributed.pipelining`` baft's profiler was run on (CI: 2.13; the lent
+#: GPU machines and ``tox -e torch211``: 2.11). Another release is checked by :func:`check_pipelining` at attach.
+TESTED_TORCH = ("2.11", "2.13")
+
+
+def _names_in(code: Any) -> set[str]:
+    """The global names a code object and every function nested in it look up."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names_in(const)
+    return names
+
+
+def check_pipelining(schedules: Any) -> None:
+    """Raise :class:`BaftError` where this torch's pipelining lacks what the profiler wraps (a private
+    helper): its waits would go unseen, and baft would copy in no bubble at all, silently. Two things must hold:
+    ``schedules._wait_batch_p2p`` exists, and a schedule's code calls it by that module-level name (so the
+    wrapper placed there is the one called)."""
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    helper = getattr(schedules, "_wait_batch_p2p", None)
+    users = [f"{obj.__name__}.{name}" for obj in vars(schedules).values() if isinstance(obj, type)
+             for name, fn in vars(obj).items()
+             if hasattr(fn, "__code__") and "_wait_batch_p2p" in _names_in(fn.__code__)]
+    if callable(helper) and users:
+        return
+    raise BaftError(
+        f"baft's bubble profiler does not support torch {version}: it times a pipeline stage's waits by wrapping "
+        "torch.distributed.pipelining.schedules._wait_batch_p2p, which this release "
+        + ("lacks" if not callable(helper) else "has but no schedule calls")
+        + f" (run on torch {', '.join(TESTED_TORCH)}); use one of those, or a strategy without bubbles "
+        "(sync, async-dcp, checkfreq)")
+
+
+def _check_stage(stage: Any) -> None:
+    """A ``PipelineStage`` must have the compute methods the profiler times (else its spans go unseen)."""
+    import torch
+
+    try:
+        from torch.distributed.pipelining.stage import _PipelineStageBase
+    except ImportError:
+        return
+    if isinstance(stage, _PipelineStageBase) and not any(
+            callable(getattr(stage, n, None)) for n in ("forward_one_chunk", "backward_one_chunk")):
+        raise BaftError(f"baft's bubble profiler does not support torch {torch.__version__.split('+')[0]}: its "
+                        f"{type(stage).__name__} has no forward_one_chunk/backward_one_chunk to time "
+                        f"(run on torch {', '.join(TESTED_TORCH)})")
+
+
 class _WaitHook:
     """The process-wide wrapper of ``torch.distributed.pipelining.schedules._wait_batch_p2p``.
 
@@ -134,6 +185,7 @@ class _WaitHook:
     def install(cls, profiler: BubbleProfiler) -> None:
         from torch.distributed.pipelining import schedules
 
+        check_pipelining(schedules)
         with cls._lock:
             if cls._original is None:
                 cls._original = schedules._wait_batch_p2p
@@ -211,6 +263,7 @@ class BubbleProfiler:
         """Wrap the compute methods of a ``PipelineStage`` (or of each stage in a list, for
         interleaved schedules) and the schedule's wait helper."""
         for st in stage if isinstance(stage, (list, tuple)) else [stage]:
+            _check_stage(st)
             for name, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward"),
                                ("backward_weight_one_chunk", "backward_weight")):
                 fn = getattr(st, name, None)

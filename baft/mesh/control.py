@@ -38,13 +38,18 @@ def takes_host_tensors(group: Any) -> bool:
 
 def host_twin(group: Any, control: Any) -> Any:
     """A gloo group over the ranks of ``group`` (one of the job's, e.g. a mesh dimension's), or ``group``
-    itself when it takes host tensors already; None for None. ``control``: a gloo group over all ranks
+    itself when it takes host tensors already. ``control``: a gloo group over all ranks
     (:func:`own_group`), over which the ranks learn each other's groups. Collective over all ranks: each
-    passes its own group of the same partition (a mesh dimension), and all make every group of it."""
+    passes its own group of the same partition (a mesh dimension), and all make every group of it.
+
+    None is the default group (``attach(replicas=N)`` without a mesh: every rank a replica): its twin is
+    ``control`` itself where the default group would refuse host tensors (NCCL), else None."""
     if not initialized():
         return group
-    mine = sorted(dist.get_process_group_ranks(group)) if group is not None else []
-    everyone = all_gather((mine, group is None or takes_host_tensors(group)), control)
+    if group is None:
+        return None if takes_host_tensors(None) else control
+    mine = sorted(dist.get_process_group_ranks(group))
+    everyone = all_gather((mine, takes_host_tensors(group)), control)
     if all(ok for _, ok in everyone):
         return group
     twin = None

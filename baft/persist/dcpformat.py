@@ -114,23 +114,26 @@ def announce_stage_keys(shared: set[str]) -> None:
 def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: set[int] | None = None, *,
                   shard_key: str | None = None, placements: dict[str, TensorPlacement] | None = None,
                   param_names: Mapping[int, str] | None = None, process_group: Any = None,
-                  exchange_keys: bool = True) -> dict[str, torch.Tensor]:
+                  exchange_keys: bool = True, host_shards: bool = False) -> dict[str, Any]:
     """The DCP state dict of one rank (collective over ``process_group``: :func:`shared_by_stages`;
     without ``exchange_keys`` not, and keys two stages share are left to the metadata's writer,
     :func:`baft.persist.dcpwrite.stage_keyed`).
     ``owned``: indices of the bulk tensors this rank writes (data-parallel replicas split them);
     None: all. ``placements`` (:meth:`TrainState.placements`): local shards in ``components`` that are
     DTensors' are written as those DTensors. ``param_names`` (:meth:`TrainState.param_names`): the
-    optimizer's parameter index -> name, for its FQN keys."""
+    optimizer's parameter index -> name, for its FQN keys. ``host_shards``: those shards as
+    :class:`~baft.state.dtensor.HostShard` where they lie (for baft's own writer, :mod:`baft.persist.dcpwrite`),
+    not DTensors (for ``dcp.save``; on a CUDA mesh a DTensor moves its host shard to the device)."""
     skeleton, tensors = split(components)
     if placements:
-        tensors = [(name, p.wrap(t) if (p := placement_for(placements, name, tuple(t.shape), local=True)) else t)
+        tensors = [(name, (p.shard(t) if host_shards else p.wrap(t))
+                    if (p := placement_for(placements, name, tuple(t.shape), local=True)) else t)
                    for name, t in tensors]
     names = dcp_keys(tensors, stage_key, shard_key, param_names)
     if exchange_keys and (shared := shared_by_stages(names, stage_key, process_group)):
         names = [f"{stage_key}/{tensors[i][0]}" if k in shared else k for i, k in enumerate(names)]
         announce_stage_keys(shared)
-    sd: dict[str, torch.Tensor] = {
+    sd: dict[str, Any] = {
         names[i]: t for i, (_, t) in enumerate(tensors) if owned is None or i in owned
     }
     blob = persist.serialize({"skeleton": skeleton, "names": names, "paths": [name for name, _ in tensors],

@@ -47,7 +47,7 @@ from baft.persist import commits as persist
 from baft.persist import storage
 from baft.persist.storage import Root
 from baft.persist.writer import WriterProcess, crc32_digest
-from baft.state.dtensor import is_dtensor
+from baft.state.dtensor import HostShard, is_dtensor
 
 METADATA = ".metadata"
 LOCAL_HEADER = b"PK\x03\x04"
@@ -212,7 +212,10 @@ class RankReport:
 
 def chunk_of(t: Any) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
     """A state-dict value as (its local tensor, the whole tensor's size, the local chunk's offsets):
-    a DTensor's shard where its placement puts it, a plain tensor as the whole."""
+    a DTensor's (or a :class:`~baft.state.dtensor.HostShard`'s) shard where its placement puts it, a plain tensor
+    as the whole."""
+    if isinstance(t, HostShard):
+        return t.local, t.shape, t.offsets
     if is_dtensor(t):
         chunks = t.__create_chunk_list__()
         if len(chunks) != 1:

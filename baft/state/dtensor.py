@@ -1,6 +1,7 @@
 """DTensor state (FSDP2, tensor parallelism): a rank's local shards and how to make them DTensors again."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,15 @@ class TensorPlacement:
         return DTensor.from_local(local, self.mesh, self.placements, run_check=False, shape=torch.Size(self.shape),
                                   stride=self.stride)
 
+    def shard(self, local: torch.Tensor) -> HostShard:
+        """``local`` (this rank's shard, e.g. a view of a slot) as what a checkpoint file records of the DTensor,
+        left where it lies: :meth:`wrap` would make a DTensor of it, which on a CUDA mesh copies a host
+        tensor to the device."""
+        if tuple(local.shape) != self.local_shape:
+            raise BaftError(f"a shard of shape {tuple(local.shape)} does not fit this rank's shard {self.local_shape} "
+                            f"of {self.shape} ({list(self.placements)})")
+        return HostShard(local, self.shape, _offsets(self))
+
     def empty(self, dtype: torch.dtype) -> Any:
         """A DTensor of this placement to load into (its local shard uninitialised)."""
         return self.wrap(torch.empty(self.local_shape, dtype=dtype))
@@ -76,3 +86,32 @@ def placement_for(placements: Mapping[str, TensorPlacement], name: str, shape: t
         if p is not None and tuple(shape) != (p.local_shape if local else p.shape):
             return None  # a per-parameter tensor not shaped like the parameter (a scalar step)
     return p
+
+
+@dataclass(frozen=True, slots=True)
+class HostShard:
+    """A rank's shard of a DTensor where it lies (a slot's host memory), with the whole tensor's size and the
+    shard's offsets in it: what a rank's checkpoint file records, without a DTensor (whose ``from_local`` moves
+    a host tensor onto a CUDA mesh's device: the whole state copied to the GPU and back to be written)."""
+
+    local: torch.Tensor
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.local.numel() * self.local.element_size()
+
+
+@functools.lru_cache(maxsize=4096)
+def _offsets(placement: TensorPlacement) -> tuple[int, ...]:
+    """Where this rank's shard lies in the whole tensor: DTensor's own answer, asked of a shard on the meta
+    device (no memory, and ``from_local`` moves no meta tensor)."""
+    meta = torch.empty(placement.local_shape, device="meta")
+    probe = DTensor.from_local(meta, placement.mesh, placement.placements, run_check=False,
+                               shape=torch.Size(placement.shape), stride=placement.stride)
+    chunks = probe.__create_chunk_list__()
+    if len(chunks) != 1:
+        raise BaftError(f"a DTensor shard in {len(chunks)} chunks on one rank ({list(placement.placements)}); "
+                        "a rank's file holds one")
+    return tuple(int(x) for x in chunks[0].offsets)

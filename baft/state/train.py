@@ -11,6 +11,7 @@ can be saved with ``torch.save`` and loaded back with ``weights_only=True``
 """
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ import torch
 from baft.components import COMPONENTS
 from baft.errors import BaftError
 from baft.state.dtensor import TensorPlacement, is_dtensor, local_tensors
+
+log = logging.getLogger("baft")
 
 
 def _like(saved: Any, live: Any) -> Any:
@@ -77,6 +80,7 @@ def rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[s
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = {str(i): s for i, s in enumerate(torch.cuda.get_rng_state_all())}
+        state["cuda_current"] = torch.cuda.current_device()
     for name, gen in (generators or {}).items():
         state[f"generator.{name}"] = gen.get_state()
     return state
@@ -92,12 +96,31 @@ def set_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Gener
     )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([state["cuda"][str(i)] for i in range(len(state["cuda"]))])
+        _set_cuda_rng(state["cuda"], state.get("cuda_current"))
     for name, gen in (generators or {}).items():
         key = f"generator.{name}"
         if key not in state:
             raise BaftError(f"checkpoint has no state for generator {name!r}")
         gen.set_state(state[key])
+
+
+def _set_cuda_rng(saved: Mapping[str, Any], saved_current: int | None) -> None:
+    """Each device's generator from the state saved for it, where the process sees as many devices as the one
+    that saved. Where it sees another number (one GPU per rank through ``CUDA_VISIBLE_DEVICES`` on one side),
+    indices do not name the same devices: the current device gets the state of the device that was current
+    when saved (the rank's own), the others are left, and the log says so. Never an index past the devices
+    it has."""
+    count = torch.cuda.device_count()
+    if len(saved) == count:
+        for i in range(count):
+            torch.cuda.set_rng_state(saved[str(i)], i)
+        return
+    mine = str(saved_current) if saved_current is not None and str(saved_current) in saved else "0"
+    current = torch.cuda.current_device()
+    torch.cuda.set_rng_state(saved[mine], current)
+    log.warning("baft: the checkpoint holds the CUDA RNG states of %d devices, this process sees %d: device %d "
+                "restored from the saved device %s (current when saved), the others not restored",
+                len(saved), count, current, mine)
 
 
 @dataclass(kw_only=True)

@@ -38,7 +38,7 @@ from baft.persist import dcpformat, dcpwrite, storage
 from baft.persist.background import OneInFlight
 from baft.persist.writer import WriterProcess
 from baft.snapshot.slotfile import SLOTS, slot_of
-from baft.state.dtensor import local_view
+from baft.state.dtensor import HostShard, local_view
 from baft.strategies.base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
 from baft.strategies.restore import place_map, restore_dcp
 from baft.strategies.snapshotter import BubbleSnapshotter
@@ -154,9 +154,9 @@ class BaftStrategy(Strategy):
             t = time.perf_counter()
             self.drain()
             events.emit("persist_backpressure", step=version, seconds=time.perf_counter() - t)
-        self.drain()  # surfaces a failure of the previous persist; nothing is pinned now
-        if snap.device is not None:  # on CUDA the version is sealed once its copies completed: wait for the copy
-            snap.device.settle(block=True)  # stream (never the training stream), or an older version would be persisted
+        # surfaces a failure of the previous persist (nothing is pinned now); on a device it seals the versions in
+        # flight first (a wait on the copy stream, never the training stream), or an older version would be persisted
+        self.drain()
         mine = sorted(s for s in snap.sealed_versions() if self._persisted < s <= version)
         common = set.intersection(*(set(vs) for vs in all_gather_ints(mine, SLOTS, self.decisions)))
         if not common:
@@ -191,7 +191,7 @@ class BaftStrategy(Strategy):
                 sd = dcpformat.to_state_dict(comps, rank, self.stage_key, snap.owned_tensors(),
                                              shard_key=self.shard_key, placements=snap.placements,
                                              param_names=snap.param_names, process_group=self.group,
-                                             exchange_keys=not direct)
+                                             exchange_keys=not direct, host_shards=direct)
                 if direct:
                     slot = snap.buffer.slot_for(version) if components is None else None
                     gate.wait(until=until)
@@ -230,7 +230,8 @@ class BaftStrategy(Strategy):
             return
         self._committed = max(self._committed, version)
         events.emit("checkpoint_saved", step=version, tier="persistent",
-                    bytes=sum(local_view(t).numel() * t.element_size() for t in sd.values()),
+                    bytes=sum(t.nbytes if isinstance(t, HostShard) else local_view(t).numel() * t.element_size()
+                              for t in sd.values()),
                     seconds=time.perf_counter() - t0, gated_seconds=round(gate.waited - gated, 6),
                     path=str(persist.step_dir(self.root, version)))
 
@@ -252,6 +253,10 @@ class BaftStrategy(Strategy):
             return f"rank {rank}: {type(e).__name__}: {e}"
 
     def drain(self) -> None:
+        """Wait for the background work: on a device, the copies in flight (each version sealed once they
+        completed: the copy stream's events, never the training stream's), then the persist in flight."""
+        if self.snap is not None and self.snap.device is not None:
+            self.snap.device.settle(block=True)
         with self.gate.held_open():
             self._writer.drain()
 

@@ -371,6 +371,8 @@ class BubbleSnapshotter:
             return
         pending, self._pending = self._pending, None
         left, stats = self.engine.finish()
+        copies = pending["copies"]
+        pending["window_batches"] = len(copies.dones) if copies is not None else 0  # the rest is the stall's
         if left:
             self.engine.run_now(left)
         if not (self.device and self.device.defer(pending["copies"], lambda: self._complete(pending, stats))):
@@ -378,6 +380,11 @@ class BubbleSnapshotter:
 
     def _complete(self, pending: dict[str, Any], stats: CopyStats) -> None:
         version, slot = pending["version"], pending["slot"]
+        copies = pending["copies"]
+        seconds = copies.batch_seconds() if copies is not None else None
+        if seconds is not None:  # on a device: the copies' time on the copy stream, not the host's issuing them
+            n = pending["window_batches"]
+            stats.window_seconds, stats.stall_seconds = sum(seconds[:n]), sum(seconds[n:])
         mapped = slot.data().data_ptr()
         slot.complete(version, pending["meta"])
         self._static = self._static if slot.data().data_ptr() == mapped else None  # remapped: the jobs held the old map

@@ -21,7 +21,9 @@ stream waits for (as NCCL's receive is: the host does not block); on a CPU the t
 through ``torch.distributed.pipelining``'s wait helper, where baft's profiler sees pipeline waits.
 
 Without a GPU the same check runs on the CPU at the size given (a rehearsal: ``--device-check 0.02``), so
-the script is tested here before a lent device runs it.
+the script is tested here before a lent device runs it; with ``simulate`` (``--simulate-device
+tests.fakes.streams:rehearsal_device`` from a checkout) baft's device path runs there too, on a simulated
+device whose copies complete only some time after they were issued (``scripts/device-check --cpu-rehearsal``).
 """
 from __future__ import annotations
 
@@ -182,6 +184,22 @@ def _config(root: Path, name: str) -> Any:
                             dir=str(root / "ckpt" / name)).with_baft(shm_dir=str(root / "shm" / name))
 
 
+def plug_simulated(simulate: str | None) -> None:
+    """Run baft's device path on the simulated device ``simulate`` names (``module:factory``; None: nothing)."""
+    if not simulate:
+        return
+    import importlib
+
+    from baft.device.streams import simulate as plug
+
+    module, _, name = simulate.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"simulated device {simulate!r}: expected module:factory importable here ({e})") from None
+    plug(factory)
+
+
 def _step(ckpt: Any, stage: _Stage, state: Any, kill_after_seal: bool = False) -> None:
     """One training iteration with a checkpointer's hooks, in the order a training loop calls them."""
     ckpt.begin_iteration()
@@ -202,7 +220,8 @@ def _digests(state: Any) -> dict[str, dict[str, str]]:
 
 
 # -- the kill and restore, in processes of their own ------------------------------------------------------
-def _child(role: str, shape: CheckShape, device_name: str, root: str, steps: int, kill_at: int, out: str) -> None:
+def _child(role: str, shape: CheckShape, device_name: str, root: str, steps: int, kill_at: int, out: str,
+           simulate: str | None = None) -> None:
     """``reference``: ``steps`` iterations uninterrupted; ``killed``: baft every iteration, SIGKILLed in iteration
     ``kill_at`` once its boundary's version is sealed; ``restored``: a fresh model (another seed), restored by
     baft from shared memory, trained on to ``steps``. Each writes the state's digests after every step."""
@@ -211,6 +230,7 @@ def _child(role: str, shape: CheckShape, device_name: str, root: str, steps: int
 
     from baft import Checkpointer, TrainState
 
+    plug_simulated(simulate)
     if device_name == "cuda":
         torch.backends.cudnn.deterministic = True
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -243,12 +263,14 @@ def _run_child(*args: Any) -> int | None:
     return p.exitcode
 
 
-def kill_and_restore(shape: CheckShape, device: str, root: Path, steps: int = 6, kill_at: int = 3) -> dict[str, Any]:
+def kill_and_restore(shape: CheckShape, device: str, root: Path, steps: int = 6, kill_at: int = 3,
+                     simulate: str | None = None) -> dict[str, Any]:
     """The uninterrupted reference, the killed run and the restored one; whether the restored run continued
     bit for bit (every step's digests after the restore equal the reference's)."""
     root.mkdir(parents=True, exist_ok=True)
     files = {role: root / f"{role}.json" for role in ("reference", "killed", "restored")}
-    codes = {role: _run_child(role, shape, device, str(root), steps, kill_at, str(files[role])) for role in files}
+    codes = {role: _run_child(role, shape, device, str(root), steps, kill_at, str(files[role]), simulate)
+             for role in files}
     seen = {role: json.loads(f.read_text()) if f.exists() else {} for role, f in files.items()}
     restored_at = min((int(s) for s in seen["restored"]), default=None)
     compared = sorted(int(s) for s in seen["restored"])
@@ -353,21 +375,37 @@ def _same_digests(a: Any, b: Any) -> bool:
     return True
 
 
-def device_check(gigabytes: float, out: Path, device: str | None = None, cycles: int = 6, block: int = 4) -> dict[str, Any]:
-    """Run the check (see the module) and return its result (also written to ``out/device-check.json``)."""
+def device_check(gigabytes: float, out: Path, device: str | None = None, cycles: int = 6, block: int = 4,
+                 simulate: str | None = None) -> dict[str, Any]:
+    """Run the check (see the module) and return its result (also written to ``out/device-check.json``).
+    ``simulate``: ``module:factory`` of a simulated device baft's device path runs on (a CPU rehearsal)."""
+    import torch
+
+    from baft.device.streams import simulate as unplug
+
+    name = device or ("cuda" if torch.cuda.is_available() and not simulate else "cpu")
+    dev = torch.device(name)
+    shape = shape_for(gigabytes, name)
+    plug_simulated(simulate)
+    try:
+        return _device_check(shape, dev, out, cycles, block, simulate)
+    finally:
+        unplug(None)
+
+
+def _device_check(shape: CheckShape, dev: Any, out: Path, cycles: int, block: int, simulate: str | None) -> dict[str, Any]:
     import torch
 
     from baft import Checkpointer, TrainState, events
 
     from analysis.benchstats import paired_ratios
 
-    name = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    shape = shape_for(gigabytes, name)
+    name = dev.type
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if name == "cuda" else "cpu",
-                              "torch": torch.__version__, "shape": asdict(shape), "state_gbytes": shape.state_bytes / 1e9}
+                              "simulated_device": simulate, "torch": torch.__version__, "shape": asdict(shape),
+                              "state_gbytes": shape.state_bytes / 1e9}
     with tempfile.TemporaryDirectory(prefix="baft-device-check-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
         root = Path(tmp)
         model = _model(shape, dev, seed=0)
@@ -413,7 +451,7 @@ def device_check(gigabytes: float, out: Path, device: str | None = None, cycles:
         del arms, stage, state, model
         if name == "cuda":
             torch.cuda.empty_cache()
-        result["kill_and_restore"] = kill_and_restore(shape, name, root / "kill")
+        result["kill_and_restore"] = kill_and_restore(shape, name, root / "kill", simulate=simulate)
     result["seconds"] = time.perf_counter() - t_start
     (out / "device-check.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -4,9 +4,9 @@ Faithful where the device path's bugs live:
 
 - each stream is a FIFO of work that runs only when the device is let run (:meth:`FakeStreams.step`,
   :meth:`~FakeStreams.run`, :meth:`~FakeStreams.synchronize`), so a copy is not in its destination when
-  it is issued; with ``autorun`` the device runs only when an event is *queried* (a query of an unfinished
-  event says "not yet" and lets the device run everything issued so far: the next query sees it done),
-  as a real device finishes some time later, never at once;
+  it is issued; with ``autorun`` the device runs, when an event is queried, the work issued at least
+  ``latency`` seconds before (a query right after the copies were issued says "not yet"; one a window
+  later sees them done), as a real device finishes some time later, never at once;
 - registration can be refused (``refuse_register``), and memory can be registered once only;
 - with ``strict_pinned``, a copy whose host side is neither a pinned buffer nor registered memory is
   *pageable*: CUDA makes the host wait for it, so the stand-in runs the device up to it at once and logs
@@ -18,6 +18,7 @@ Plug it into a whole run with :func:`baft.device.streams.simulate` (:func:`simul
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ class FakeStreams:
     device_tensors: bool | Callable[[torch.Tensor], bool] = True
     """Every tensor counts as the device's (False: every one is the host's; a callable decides per tensor)."""
     autorun: bool = False
+    latency: float = 0.002
+    """With ``autorun``: how long after it was issued a piece of work is done (seen by a later query)."""
     strict_pinned: bool = False
     seconds_per_tick: float = 1e-4
     """Device time per piece of work (:meth:`elapsed`)."""
@@ -79,20 +82,29 @@ class FakeStreams:
     def record(self, stream: str, timing: bool = False) -> FakeEvent:
         self._events += 1
         event = FakeEvent(self._events, stream, timing=timing)
-        self.queues[stream].append(("record", event))
+        self.queues[stream].append(("record", event, time.perf_counter()))
         self.log.append(("record", stream, event.id))
         return event
 
     def wait(self, stream: str, event: FakeEvent) -> None:
-        self.queues[stream].append(("wait", event))
+        self.queues[stream].append(("wait", event, time.perf_counter()))
         self.log.append(("wait", stream, event.id))
 
     def query(self, event: FakeEvent) -> bool:
+        if self.autorun:  # the device ran whatever was issued long enough ago
+            self.advance()
         self.log.append(("query", event.id, event.done))
-        done = event.done
-        if not done and self.autorun:  # not yet: the device goes on meanwhile, and a later query sees it
-            self.drain()
-        return done
+        return event.done
+
+    def advance(self) -> None:
+        """Run, in each stream's order, the work issued at least ``latency`` seconds ago (``autorun``)."""
+        due = time.perf_counter() - self.latency
+        progressed = True
+        while progressed:
+            progressed = False
+            for s, q in self.queues.items():
+                if q and q[0][-1] <= due and self.step(s):
+                    progressed = True
 
     def elapsed(self, start: FakeEvent, end: FakeEvent) -> float | None:
         if not (start.timing and end.timing):
@@ -109,7 +121,7 @@ class FakeStreams:
 
     def copy(self, stream: str, dst: torch.Tensor, src: torch.Tensor) -> None:
         tag = self.tag(src)
-        self.queues[stream].append(("copy", dst, src, tag))
+        self.queues[stream].append(("copy", dst, src, tag, time.perf_counter()))
         self.log.append(("copy", stream, tag))
         if self.strict_pinned and any(not self.on_device(t) and not self.page_locked(t) for t in (dst, src)):
             self.log.append(("pageable", stream, tag))  # CUDA makes the host wait for such a copy
@@ -125,7 +137,7 @@ class FakeStreams:
 
     def kernel(self, stream: str, name: str, fn: Callable[[], None]) -> None:
         """Launch a 'kernel' (``fn``, run when the device reaches it) on ``stream``."""
-        self.queues[stream].append(("kernel", fn, name))
+        self.queues[stream].append(("kernel", fn, name, time.perf_counter()))
         self.log.append(("kernel", stream, name))
 
     def pinned(self, nbytes: int) -> torch.Tensor:
@@ -197,3 +209,10 @@ def simulated_device(**options: Any) -> Iterator[list[FakeStreams]]:
         yield made
     finally:
         device_streams.simulate(None)
+
+
+def rehearsal_device() -> FakeStreams:
+    """The simulated device of ``scripts/device-check --cpu-rehearsal`` (``--simulate-device
+    tests.fakes.streams:rehearsal_device``): copies complete 50 ms after they were issued, so a version is
+    sealed some windows after its copies, as a large state's are on a GPU."""
+    return FakeStreams(autorun=True, latency=0.05)

@@ -125,3 +125,60 @@ def test_the_refusing_backend_refuses_bafts_cpu_tensors_only(tmp_path: Path) -> 
     lines = log.read_text().splitlines()
     assert len(lines) == 2 and all("allgather" in line and f"{os.sep}baft{os.sep}mesh{os.sep}collective.py" in line
                                    for line in lines), lines
+
+
+RANK_NO_MESH = """
+import json, os, sys
+import torch, torch.distributed as dist
+from baft import CheckpointConfig, TrainState
+from baft.strategies import BaftStrategy
+from tests.rank_step import state_record, train_step
+from tests.refusing_backend import register
+
+out, phase, start, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+os.environ["BAFT_REFUSED_LOG"] = os.path.join(out, "refused.log")
+register()
+dist.init_process_group("refusecpu")  # the default group: what NCCL is to a GPU job
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0 if phase == "a" else 99)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+state = TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01))
+if phase == "d":
+    import shutil
+    shutil.rmtree(os.path.join(out, "shm"), ignore_errors=True)
+config = CheckpointConfig(strategy="baft", every=2, dir=os.path.join(out, "ckpt")).with_baft(shm_dir=os.path.join(out, "shm"))
+strategy = BaftStrategy(config, state)
+strategy.attach(model, replica=rank, replicas=world)  # no mesh: every rank a replica, over the default group
+restored = strategy.restore() if start else None
+seen = {start: state_record(state)}
+for step in range(start, stop):
+    train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(step)))
+    seen[step + 1] = state_record(state)
+strategy.drain()
+strategy.snap.close()
+with open(os.path.join(out, f"{phase}-{rank}.json"), "w") as f:
+    json.dump({"states": seen, "restored": restored}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_replicas_without_a_mesh_restore_through_bafts_own_group(tmp_path: Path) -> None:
+    """``attach(replicas=N)`` without a mesh (issue 53): the replicas' halves of a restored slot are summed over
+    a host-tensor group of baft's, not the default group (NCCL on a GPU job). Every restore path: shared
+    memory (the sum), an elastic restart with fewer replicas, the persistent tier."""
+    def phase(name: str, start: int, stop: int, world: int) -> dict[int, dict]:
+        return run_phase(RANK_NO_MESH, tmp_path, name, str(start), str(stop), world=world)
+
+    a = phase("a", 0, 4, 2)
+    assert _refused(tmp_path) == []
+    b = phase("b", 3, 4, 2)  # each replica's slot holds half of the state: summed on restore
+    assert _refused(tmp_path) == []
+    for r in range(2):
+        assert b[r]["restored"] == 3 and b[r]["states"]["3"] == a[r]["states"]["3"], r
+    c = phase("c", 3, 4, 1)  # one replica gone for good
+    assert _refused(tmp_path) == []
+    assert c[0]["restored"] == 3 and c[0]["states"]["3"] == a[0]["states"]["3"]
+    d = phase("d", 2, 3, 2)  # no shared memory: the persistent tier
+    assert _refused(tmp_path) == []
+    for r in range(2):
+        assert d[r]["restored"] == 2 and d[r]["states"]["2"] == a[r]["states"]["2"], r
