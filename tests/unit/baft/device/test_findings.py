@@ -20,6 +20,7 @@ from baft.device.restore import restore_into
 from baft.device.streams import CudaStreams
 from baft.errors import BaftError
 from baft.state.fingerprint import digest_components
+
 from harness.bench import devicecheck as dc
 from tests.fakes.streams import FakeStreams, simulated_device
 
