@@ -115,6 +115,9 @@ def _measuring_flags(sub: Any, command: str | None) -> None:
     bench.add_argument("--simulate-device", dest="simulate_device", metavar="MODULE:FACTORY",
                        help="with --device-check: run baft's device path on a simulated device that factory makes "
                             "(the CPU rehearsal of a GPU run; from a checkout: tests.fakes.streams:rehearsal_device)")
+    bench.add_argument("--process-group", dest="process_group", metavar="BACKEND",
+                       help="with --device-check: also SIGKILL and restore inside a process group of world size 1 "
+                            "of BACKEND (nccl on a GPU; refusecpu, the tests' stand-in of NCCL, from a checkout)")
     bench.add_argument("--probe", action="store_true",
                        help="instead: the probe's cost per step on the shipped unmodified-script examples, and its "
                             "fingerprint rate on a 1 GB state")
@@ -200,17 +203,19 @@ def _digest_bench(gigabytes: float, out: Path, device: str | None = None) -> int
     return 0
 
 
-def _device_check(gigabytes: float, out: Path, simulate: str | None) -> int:
-    from harness.bench.devicecheck import check_table, device_check
+def _device_check(gigabytes: float, out: Path, simulate: str | None, process_group: str | None) -> int:
+    from harness.bench.devicecheck import check_table, device_check, passed
 
     try:
-        result = device_check(gigabytes, out, simulate=simulate)
+        result = device_check(gigabytes, out, simulate=simulate, process_group=process_group)
     except ValueError as e:
         raise UsageError(f"--device-check: {e}") from None
     print(check_table(result))
     print(f"device-check.json: {out / 'device-check.json'}")
-    exact = result["snapshot_exact"] and result["kill_and_restore"]["bit_for_bit"] and result["fingerprints"]["digests_equal"]
-    return 0 if exact else 1
+    failures = passed(result)
+    for f in failures:
+        print(f"  FAILED: {f}")
+    return 1 if failures else 0
 
 
 def _probe_bench(out: Path) -> int:
@@ -234,7 +239,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.probe:
         return _probe_bench(args.out)
     if args.device_check is not None:
-        return _device_check(args.device_check, args.out, args.simulate_device)
+        return _device_check(args.device_check, args.out, args.simulate_device, args.process_group)
     cfg = config_from_args(BenchConfig, args)
     w = cfg.workload
     inside = "".join(f" x {label}{n}" for label, n in (("DP", w.data_parallel), ("FSDP", w.dp_shard), ("TP", w.tp)) if n > 1)

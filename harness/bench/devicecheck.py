@@ -220,8 +220,27 @@ def _digests(state: Any) -> dict[str, dict[str, str]]:
 
 
 # -- the kill and restore, in processes of their own ------------------------------------------------------
+def _process_group(backend: str | None, port: int, device_name: str) -> bool:
+    """A process group of world size 1 (``backend``: ``nccl`` on a GPU; ``refusecpu``, the tests' stand-in of
+    NCCL that refuses baft's host tensors, from a checkout) the job runs in; False for none."""
+    if not backend:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    if backend == "refusecpu":
+        from tests.refusing_backend import register
+
+        register()
+    if device_name == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend)
+    return True
+
+
 def _child(role: str, shape: CheckShape, device_name: str, root: str, steps: int, kill_at: int, out: str,
-           simulate: str | None = None) -> None:
+           simulate: str | None = None, backend: str | None = None, port: int = 0) -> None:
     """``reference``: ``steps`` iterations uninterrupted; ``killed``: baft every iteration, SIGKILLed in iteration
     ``kill_at`` once its boundary's version is sealed; ``restored``: a fresh model (another seed), restored by
     baft from shared memory, trained on to ``steps``. Each writes the state's digests after every step."""
@@ -231,6 +250,7 @@ def _child(role: str, shape: CheckShape, device_name: str, root: str, steps: int
     from baft import Checkpointer, TrainState
 
     plug_simulated(simulate)
+    grouped = _process_group(backend, port, device_name)
     if device_name == "cuda":
         torch.backends.cudnn.deterministic = True
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -250,6 +270,10 @@ def _child(role: str, shape: CheckShape, device_name: str, root: str, steps: int
         seen[state.step] = _digests(state)
         Path(out).write_text(json.dumps(seen))  # as it goes: the killed one leaves what it had
     ckpt.close()
+    if grouped:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 def _run_child(*args: Any) -> int | None:
@@ -264,12 +288,16 @@ def _run_child(*args: Any) -> int | None:
 
 
 def kill_and_restore(shape: CheckShape, device: str, root: Path, steps: int = 6, kill_at: int = 3,
-                     simulate: str | None = None) -> dict[str, Any]:
+                     simulate: str | None = None, backend: str | None = None) -> dict[str, Any]:
     """The uninterrupted reference, the killed run and the restored one; whether the restored run continued
-    bit for bit (every step's digests after the restore equal the reference's)."""
+    bit for bit (every step's digests after the restore equal the reference's). ``backend``: each runs in a
+    process group of world size 1 of that backend (:func:`_process_group`)."""
+    from harness.run.nodeenv import free_port
+
     root.mkdir(parents=True, exist_ok=True)
     files = {role: root / f"{role}.json" for role in ("reference", "killed", "restored")}
-    codes = {role: _run_child(role, shape, device, str(root), steps, kill_at, str(files[role]), simulate)
+    codes = {role: _run_child(role, shape, device, str(root), steps, kill_at, str(files[role]), simulate, backend,
+                              free_port() if backend else 0)
              for role in files}
     seen = {role: json.loads(f.read_text()) if f.exists() else {} for role, f in files.items()}
     restored_at = min((int(s) for s in seen["restored"]), default=None)
@@ -277,7 +305,7 @@ def kill_and_restore(shape: CheckShape, device: str, root: Path, steps: int = 6,
     differ = [s for s in compared if seen["restored"][str(s)] != seen["reference"].get(str(s))]
     # the version of the boundary it died at, or on a device (sealed once its copies completed) the one before
     fresh = restored_at is not None and kill_at - 1 <= restored_at <= kill_at
-    return {"exit_codes": codes, "killed_at_iteration": kill_at, "restored_step": restored_at,
+    return {"process_group": backend, "exit_codes": codes, "killed_at_iteration": kill_at, "restored_step": restored_at,
             "steps_compared": compared, "steps_differing": differ,
             "bit_for_bit": bool(compared) and not differ and codes["killed"] == -signal.SIGKILL and fresh}
 
@@ -376,9 +404,10 @@ def _same_digests(a: Any, b: Any) -> bool:
 
 
 def device_check(gigabytes: float, out: Path, device: str | None = None, cycles: int = 6, block: int = 4,
-                 simulate: str | None = None) -> dict[str, Any]:
+                 simulate: str | None = None, process_group: str | None = None) -> dict[str, Any]:
     """Run the check (see the module) and return its result (also written to ``out/device-check.json``).
-    ``simulate``: ``module:factory`` of a simulated device baft's device path runs on (a CPU rehearsal)."""
+    ``simulate``: ``module:factory`` of a simulated device baft's device path runs on (a CPU rehearsal);
+    ``process_group``: also kill and restore inside a process group of that backend (``nccl``)."""
     import torch
 
     from baft.device.streams import simulate as unplug
@@ -388,12 +417,13 @@ def device_check(gigabytes: float, out: Path, device: str | None = None, cycles:
     shape = shape_for(gigabytes, name)
     plug_simulated(simulate)
     try:
-        return _device_check(shape, dev, out, cycles, block, simulate)
+        return _device_check(shape, dev, out, cycles, block, simulate, process_group)
     finally:
         unplug(None)
 
 
-def _device_check(shape: CheckShape, dev: Any, out: Path, cycles: int, block: int, simulate: str | None) -> dict[str, Any]:
+def _device_check(shape: CheckShape, dev: Any, out: Path, cycles: int, block: int, simulate: str | None,
+                  process_group: str | None) -> dict[str, Any]:
     import torch
 
     from baft import Checkpointer, TrainState, events
@@ -452,9 +482,34 @@ def _device_check(shape: CheckShape, dev: Any, out: Path, cycles: int, block: in
         if name == "cuda":
             torch.cuda.empty_cache()
         result["kill_and_restore"] = kill_and_restore(shape, name, root / "kill", simulate=simulate)
+        if process_group:
+            result["kill_and_restore_in_group"] = kill_and_restore(shape, name, root / "kill-group", simulate=simulate,
+                                                                   backend=process_group)
     result["seconds"] = time.perf_counter() - t_start
     (out / "device-check.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _kill_line(kr: dict[str, Any]) -> str:
+    group = f" (in a {kr['process_group']} process group)" if kr.get("process_group") else ""
+    return (f"  SIGKILLed in iteration {kr['killed_at_iteration']}{group}, restored {kr['restored_step']} from shared "
+            f"memory, steps {kr['steps_compared']} against the uninterrupted run: "
+            + ("bit for bit" if kr["bit_for_bit"] else f"DIFFER at {kr['steps_differing']} (exit codes {kr['exit_codes']})"))
+
+
+def passed(result: dict[str, Any]) -> list[str]:
+    """What a device check's result fails on ([]: it passed): exactness, and the copies' rate and share known."""
+    failures = []
+    if not result["snapshot_exact"]:
+        failures.append("the snapshot differs from the state")
+    for key in ("kill_and_restore", "kill_and_restore_in_group"):
+        if key in result and not result[key]["bit_for_bit"]:
+            failures.append(f"{key}: the restored run did not continue bit for bit")
+    if not result["fingerprints"]["digests_equal"]:
+        failures.append("device digests differ from the host's")
+    if result["copies"]["baft_gbytes_per_s"] is None or result["copies"]["in_window_share"] is None:
+        failures.append("the copies' rate or share inside the waits is unknown")
+    return failures
 
 
 def check_table(result: dict[str, Any]) -> str:
@@ -464,7 +519,9 @@ def check_table(result: dict[str, Any]) -> str:
     ci = cost.get("ci95") or [float("nan")] * 2
     share = copies["in_window_share"]
     lines = [
-        f"device check on {result['device']} (torch {result['torch']}): {result['state_gbytes']:.2f} GB of parameters "
+        f"device check on {result['device']}"
+        f"{' (simulated device: its copies and their rate are the simulation)' if result.get('simulated_device') else ''} "
+        f"(torch {result['torch']}): {result['state_gbytes']:.2f} GB of parameters "
         f"and Adam state, {result['shape']['layers']} x Linear({result['shape']['width']}), "
         f"{2 * result['shape']['microbatches']} waits of {result['shape']['wait_seconds'] * 1e3:.1f} ms per iteration",
         f"  baft every iteration vs none: {cost.get('ratio_vs_none', float('nan')):.4f} (95% CI {ci[0]:.4f}-{ci[1]:.4f}, "
@@ -474,9 +531,7 @@ def check_table(result: dict[str, Any]) -> str:
         f"{copies['baft_gbytes_per_s'] or 0:.2f} GB/s against a plain device-to-host copy's "
         f"{copies['device_to_host_floor_gbytes_per_s']:.2f} GB/s",
         f"  snapshot equal to the state bit for bit: {'yes' if result['snapshot_exact'] else 'NO'}",
-        f"  SIGKILLed in iteration {kr['killed_at_iteration']}, restored {kr['restored_step']} from shared memory, "
-        f"steps {kr['steps_compared']} against the uninterrupted run: "
-        + ("bit for bit" if kr["bit_for_bit"] else f"DIFFER at {kr['steps_differing']} (exit codes {kr['exit_codes']})"),
+        *(_kill_line(k) for k in (kr, result.get("kill_and_restore_in_group")) if k),
         f"  fingerprints: device digests {'equal to' if fp['digests_equal'] else 'DIFFERENT from'} the host run's of "
         f"the same function ({fp['tensors']} tensors), norms within {fp['norm_max_relative_difference']:.1e}; "
         f"{fp['device_gbytes_per_s']:.2f} GB/s on the device, host xxh3 {fp['host_xxh3_gbytes_per_s']:.2f} GB/s",

@@ -13,6 +13,10 @@ Faithful where the device path's bugs live:
   ``("pageable", stream, tag)``;
 - events recorded with ``timing`` carry the device's clock (:meth:`~FakeStreams.elapsed`).
 
+With ``autorun`` (a whole run on a CPU) the host computes at once rather than on the compute stream, so a copy
+reads its source when issued (what a device that orders the next kernels after it reads when it runs); the
+order of waits and events is checked by the tests that step the device by hand.
+
 Plug it into a whole run with :func:`baft.device.streams.simulate` (:func:`simulated_device`).
 """
 from __future__ import annotations
@@ -121,7 +125,11 @@ class FakeStreams:
 
     def copy(self, stream: str, dst: torch.Tensor, src: torch.Tensor) -> None:
         tag = self.tag(src)
-        self.queues[stream].append(("copy", dst, src, tag, time.perf_counter()))
+        # A whole run on a CPU (autorun) computes on the host at once, not on the compute stream: the kernels
+        # that the device would order after this copy (the optimizer step, after its wait on the copies) run
+        # before it here. What the copy reads is therefore taken now, as the device would read it then.
+        source = src.clone() if self.autorun else src
+        self.queues[stream].append(("copy", dst, source, tag, time.perf_counter()))
         self.log.append(("copy", stream, tag))
         if self.strict_pinned and any(not self.on_device(t) and not self.page_locked(t) for t in (dst, src)):
             self.log.append(("pageable", stream, tag))  # CUDA makes the host wait for such a copy
@@ -213,6 +221,6 @@ def simulated_device(**options: Any) -> Iterator[list[FakeStreams]]:
 
 def rehearsal_device() -> FakeStreams:
     """The simulated device of ``scripts/device-check --cpu-rehearsal`` (``--simulate-device
-    tests.fakes.streams:rehearsal_device``): copies complete 50 ms after they were issued, so a version is
-    sealed some windows after its copies, as a large state's are on a GPU."""
-    return FakeStreams(autorun=True, latency=0.05)
+    tests.fakes.streams:rehearsal_device``): copies complete 5 ms after they were issued (longer than the
+    rehearsal's waits of 2 ms), so a version is sealed a window or more after its last copy was issued."""
+    return FakeStreams(autorun=True, latency=0.005)

@@ -279,3 +279,44 @@ def test_the_profiler_refuses_a_torch_whose_pipelining_it_cannot_hook() -> None:
     unused = types.SimpleNamespace(_wait_batch_p2p=lambda work: None, Schedule=Schedule)
     with pytest.raises(BaftError, match="no schedule calls"):
         check_pipelining(unused)
+
+
+# -- on a GPU (scripts/device-check runs these on a lent machine) ---------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_refused_registration_on_cuda_leaves_the_next_launch_clean() -> None:
+    """The same memory registered twice: CUDA refuses the second, and the next kernel launch and synchronise
+    must not raise that refusal as their own."""
+    streams = CudaStreams(torch.device("cuda", torch.cuda.current_device()))
+    buf = torch.empty(1 << 20, dtype=torch.uint8)
+    registered = streams.register(buf.data_ptr(), buf.numel())
+    try:
+        assert streams.register(buf.data_ptr(), buf.numel()) is False
+        x = torch.ones(1024, device="cuda") * 2  # a launch: torch checks the last error here
+        torch.cuda.synchronize()
+        assert x.sum().item() == 2048
+    finally:
+        if registered:
+            streams.unregister(buf.data_ptr())
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_cuda_restore_is_bit_for_bit_from_registered_memory() -> None:
+    state = _trained(0)
+    want = digest_components(state.capture(only=BULK))
+    components, _buf = _slot_like(state)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
+    target = TrainState(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-2))
+    flight = restore_into(target, components)
+    assert flight is not None and flight.path in ("registered", "staging")
+    def host(tree: Any) -> Any:
+        if isinstance(tree, dict):
+            return {k: host(v) for k, v in tree.items()}
+        return tree.cpu() if isinstance(tree, torch.Tensor) else tree
+
+    assert digest_components(host(target.capture(only=BULK))) == want
