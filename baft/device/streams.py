@@ -121,7 +121,7 @@ def _error_clearer(cudart: Any) -> Callable[[], Any] | None:
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 class CudaStreams:

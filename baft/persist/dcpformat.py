@@ -124,11 +124,12 @@ def to_state_dict(components: dict[str, Any], rank: int, stage_key: str, owned: 
     optimizer's parameter index -> name, for its FQN keys. ``host_shards``: those shards as
     :class:`~baft.state.dtensor.HostShard` where they lie (for baft's own writer, :mod:`baft.persist.dcpwrite`),
     not DTensors (for ``dcp.save``; on a CUDA mesh a DTensor moves its host shard to the device)."""
-    skeleton, tensors = split(components)
+    skeleton, plain = split(components)
+    tensors: list[tuple[str, Any]] = list(plain)
     if placements:
         tensors = [(name, (p.shard(t) if host_shards else p.wrap(t))
                     if (p := placement_for(placements, name, tuple(t.shape), local=True)) else t)
-                   for name, t in tensors]
+                   for name, t in plain]
     names = dcp_keys(tensors, stage_key, shard_key, param_names)
     if exchange_keys and (shared := shared_by_stages(names, stage_key, process_group)):
         names = [f"{stage_key}/{tensors[i][0]}" if k in shared else k for i, k in enumerate(names)]

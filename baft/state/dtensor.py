@@ -110,7 +110,7 @@ def _offsets(placement: TensorPlacement) -> tuple[int, ...]:
     meta = torch.empty(placement.local_shape, device="meta")
     probe = DTensor.from_local(meta, placement.mesh, placement.placements, run_check=False,
                                shape=torch.Size(placement.shape), stride=placement.stride)
-    chunks = probe.__create_chunk_list__()
+    chunks = probe.__create_chunk_list__()  # type: ignore[no-untyped-call]
     if len(chunks) != 1:
         raise BaftError(f"a DTensor shard in {len(chunks)} chunks on one rank ({list(placement.placements)}); "
                         "a rank's file holds one")

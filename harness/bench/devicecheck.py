@@ -229,10 +229,10 @@ def _process_group(backend: str | None, port: int, device_name: str) -> bool:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    if backend == "refusecpu":
-        from tests.refusing_backend import register
+    if backend == "refusecpu":  # a test's backend: from a checkout only (not followed by the type checker)
+        import importlib
 
-        register()
+        importlib.import_module("tests.refusing_backend").register()
     if device_name == "cuda":
         torch.cuda.set_device(0)
     dist.init_process_group(backend)
