@@ -105,7 +105,7 @@ def _measuring_flags(sub: Any, command: str | None) -> None:
     bench.add_argument("--digest", type=float, metavar="GB",
                        help="instead: time the state fingerprint (xxh3-128 + norms vs blake2b) over GB of float32 tensors")
     bench.add_argument("--digest-device", dest="digest_device", metavar="DEVICE",
-                       help="with --digest: also time the device digest (baft.device.digest) on DEVICE "
+                       help="with --digest: also time the device digest (baft.state.devicedigest) on DEVICE "
                             "(cuda, cpu), beside the host pass")
     bench.add_argument("--device-check", dest="device_check", type=float, metavar="GB", nargs="?", const=2.0,
                        help="instead: baft on one GPU (the CPU without one) with GB of parameters and Adam state "

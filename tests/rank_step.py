@@ -30,3 +30,20 @@ def state_record(state: Any) -> dict[str, Any]:
     out.update({f"opt.{i}.{k}": local_view(v).tolist() for i, st in state.optimizer.state_dict()["state"].items()
                 for k, v in st.items()})
     return out
+
+
+def train_and_record(strategy: Any, state: Any, start: int, stop: int, out: str, name: str, **extra: Any) -> None:
+    """Steps ``start`` to ``stop`` on the same batch everywhere (replicas stay alike without a gradient sum),
+    then what a crash leaves (the persister drained, the slots kept): ``OUT/NAME.json`` holds every step's
+    :func:`state_record` and ``extra``."""
+    import json
+    import os
+
+    seen = {start: state_record(state)}
+    for step in range(start, stop):
+        train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(step)))
+        seen[step + 1] = state_record(state)
+    strategy.drain()
+    strategy.snap.close()
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump({"states": seen, **extra}, f)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baft.errors import BaftConfigError
+from baft.mesh.collective import rank_world
 
 #: Dimension names whose ranks hold the same state.
 REPLICATE_DIMS = ("dp_replicate", "dp")
@@ -139,3 +140,16 @@ def restage_source(old: list[Any], place: str, replica: int, new: list[Any]) -> 
 def _stage_number(name: str) -> int:
     head = name.removeprefix("stage").split("-", 1)[0]
     return int(head) if head.isdigit() else 0
+
+
+def old_ranks(rank: int, replica: int, replicas: int, saved: int, world: list[tuple[str, int]] | None,
+              old_world: list[list[Any]] | None) -> list[int]:
+    """The ranks that held ``rank``'s stage among ``saved`` replicas before the world changed, by their replica
+    index; [] when the old world's map shows another number of them. Without maps (a version from before
+    they were recorded): replica-major order."""
+    if world is not None and old_world is not None:
+        olds = holders(old_world, world[rank][0])
+        return olds if [int(old_world[i][1]) for i in olds] == list(range(saved)) else []
+    _, size = rank_world()
+    stages = size // replicas
+    return [d * stages + rank - replica * stages for d in range(saved)]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from baft.components import COMPONENTS
-from baft.snapshot.slots import Slot
+from baft.snapshot.slots import Slot, SnapshotBuffer
 from baft.state import codec
 from baft.state.layout import MARKER, TensorSpec, rebuild
 
@@ -97,3 +97,16 @@ def static_meta(slot: Slot) -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - any garbage in a slot left by a killed writer reads as "unknown"
         return None
     return out if isinstance(out, dict) else None
+
+
+def writer_place(slot: Slot) -> tuple[int, int]:
+    """(replica, replicas) of whoever wrote the version in ``slot``: which share of the tensors it holds."""
+    meta = static_meta(slot) or {}
+    return int(meta.get("replica", 0)), int(meta.get("replicas", 1))
+
+
+def saved_replicas(buffer: SnapshotBuffer, complete: dict[int, int]) -> int:
+    """How many data-parallel replicas made the newest complete version in ``buffer`` (0: none)."""
+    if not complete:
+        return 0
+    return writer_place(buffer.slots[complete[max(complete)]])[1]

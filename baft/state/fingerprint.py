@@ -9,7 +9,7 @@ divergence is.
 Where a tensor lives decides how it is read. A CPU tensor is hashed with
 xxh3-128, in place (a non-contiguous one through a host buffer in bounded
 pieces). A tensor on any other device (CUDA, an accelerator) is fingerprinted on
-that device by :func:`baft.device.digest.device_fingerprint`: integer torch
+that device by :func:`baft.state.devicedigest.device_fingerprint`: integer torch
 ops there, a few bytes back per tensor, never a copy of the state through host
 memory. The two digests are different functions: a CUDA tensor's digest equals
 the device digest of its CPU copy, not that copy's xxh3 digest, so digests are
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import xxhash
 
-from baft.device.digest import device_fingerprint
+from baft.state.devicedigest import device_fingerprint
 
 
 def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

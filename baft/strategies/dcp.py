@@ -9,6 +9,7 @@ means every rank's has. At most one save is in flight: the next waits.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -24,6 +25,8 @@ from baft.state.dtensor import local_view
 from baft.strategies.base import WRITE_ERRORS, Strategy, persist_failed
 from baft.strategies.restore import meta_rank as meta_rank  # its path before baft.strategies.restore
 from baft.strategies.restore import place_map, restore_dcp
+
+log = logging.getLogger("baft")
 
 COMMIT_TIMEOUT = 300.0
 """Seconds a rank other than 0 waits, when it must, for rank 0 to commit a save."""
@@ -48,12 +51,16 @@ class AsyncDCPStrategy(Strategy):
         self.places = self.gather_places()
         process = self.config.async_dcp.mode == "process"
         self._mode = AsyncCheckpointerType.PROCESS if process else AsyncCheckpointerType.THREAD
-        if self.config.async_dcp.stager:
+        if self.config.async_dcp.stager and not stager_works():
+            log.warning("baft: async-dcp: torch %s's DefaultStager fails to stage a state dict (KeyError: <class "
+                        "'type'> in its deep copy; run under tox -e torch211); staging with async_save's default "
+                        "copy instead", torch.__version__)
+        elif self.config.async_dcp.stager:
             self._stager = dcp_stager(shared_memory=process)
 
     def settings(self) -> dict[str, Any]:
         """What this baseline runs with (for a benchmark's record)."""
-        return {"async": self.config.async_dcp.mode, "stager": "DefaultStager" if self.config.async_dcp.stager else "default copy",
+        return {"async": self.config.async_dcp.mode, "stager": "DefaultStager" if self._stager is not None else "default copy",
                 "pinned_memory": bool(self._stager is not None and torch.cuda.is_available()),
                 "shared_memory": self.config.async_dcp.mode == "process" and self._stager is not None}
 
@@ -138,6 +145,13 @@ class AsyncDCPStrategy(Strategy):
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+
+
+def stager_works() -> bool:
+    """Whether this torch's ``DefaultStager`` stages a state dict: torch 2.11's deep copy raises KeyError on a
+    class object it meets (seen in ``tox -e torch211``); 2.13's does not."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 13)
 
 
 def dcp_stager(*, shared_memory: bool, async_staging: bool = True) -> Any:

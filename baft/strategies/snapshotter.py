@@ -39,13 +39,14 @@ from baft.bubbles.profiler import BubbleProfiler
 from baft.config import CheckpointConfig
 from baft.device.copies import DeviceCopies
 from baft.device.restore import restore_into
-from baft.mesh.collective import all_gather, all_min, rank_world
-from baft.mesh.topology import holders, restaged, stages_of
+from baft.mesh.collective import all_gather, all_min
+from baft.mesh.topology import old_ranks, restaged, stages_of
 from baft.mesh.tpshared import broadcast_shared, shared_tensors
 from baft.snapshot.slotfile import COMPLETE, WRITING, discard_newer, slot_of
 from baft.snapshot.slotmeta import components as _components
 from baft.snapshot.slotmeta import only_markers as _only_markers
 from baft.snapshot.slotmeta import pack as _pack
+from baft.snapshot.slotmeta import saved_replicas, writer_place
 from baft.snapshot.slotmeta import static_meta as _static_meta
 from baft.snapshot.slots import Slot, SnapshotBuffer, owner_tag
 from baft.state import codec
@@ -76,31 +77,6 @@ TIMELINE_EVERY = 10
 #: The longest a due snapshot waits for the persist that holds its slot (then it is skipped): skipping
 #: would leave the previous version as the newest, and a fault then would lose two steps.
 PIN_WAIT = 2.0
-
-
-def _writer_place(slot: Slot) -> tuple[int, int]:
-    """(replica, replicas) of whoever wrote the version in ``slot``: which share of the tensors it holds."""
-    meta = _static_meta(slot) or {}
-    return int(meta.get("replica", 0)), int(meta.get("replicas", 1))
-
-
-def _saved_replicas(buffer: SnapshotBuffer, complete: dict[int, int]) -> int:
-    """How many data-parallel replicas made the newest complete version in ``buffer`` (0: none)."""
-    if not complete:
-        return 0
-    return _writer_place(buffer.slots[complete[max(complete)]])[1]
-
-
-def _old_ranks(rank: int, replica: int, replicas: int, saved: int, world: list[tuple[str, int]] | None,
-               old_world: list[list[Any]] | None) -> list[int]:
-    """The ranks that held this rank's stage among ``saved`` replicas before the world changed, by
-    their replica index; [] when the old world's map shows another number of them."""
-    if world is not None and old_world is not None:
-        olds = holders(old_world, world[rank][0])
-        return olds if [int(old_world[i][1]) for i in olds] == list(range(saved)) else []
-    _, size = rank_world()  # no map (a version from before it was recorded): replica-major order
-    stages = size // replicas
-    return [d * stages + rank - replica * stages for d in range(saved)]
 
 
 def _acts_on_state_dict(module: torch.nn.Module) -> bool:
@@ -466,7 +442,7 @@ class BubbleSnapshotter:
         for i in self._torn:
             events.emit("checkpoint_rejected", step=i, tier="shm", reason="torn: the writer stopped mid-copy")
         old_world = (_static_meta(self.buffer.slots[complete[max(complete)]]) or {}).get("world") if complete else None
-        saved, moved = (max(x) for x in zip(*all_gather([_saved_replicas(self.buffer, complete),
+        saved, moved = (max(x) for x in zip(*all_gather([saved_replicas(self.buffer, complete),
                                                          int(restaged(old_world, self.world))], self.control)))
         if moved:  # another stage count: no rank's memory holds a stage of this world; the persistent tier does
             events.emit("restore_candidates", tier="shm", local=sorted(complete), remote=[],
@@ -520,7 +496,7 @@ class BubbleSnapshotter:
         node's memory or pulled from a store, sum to the whole stage; the small state (RNGs, data
         position, scheduler) comes from the old rank with this rank's replica index (modulo ``saved``).
         """
-        olds = _old_ranks(self.rank, self.replica, self.replicas, saved, self.world, old_world)
+        olds = old_ranks(self.rank, self.replica, self.replicas, saved, self.world, old_world)
         here = {o: SnapshotBuffer(self.buffer.root, o) for o in olds}
         local = {o: {i.version for i in buf.open_existing() if i.state == COMPLETE} for o, buf in here.items()}
         remote = {o: ({v for v, _ in self.store.locate(o)} if self.store is not None else set()) for o in olds}
@@ -551,7 +527,7 @@ class BubbleSnapshotter:
                 if slot is None or info is None or info.state != COMPLETE or info.version != version:
                     ok = False
                     break
-                if _writer_place(slot) != (d, saved):
+                if writer_place(slot) != (d, saved):
                     ok = False  # not the share this old rank held in the world being restored
                     break
                 part = slot.data()
@@ -604,4 +580,4 @@ class BubbleSnapshotter:
     def _written_as_mine(self, slot: Slot) -> bool:
         """Whether ``slot``'s version was written by this rank's place among this many replicas: a version
         an earlier world wrote (before an elastic restart) holds another share of the tensors."""
-        return _writer_place(slot) == (self.replica, self.replicas)
+        return writer_place(slot) == (self.replica, self.replicas)

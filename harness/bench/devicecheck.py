@@ -11,7 +11,7 @@ What a lent GPU is asked, in one go, on a model whose parameters and Adam moment
 - **exactness**: a snapshot equal bit for bit to the state it was taken of; a process SIGKILLed in the
   middle of an iteration, restored from shared memory by a fresh process, continuing bit for bit as an
   uninterrupted run does;
-- **fingerprints on the device**: :func:`baft.device.digest.device_fingerprint` of the state where
+- **fingerprints on the device**: :func:`baft.state.devicedigest.device_fingerprint` of the state where
   it lives against the same function over a host copy (equal digests), and its rate beside the host
   digest's (xxh3 over a host copy).
 
@@ -344,7 +344,7 @@ def _state_tensors(state: Any) -> list[Any]:
 def _fingerprints(state: Any, device: Any) -> dict[str, Any]:
     """The state's digests on the device against the same function over host copies, and the two rates."""
 
-    from baft.device.digest import device_fingerprint
+    from baft.state.devicedigest import device_fingerprint
     from baft.state.fingerprint import fingerprint_leaf
 
     tensors = _state_tensors(state)
@@ -387,7 +387,7 @@ def _same_digests(a: Any, b: Any) -> bool:
     device digest (the same function on any device), anything else by value."""
     import torch
 
-    from baft.device.digest import device_fingerprint
+    from baft.state.devicedigest import device_fingerprint
     from baft.state.fingerprint import flatten
 
     left, right = dict(flatten(a)), dict(flatten(b))

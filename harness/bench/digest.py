@@ -9,7 +9,7 @@ number), all in one process, one intra-op thread (as the workers run), medians
 of ``repeats`` passes. The speedup is a ratio measured in the same run.
 
 Given a ``device`` (``"cuda"``), it also times
-:func:`baft.device.digest.device_fingerprint` over a copy of the state on
+:func:`baft.state.devicedigest.device_fingerprint` over a copy of the state on
 that device, digests and norms computed there (what the probe does with a GPU
 state), and checks a tensor's device digest against the same function over its
 host copy. ``device="cpu"`` times that function on the host (a rehearsal: the
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from baft.device.digest import device_fingerprint
+from baft.state.devicedigest import device_fingerprint
 from baft.state.fingerprint import fingerprint_components, flatten
 
 from harness.errors import ConfigValueError

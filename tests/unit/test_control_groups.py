@@ -132,7 +132,7 @@ import json, os, sys
 import torch, torch.distributed as dist
 from baft import CheckpointConfig, TrainState
 from baft.strategies import BaftStrategy
-from tests.rank_step import state_record, train_step
+from tests.rank_step import train_and_record
 from tests.refusing_backend import register
 
 out, phase, start, stop = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -150,14 +150,7 @@ config = CheckpointConfig(strategy="baft", every=2, dir=os.path.join(out, "ckpt"
 strategy = BaftStrategy(config, state)
 strategy.attach(model, replica=rank, replicas=world)  # no mesh: every rank a replica, over the default group
 restored = strategy.restore() if start else None
-seen = {start: state_record(state)}
-for step in range(start, stop):
-    train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(step)))
-    seen[step + 1] = state_record(state)
-strategy.drain()
-strategy.snap.close()
-with open(os.path.join(out, f"{phase}-{rank}.json"), "w") as f:
-    json.dump({"states": seen, "restored": restored}, f)
+train_and_record(strategy, state, start, stop, out, f"{phase}-{rank}", restored=restored)
 dist.destroy_process_group()
 """
 

@@ -1,4 +1,4 @@
-"""The device digest (baft.device.digest): one function, the same digest for the same bytes on any
+"""The device digest (baft.state.devicedigest): one function, the same digest for the same bytes on any
 device. Run here on the CPU: equal bytes give equal digests, any flipped bit, dtype or shape changes them,
 the piece size and the strides do not; the norms agree with the host fingerprint's; non-CPU tensors are
 routed to it. The CUDA test compares a GPU's digest with this CPU's."""
@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baft.device import digest as dd
-from baft.device.digest import PRIME, device_fingerprint
+from baft.state import devicedigest as dd
+from baft.state.devicedigest import PRIME, device_fingerprint
 from baft.state import fingerprint as fp_mod
 from baft.state.fingerprint import fingerprint_components, fingerprint_leaf
 
@@ -215,6 +215,9 @@ def test_norm_agrees_with_the_host_norm(dtype: torch.dtype, numel: int, scale_ex
     _, host = fingerprint_leaf(t)
     exact = float(torch.linalg.vector_norm(t.to(torch.float64)))
     assert norm is not None and host is not None
+    if math.isnan(exact):  # float8_e4m3fn casts of large noise: NaN on torch 2.11 (2.13 saturates at 448)
+        assert math.isnan(norm) and math.isnan(host)
+        return
     if math.isinf(exact):  # float16/float8 casts of large noise overflow
         assert norm == host == exact
         return

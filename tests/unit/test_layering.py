@@ -90,6 +90,7 @@ BAFT_FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"checkpointer"}),
     frozenset({"strategies"}),
     frozenset({"config"}),
+    frozenset({"device"}),
     frozenset({"bubbles", "persist", "store"}),
     frozenset({"mesh", "snapshot"}),
     frozenset({"state"}),

@@ -259,9 +259,9 @@ def test_components_carry_norms_for_float_tensors_only() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensor_fingerprints_like_the_device_digest_of_its_cpu_copy() -> None:
-    """A CUDA tensor is fingerprinted where it lives (:mod:`baft.device.digest`): its digest is the device
+    """A CUDA tensor is fingerprinted where it lives (:mod:`baft.state.devicedigest`): its digest is the device
     digest's of its CPU copy, bit for bit, and its norm that of the host pass within rounding."""
-    from baft.device.digest import device_fingerprint
+    from baft.state.devicedigest import device_fingerprint
 
     gen = torch.Generator().manual_seed(0)
     for t in [torch.randn(3_000_000, generator=gen), torch.randn(700, 900, generator=gen).to(torch.bfloat16),

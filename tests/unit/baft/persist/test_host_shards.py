@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from baft import CheckpointConfig, TrainState
 from baft.strategies import BaftStrategy
-from tests.rank_step import state_record, train_step
+from tests.rank_step import train_and_record
 
 out, phase, start, stop, writer = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 dist.init_process_group("gloo")
@@ -46,14 +46,7 @@ config = CheckpointConfig(strategy="baft", every=1, dir=os.path.join(out, "ckpt"
 strategy = BaftStrategy(config, state)
 strategy.attach(model, mesh=mesh)
 restored = strategy.restore() if start else None
-seen = {start: state_record(state)}
-for step in range(start, stop):
-    train_step(strategy, state, step, torch.randn(4, 6, generator=torch.Generator().manual_seed(step)))
-    seen[step + 1] = state_record(state)
-strategy.drain()
-strategy.snap.close()
-with open(os.path.join(out, f"{phase}-{rank}.json"), "w") as f:
-    json.dump({"states": seen, "restored": restored, "moved": moved}, f)
+train_and_record(strategy, state, start, stop, out, f"{phase}-{rank}", restored=restored, moved=moved)
 dist.destroy_process_group()
 """
 
