@@ -96,6 +96,9 @@ class Preemption(Record):
     """Ranks whose process ended within the grace (it exited, or the signal's default action ended it)."""
     end_seconds: float | None = None
     """From the SIGTERM to the last of them ending."""
+    exited_0: list[int] = field(default_factory=list)
+    """Of :attr:`ended`, the ranks whose script returned normally in the grace (their worker journaled
+    ``finish``: exit 0); the others exited with another code or were ended by the signal (143)."""
     killed: list[int] = field(default_factory=list)
     """Ranks still alive when the grace ended: SIGKILLed."""
     flush_journaled: bool = False
@@ -118,8 +121,11 @@ class Preemption(Record):
         ranks = sorted(self.ended + self.killed)
         who = f"node {self.node}" if self.node is not None else (_ranks(ranks) if ranks else "ranks")
         parts = []
-        if self.ended:
-            parts.append(f"{_ranks(self.ended)} ended within {self.end_seconds:.2f} s of the SIGTERM")
+        if self.exited_0:
+            parts.append(f"{_ranks(self.exited_0)} exited 0 within {self.end_seconds:.2f} s of the SIGTERM")
+        if others := [r for r in self.ended if r not in self.exited_0]:
+            parts.append(f"{_ranks(others)} ended within {self.end_seconds:.2f} s of the SIGTERM (exit code not 0, "
+                         "or the signal's default action)")
         if self.killed:
             parts.append(f"{_ranks(self.killed)} still alive at the end of the grace: killed")
         if not ranks:
@@ -139,6 +145,7 @@ def preemptions(run: Journal) -> list[Preemption]:
     """The preemptions of a run's launcher journal, with the workers' answers (``preempt_flush``)."""
     out = []
     flushes = sorted(run.events("preempt_flush"), key=lambda e: e["t"])
+    finishes = run.events("finish")
     launcher = run.launcher
     for sig in (e for e in launcher if e.get("event") == "preempt_signal"):
         key = (sig.get("fault"), sig.get("occurrence", 0))
@@ -153,6 +160,8 @@ def preemptions(run: Journal) -> list[Preemption]:
             fault=int(key[0] or 0), occurrence=int(key[1] or 0), node=sig.get("node"), step=int(sig.get("step", -1)),
             grace_s=float(sig.get("grace_s", 0.0)), ended=sorted(int(e["rank"]) for e in ended),
             end_seconds=max((float(e["seconds"]) for e in ended), default=None),
+            exited_0=sorted({int(e["rank"]) for e in finishes if sig["t"] <= e["t"] <= until}
+                            & {int(e["rank"]) for e in ended}),
             killed=sorted(int(e["rank"]) for e in outcomes if e.get("outcome") == "killed"),
             flush_journaled=bool(answers), flushed=max((int(e["persisted"]) for e in done), default=None),
             flush_seconds=max((float(e["seconds"]) for e in done), default=None),

@@ -52,6 +52,8 @@ def main() -> None:
     p.add_argument("--save-on-sigterm", action="store_true",
                    help="on SIGTERM (a preemption) every rank saves after the current micro-batch and exits 143")
     p.add_argument("--save-seconds", type=float, default=0.0, help="extra seconds writing last.pt takes")
+    p.add_argument("--sigterm-exit", type=int, default=128 + signal.SIGTERM,
+                   help="with --save-on-sigterm: the exit code after the save (143 by default; many scripts exit 0)")
     p.add_argument("--loader-generator", action="store_true",
                    help="give the DataLoader a generator of its own (else each new iterator draws its seed "
                         "from the global torch RNG)")
@@ -133,7 +135,7 @@ def main() -> None:
                         save()
                     print(f"rank {rank}: preempted; saved micro-batch {micro} (step {step})", flush=True)
                     dist.destroy_process_group()
-                    sys.exit(128 + signal.SIGTERM)
+                    sys.exit(args.sigterm_exit)
             if micro >= args.steps * acc:
                 break
     dist.barrier()  # no rank tears its connections down while another still uses them

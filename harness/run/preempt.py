@@ -11,7 +11,8 @@ container runtime and a job controller do:
 3. **SIGKILL** to whatever of the node is still alive after ``grace_s`` (the node's processes, found by the
    launch's token and node index), journaled per rank as killed; the node's store and its shared memory go
    with it (a preempted node's memory does not survive);
-4. the node **comes back**: a new agent joins the job's rendezvous (the other nodes' workers failed with
+4. the node **comes back**, whatever its ranks did in the grace (saved and exited 0, exited 143, were
+   killed at its end; as a cluster replaces an evicted pod whatever its exit code): a new agent joins the job's rendezvous (the other nodes' workers failed with
    the preempted ones and wait there for it); node 0 hosts the rendezvous, so its preemption restarts every
    node's agent on a new one. With ``restart: false`` the node stays gone and the job continues elastically.
 
@@ -66,6 +67,9 @@ class _Signaled:
     """The node's agent (dead or alive) at the time of the signals: the one a replacement takes the place of."""
     exited: dict[int, float] = field(default_factory=dict)
     """pid -> seconds from the SIGTERM to its end, for the targets that ended so far."""
+    finished_before: bool = False
+    """The job had finished before the signals (then nothing comes back). Ranks that finish *in* the grace
+    (a script that saves on SIGTERM and exits 0) do not count: an evicted pod is replaced whatever its code."""
 
 
 class PreemptController:
@@ -137,6 +141,8 @@ class PreemptController:
             targets, unknown = self._targets(req, agent.pid if agent is not None else None)
             if self.watchdog is not None:
                 self.watchdog.held += 1
+            self.progress.poll()
+            finished_before = self.progress.done
             signaled_at = time.time()
             if agent is not None:
                 agent.send_signal(signal.SIGTERM)
@@ -152,7 +158,8 @@ class PreemptController:
                            agent_pid=agent.pid if agent is not None else None, pids=sorted(targets),
                            unknown_pids=unknown, sync=True)
         return _Signaled(req=req, agent=agent, targets=targets, unknown=unknown, at=signaled_at,
-                         replaced=None if req.node is None else self.agents.procs[req.node])
+                         replaced=None if req.node is None else self.agents.procs[req.node],
+                         finished_before=finished_before)
 
     def _finish(self, pre: _Signaled) -> None:
         """Once the grace is over: the kills, the per-rank outcomes, the node back."""
@@ -228,9 +235,8 @@ class PreemptController:
         req = pre.req
         if req.node is None or not req.restart:
             return  # the ranks' agents restart their workers; a node lost for good stays gone
-        self.progress.poll()
-        if self.progress.done:
-            return  # the job finished meanwhile: nothing to come back to
+        if pre.finished_before:
+            return  # the job had finished before the signals: nothing to come back to
         why = {"reason": "preempted", "fault": req.fault_id}
         lost = {n for n in range(len(self.agents.procs)) if lost_marker(self.fault_dir, n).exists()}
         in_grace = {p.req.node for p in self._active if p.req.node is not None}  # each comes back at its end

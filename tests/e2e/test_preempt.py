@@ -78,6 +78,20 @@ def test_a_script_that_saves_on_sigterm_within_its_grace_resumes_bit_for_bit(tmp
     assert "rank 0: preempted; saved micro-batch 13 (step 13)" in log
 
 
+def test_a_script_that_saves_and_exits_0_in_its_grace_is_restarted_all_the_same(tmp_path: Path, ref_cache: Path) -> None:
+    """Issue 54: both ranks saved step 13 and exited 0 in the grace; the harness took that for the job's end and
+    never brought the node back ("restored step 0 (no checkpoint), lost 13 steps"). A cluster replaces an
+    evicted pod whatever its exit code."""
+    rc, out, v = run_cli(DDP / "preempt-exit0.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec, = v["recoveries"]
+    assert rec["restored_step"] == 13 and rec["lost_steps"] == 0
+    (p,) = v["preemptions"]
+    assert p["exited_0"] == [0, 1] and p["killed"] == [], p
+    assert [s["node"] for s in launcher_events(tmp_path / "out" / "faulted", "agent_start")] == ["node0", "node0"]
+    assert "ranks 0, 1 exited 0 within" in out and "the node came back" in out
+
+
 def test_a_grace_shorter_than_the_scripts_save_leaves_a_torn_checkpoint(tmp_path: Path, ref_cache: Path) -> None:
     rc, out, v = run_cli(DDP / "preempt-short.yaml", tmp_path / "out", ref_cache)
     assert rc == 1, out
