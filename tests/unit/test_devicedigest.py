@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baft.state import devicedigest as dd
-from baft.state.devicedigest import PRIME, device_fingerprint
 from baft.state import fingerprint as fp_mod
+from baft.state.devicedigest import PRIME, device_fingerprint
 from baft.state.fingerprint import fingerprint_components, fingerprint_leaf
 
 from harness.bench.digest import DEVICE_METHOD, digest_benchmark, digest_table
