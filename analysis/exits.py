@@ -109,6 +109,13 @@ class Preemption(Record):
     restart: bool = True
     """Whether the node came back."""
 
+    def to_json(self) -> dict[str, Any]:
+        """The fields; ``exited_0`` only where a rank exited 0 in the grace (older files read and write unchanged)."""
+        out = Record.to_json(self)
+        if not out["exited_0"]:
+            del out["exited_0"]
+        return out
+
     @property
     def flush_text(self) -> str:
         if not self.flush_journaled:
@@ -124,8 +131,8 @@ class Preemption(Record):
         if self.exited_0:
             parts.append(f"{_ranks(self.exited_0)} exited 0 within {self.end_seconds:.2f} s of the SIGTERM")
         if others := [r for r in self.ended if r not in self.exited_0]:
-            parts.append(f"{_ranks(others)} ended within {self.end_seconds:.2f} s of the SIGTERM (exit code not 0, "
-                         "or the signal's default action)")
+            parts.append(f"{_ranks(others)} ended within {self.end_seconds:.2f} s of the SIGTERM (not exit 0: another "
+                         "code or the signal)")
         if self.killed:
             parts.append(f"{_ranks(self.killed)} still alive at the end of the grace: killed")
         if not ranks:

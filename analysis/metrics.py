@@ -16,7 +16,8 @@ class Recovery(Record):
     fault: dict[str, Any]
     """The ``fault`` event as journaled (:mod:`analysis.journal`), without its time ``t``."""
     progress_before: int
-    """Completed steps (the furthest any rank got) when the fault fired."""
+    """Steps every rank had completed when the fault fired (the work a restore can lose is counted from here:
+    one fault gives one number, however far ahead the last stage had run)."""
     restored_step: int
     """The step the job resumed from (0 without a checkpoint)."""
     restored_tier: str | None
@@ -35,6 +36,9 @@ class Recovery(Record):
     journal does not tell."""
     caught_up_seconds: float | None = None
     """From the fault until the job had again completed every step it had completed before it."""
+    furthest_before: int | None = None
+    """The furthest any rank had got (steps completed) when the fault fired, where a rank ran ahead of
+    :attr:`progress_before` (a pipeline's last stage entering the next step); written only then."""
     resume: str | None = None
     """An unmodified script's resume, found by matching its first state against the reference
     (:mod:`analysis.resume`): ``resumed from step 10 (every component equals the reference at step 10)``,
@@ -42,6 +46,13 @@ class Recovery(Record):
     restaged: str | None = None
     """A restore into a pipeline cut into another number of stages: the counts and the state it could not
     carry (``4 -> 2 stages; not carried: rng (why)``); None otherwise."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields; ``furthest_before`` only where a rank ran ahead (files without it read and write unchanged)."""
+        out = Record.to_json(self)
+        if out["furthest_before"] is None:
+            del out["furthest_before"]
+        return out
 
 
 #: Faults that stall the job rather than end a process: the watchdog detects them.
@@ -90,6 +101,28 @@ def _recovery_phases(run: Journal, t_fault: float, detection: float | None, k: i
     return phases, (redone - t_fault) if redone is not None else None
 
 
+def _progress_at(run: Journal, inc: int, t_fault: float) -> tuple[int, int]:
+    """(the steps every rank of incarnation ``inc`` had completed, the furthest any rank had got) at a fault.
+
+    Each rank's progress is the last step it completed in the newest incarnation up to ``inc`` in which it
+    completed any (a rank's journal line may land a moment after the fault's, so no time cut here); the
+    furthest is read up to the fault's time. One fault gives one number, however far ahead a pipeline's last
+    stage had run."""
+    last: dict[int, tuple[int, int]] = {}  # rank -> (incarnation, steps completed)
+    furthest = 0
+    for e in run.events("step"):
+        if e["incarnation"] > inc:
+            continue
+        k, done = last.get(e["rank"], (-1, 0))
+        if e["incarnation"] > k or (e["incarnation"] == k and e["step"] + 1 > done):
+            last[e["rank"]] = (e["incarnation"], e["step"] + 1)
+        if e["t"] <= t_fault:
+            furthest = max(furthest, e["step"] + 1)
+    ranks = {e["rank"] for e in run.events("start") if e["incarnation"] == inc} or set(last)
+    every = min((last.get(r, (0, 0))[1] for r in ranks), default=0)
+    return min(every, furthest), furthest
+
+
 def recoveries(run: Journal) -> list[Recovery]:
     """One :class:`Recovery` per firing of a fatal fault, in the order they fired.
 
@@ -110,8 +143,7 @@ def recoveries(run: Journal) -> list[Recovery]:
         t_f = fault["t"]
         # a fault the harness journaled (a link) belongs to the incarnation running at that moment
         inc = fault.get("incarnation", max((e["incarnation"] for e in run.events("start") if e["t"] <= t_f), default=0))
-        done = [e["step"] + 1 for e in run.events("step") if e["incarnation"] <= inc and e["t"] <= t_f]
-        progress = max(done, default=0)
+        progress, furthest = _progress_at(run, inc, t_f)
         recovered, first_steps = None, []
         for k in (i for i in incarnations if i > inc):
             # the ranks of that incarnation's world (fewer after an elastic restart)
@@ -131,7 +163,7 @@ def recoveries(run: Journal) -> list[Recovery]:
         if points:
             restored = min((e["step"] for e in points if e["step"] is not None), default=0)
         detection = next((t - t_f for t in hangs if t >= t_f), None) if fault.get("fault") in STALLS else None
-        phases, caught_up = (_recovery_phases(run, t_f, detection, recovered, world, progress) if recovered is not None
+        phases, caught_up = (_recovery_phases(run, t_f, detection, recovered, world, furthest) if recovered is not None
                              else (None, None))
         out.append(
             Recovery(
@@ -145,6 +177,7 @@ def recoveries(run: Journal) -> list[Recovery]:
                 detection_seconds=detection,
                 phases=phases,
                 caught_up_seconds=caught_up,
+                furthest_before=furthest if furthest > progress else None,
                 resume=describe_resume(points) if points else None,
                 restaged=_restaged(restores),
             )

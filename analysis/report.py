@@ -243,6 +243,13 @@ def _event_blocks(v: Verdict) -> list[Block]:
                    ("table", (["cause", "restart", "what", "evidence", "usual fix"], [
                        [c.code, _fmt(c.incarnation), c.summary, "; ".join(c.evidence[:4]), c.fix or "–"]
                        for c in v.diagnosis]))]
+    if v.latent:
+        blocks += [("h2", "Latent findings"), ("p", "A random number generator differs after the resume, but nothing "
+                   "drew from it that training used: model, optimizer, data and every loss stayed bit for bit to the "
+                   "end. The run passes (expect: {rng: strict} fails it); a later draw (dropout, a shuffle) would "
+                   "diverge."), ("table", (["cause", "restart", "what", "evidence", "usual fix"], [
+                       [c.code, _fmt(c.incarnation), c.summary, "; ".join(c.evidence[:4]), c.fix or "–"]
+                       for c in v.latent]))]
     if v.preemptions:
         blocks += [("h2", "Preemptions"), ("p", "SIGTERM to the node's torchrun agent and workers (or the ranks "
                    "named), a grace period, then SIGKILL to whatever was still alive; the node's memory went with it."),

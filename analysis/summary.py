@@ -68,6 +68,11 @@ def _judgement(v: Verdict, out: Path) -> list[str]:
         lines.append(f"  planted bug      {'CAUGHT' if v.caught.caught else 'NOT CAUGHT'} (expected: {want})")
         lines += [f"    evidence: {f}" for f in v.caught.evidence]
     lines += diagnosis_lines(v.diagnosis)
+    if v.latent:
+        lines.append("  latent finding   an RNG differs after the resume, but nothing drew from it that training used: "
+                     "model, optimizer, data and every loss bit for bit to the end (passes; expect: {rng: strict} "
+                     "fails it)")
+        lines += diagnosis_lines(v.latent, label="latent cause")
     lines += [f"  FAIL: {f}" for f in v.failures]
     lines.append(f"  verdict          {out / 'verdict.json'}")
     if (out / "report.html").is_file():
@@ -99,6 +104,9 @@ def _recovery_lines(v: Verdict) -> list[str]:
         rec = f"{r.recovery_seconds:.2f} s" if r.recovery_seconds is not None else "never"
         phase = "" if f.get("phase") in (None, "iteration") else f" ({f['phase']})"
         detect = f", hang detected after {r.detection_seconds:.1f} s" if r.detection_seconds is not None else ""
+        if r.furthest_before is not None and r.furthest_before > r.progress_before:
+            detect = (f" (from step {r.progress_before}, which every rank had completed; one rank had reached "
+                      f"{r.furthest_before})") + detect
         when = (f"in restart {f['at_restore']}'s restore" if f.get("at_restore") is not None
                 else f"at step {f['step']}")
         lines.append(
@@ -145,12 +153,12 @@ def _change_lines(v: Verdict) -> list[str]:
     return lines
 
 
-def diagnosis_lines(causes: list[Cause], evidence: int = 3) -> list[str]:
+def diagnosis_lines(causes: list[Cause], evidence: int = 3, label: str = "likely cause") -> list[str]:
     """The likely causes, each with up to ``evidence`` lines of evidence and its usual fix."""
     lines = []
     for c in causes:
         at = f" (restart {c.incarnation})" if c.incarnation else ""
-        lines.append(f"  likely cause     {c.describe()}{at}")
+        lines.append(f"  {label:<16} {c.describe()}{at}")
         lines += [f"    evidence: {e}" for e in c.evidence[:evidence]]
         if len(c.evidence) > evidence:
             lines.append(f"    ({len(c.evidence) - evidence} more in verdict.json)")

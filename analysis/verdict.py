@@ -65,8 +65,15 @@ class ExpectConfig:
     loss: LossExpect | None = None
     """A loss-curve tolerance (``analysis.losscurve``), for records that cannot be equal bit for
     bit (after an elastic restart on fewer replicas): ``{rtol, atol, window, margin, alpha, from_step}``."""
+    rng: str = "consumed"
+    """How a random number generator that differs after the resume is judged: ``consumed`` fails the run where
+    the difference reaches what training uses (another component or a loss differs); a difference confined to
+    RNGs, with model, optimizer, data and every loss bit for bit to the end, is a *latent* finding (said with
+    its evidence and fix; the run passes). ``strict`` fails on any RNG difference."""
 
     def __post_init__(self) -> None:
+        if self.rng not in ("consumed", "strict"):
+            raise ConfigFieldError("rng", "consumed or strict", self.rng)
         if self.max_lost_steps is not None and self.max_lost_steps < 0:
             raise ConfigFieldError("max_lost_steps", "an integer >= 0", self.max_lost_steps)
         if self.max_recovery_seconds is not None and self.max_recovery_seconds <= 0:
@@ -218,7 +225,7 @@ def reproducibility(reference: Journal, again: Journal) -> Reproducibility:
 
 #: Fields written only when set (a run without a failed worker, a local run has no cluster, a cluster run
 #: no agents); the value here (their default) means "not there".
-_WHEN_SET: dict[str, Any] = {"worker_failures": [], "teardown_hangs": [], "preemptions": [], "diagnosis": [], "partial_steps": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
+_WHEN_SET: dict[str, Any] = {"worker_failures": [], "teardown_hangs": [], "preemptions": [], "diagnosis": [], "latent": [], "partial_steps": [], "target": "local", "wall_seconds": None, "agents_returncodes": None,
                              "cluster": None, "reproducibility": None}
 #: Fields a verdict without a comparison (``note``) has besides those.
 _UNCOMPARED = ("scenario", "passed", "failures")
@@ -297,6 +304,9 @@ class Verdict(Record):
     diagnosis: list[Cause] = field(default_factory=list)
     """The likely causes of a failed resume, each with its evidence (:mod:`analysis.diagnosis`); none when
     the run held every expectation."""
+    latent: list[Cause] = field(default_factory=list)
+    """Findings that did not fail the run: a random number generator not restored that nothing drew from to the
+    end (``expect.rng: consumed``), each with its evidence and fix."""
     preemptions: list[Preemption] = field(default_factory=list)
     """The preemptions of the faulted run: what each rank did between SIGTERM and the end of its grace."""
     metrics: Efficiency | None = None
@@ -354,6 +364,7 @@ class Verdict(Record):
             "teardown_hangs": [TeardownHang.from_json(c) for c in data.get("teardown_hangs", [])],
             "preemptions": [Preemption.from_json(c) for c in data.get("preemptions", [])],
             "diagnosis": [Cause.from_json(c) for c in data.get("diagnosis", [])],
+            "latent": [Cause.from_json(c) for c in data.get("latent", [])],
             "partial_steps": [PartialStep.from_json(c) for c in data.get("partial_steps", [])],
             "metrics": optional(Efficiency, data.get("metrics")),
             "wall_seconds": optional(WallSeconds, data.get("wall_seconds")),
@@ -467,6 +478,28 @@ def _unexplained_restarts(run: Journal, fault_events: list[dict[str, Any]], exit
             f"fault firings): {unexplained(exits)}; see the logs/ of the run"]
 
 
+def _rng_only(cmp: Comparison, bitwise: bool, expect: ExpectConfig) -> bool:
+    """An RNG differs while everything it could reach (model, optimizer, data, every loss) stays bit for bit to
+    the end: a latent finding, unless the scenario asks ``rng: strict``."""
+    return (bitwise and not cmp.equal and not cmp.missing_reference and bool(cmp.divergences)
+            and all(d.component == "rng" for d in cmp.divergences) and expect.rng != "strict")
+
+
+def _recovery_failures(recs: list[Recovery], expect: ExpectConfig) -> tuple[int, float | None, list[str]]:
+    """The worst lost steps and recovery seconds, and what of ``expect`` they break."""
+    out = []
+    lost = max((r.lost_steps for r in recs), default=0)
+    if expect.max_lost_steps is not None and lost > expect.max_lost_steps:
+        out.append(f"lost {lost} steps, at most {expect.max_lost_steps} allowed")
+    rec_secs = [r.recovery_seconds for r in recs]
+    if any(s is None for s in rec_secs) and recs:
+        out.append("a fault was never recovered from (no completed step after the restart)")
+    worst = max((s for s in rec_secs if s is not None), default=None)
+    if expect.max_recovery_seconds is not None and worst is not None and worst > expect.max_recovery_seconds:
+        out.append(f"recovery took {worst:.2f} s, at most {expect.max_recovery_seconds} s allowed")
+    return lost, worst, out
+
+
 def _divergence(cmp: Comparison) -> list[str]:
     """Where the run first differs from the reference, and records the reference lacks (judged bit for bit)."""
     out = []
@@ -511,24 +544,19 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
     missing = sorted(set(range(faults_declared)) - {e.get("id") for e in fault_events})
     if fired < faults_declared:
         failures.append(f"only {fired} of {faults_declared} faults fired (never fired: faults[{'], faults['.join(map(str, missing))}])")
-    if bitwise:
+    latent_rng = _rng_only(cmp, bitwise, expect)
+    if bitwise and not latent_rng:
         failures += _divergence(cmp)
     failures += _step_mismatches(run)
     exits = worker_failures(run)
     failures += _unexplained_restarts(run, fault_events, exits)
-    lost = max((r.lost_steps for r in recs), default=0)
-    if expect.max_lost_steps is not None and lost > expect.max_lost_steps:
-        failures.append(f"lost {lost} steps, at most {expect.max_lost_steps} allowed")
-    rec_secs = [r.recovery_seconds for r in recs]
-    if any(s is None for s in rec_secs) and recs:
-        failures.append("a fault was never recovered from (no completed step after the restart)")
-    worst = max((s for s in rec_secs if s is not None), default=None)
-    if expect.max_recovery_seconds is not None and worst is not None and worst > expect.max_recovery_seconds:
-        failures.append(f"recovery took {worst:.2f} s, at most {expect.max_recovery_seconds} s allowed")
+    lost, worst, unmet = _recovery_failures(recs, expect)
+    failures += unmet
     first = cmp.first
-    # only a run whose records differ or which lost more than allowed has a resume to explain
-    lost_too_many = expect.max_lost_steps is not None and lost > expect.max_lost_steps
-    diagnosis = _diagnosis(reference, run, cmp, failed=not cmp.equal or lost_too_many, recs=recs, repro=repro)
+    # a passing run has nothing to explain (whatever judged it); a latent RNG finding is explained apart
+    explain = bool(failures) or latent_rng
+    causes = _diagnosis(reference, run, cmp, failed=True, recs=recs, repro=repro) if explain else []
+    diagnosis, latent = (causes, []) if failures else ([], causes)
     caught = None
     if expect.caught is not None:
         caught, failures = _planted(expect.caught, first, failures, diagnosis)
@@ -562,6 +590,7 @@ def judge(reference: Journal, run: Journal, expect: ExpectConfig, *, steps: int,
         teardown_hangs=teardown_hangs(reference, "reference") + teardown_hangs(run, "faulted"),
         preemptions=preemptions(run),
         diagnosis=diagnosis,
+        latent=latent,
         metrics=efficiency(reference, run, steps),
         reproducibility=repro,
     )

@@ -61,8 +61,10 @@ def test_divergence_named(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", 2, 10, kill_at=7, restore=5, bad_rng_after=True)
     first = compare(ref, run).first
     assert first is not None and (first.step, first.component, first.key) == (5, "rng", "torch")
-    v = judge(ref, run, ExpectConfig(), steps=10, faults_declared=1)
+    v = judge(ref, run, ExpectConfig(rng="strict"), steps=10, faults_declared=1)
     assert not v.passed and v.first_divergence is not None and v.first_divergence.component == "rng"
+    latent = judge(ref, run, ExpectConfig(), steps=10, faults_declared=1)  # nothing drew from it: latent
+    assert latent.passed and latent.first_divergence == v.first_divergence and latent.latent
 
 
 def test_lost_steps_over_limit_fails(tmp_path: Path) -> None:

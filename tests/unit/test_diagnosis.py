@@ -26,9 +26,10 @@ def state(step: int, moved: dict[str, int | None] | None = None, keys: int = 1) 
 
 
 def write(root: Path, *, kill_at: int | None = None, resume: int = 0, moved: dict[str, int | None] | None = None,
-          later: int | None = None, repeat_partial: bool = False) -> Journal:
+          later: int | None = None, repeat_partial: bool = False, unconsumed: bool = False) -> Journal:
     """One rank: steps 0..STEPS; with ``kill_at``, a restart whose first state is ``state(resume, moved)``; from
-    ``later`` on (steps after the resume), the run's model differs."""
+    ``later`` on (steps after the resume), the run's model differs; so it does after a ``moved`` resume unless
+    ``unconsumed`` (what moved reached nothing else)."""
     w = JournalWriter(rank_journal(root, 0), rank=0, attempt=0)
     w.write("start", node="node0", world_size=1)
     w.write("state", step=0, digests=state(0))
@@ -42,7 +43,7 @@ def write(root: Path, *, kill_at: int | None = None, resume: int = 0, moved: dic
         w.write("checkpoint_restored", step=resume, tier="persistent", seconds=0.1)
         w.write("state", step=resume, digests=state(resume, moved))
         for s in range(resume, STEPS):
-            bad = moved or (later is not None and s + 1 >= later)
+            bad = (moved and not unconsumed) or (later is not None and s + 1 >= later)
             w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0), **({"backwards": 1} if repeat_partial and s == resume else {}))
             digests = state(s + 1)
             if bad:
@@ -237,3 +238,58 @@ def test_a_run_that_differed_before_any_restart_blames_no_restore(tmp_path: Path
     found = codes(ref, run, reproducible=False)
     assert list(found) == ["nondeterministic-job"] and "before any restart" in found["nondeterministic-job"][0]
     assert list(codes(ref, run)) == ["unexplained"]  # no reproducibility check: not a resume's doing, said so
+
+
+# -- the verdict's precision (issue 54) ----------------------------------------------------------------------
+def test_an_rng_difference_nothing_consumed_is_latent_and_passes_unless_strict(tmp_path: Path) -> None:
+    """A Lightning run without dropout: its checkpoint holds no RNG, the restarted process's differs, nothing that
+    training uses draws from it. Reported with its evidence and fix; passes unless ``rng: strict``."""
+    ref = write(tmp_path / "ref")
+    run = write(tmp_path / "run", kill_at=7, resume=5, moved={"rng": 0}, unconsumed=True)
+    v = judge(ref, run, ExpectConfig(bitwise=True), steps=STEPS, faults_declared=1)
+    assert v.passed and v.failures == [] and v.diagnosis == [], v.failures
+    assert not v.bitwise_equal and v.first_divergence is not None and v.first_divergence.component == "rng"
+    assert [c.code for c in v.latent] == ["rng-not-restored"] and v.latent[0].fix
+    strict = judge(ref, run, ExpectConfig(bitwise=True, rng="strict"), steps=STEPS, faults_declared=1)
+    assert not strict.passed and [c.code for c in strict.diagnosis] == ["rng-not-restored"] and strict.latent == []
+
+
+def test_an_rng_difference_that_reaches_the_model_still_fails(tmp_path: Path) -> None:
+    ref = write(tmp_path / "ref")
+    run = write(tmp_path / "run", kill_at=7, resume=5, moved={"rng": 0})  # dropout drew from it: the model moved
+    v = judge(ref, run, ExpectConfig(bitwise=True), steps=STEPS, faults_declared=1)
+    assert not v.passed and "rng-not-restored" in [c.code for c in v.diagnosis] and v.latent == []
+
+
+def test_a_run_that_passes_on_its_loss_curve_gets_no_diagnosis(tmp_path: Path) -> None:
+    """Not bit for bit (a later step's model differs) but judged by its loss curve, which holds: a passing run
+    has nothing to explain (it got ``nondeterministic-job`` before)."""
+    from analysis.losscurve import LossExpect
+
+    ref = write(tmp_path / "ref")
+    run = write(tmp_path / "run", kill_at=7, resume=5, later=8)
+    v = judge(ref, run, ExpectConfig(bitwise=False, loss=LossExpect(rtol=0.1)), steps=STEPS, faults_declared=1)
+    assert v.passed and v.diagnosis == [] and v.latent == [], (v.failures, v.diagnosis)
+
+
+def test_lost_work_counts_from_the_step_every_rank_had_completed(tmp_path: Path) -> None:
+    """A pipeline whose last stage had entered step 8 when rank 0 was killed in step 7's snapshot, restored 6:
+    one step lost (counted from 7, which every rank had completed), not two; the furthest rank said apart."""
+    root = tmp_path / "run"
+    for rank, done in ((0, 7), (1, 8)):
+        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=0)
+        w.write("start", node="node0", world_size=2)
+        for s in range(done):
+            w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0))
+        w.close()
+    w = JournalWriter(rank_journal(root, 0), rank=0, attempt=0)
+    w.write("fault", fault="kill", id=0, step=7, phase="snapshot", fatal=True)
+    w.close()
+    for rank in (0, 1):
+        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=1)
+        w.write("start", node="node0", world_size=2)
+        w.write("checkpoint_restored", step=6, tier="shm", seconds=0.1)
+        w.write("step", step=6, loss=1.0, loss_bits=float_bits(1.0))
+        w.close()
+    rec, = recoveries(Journal.load(root))
+    assert (rec.progress_before, rec.furthest_before, rec.restored_step, rec.lost_steps) == (7, 8, 6, 1)

@@ -144,7 +144,7 @@ def test_the_controller_signals_times_the_grace_kills_the_rest_and_brings_the_no
         (p,) = preemptions(Journal.load(tmp_path))
         assert (p.ended, p.killed, p.step, p.grace_s, p.flush_journaled) == ([0], [1], 5, 1.5, False)
         assert p.describe() == ("node 0 preempted at step 5 (grace 1.5 s): rank 0 ended within "
-                                f"{p.end_seconds:.2f} s of the SIGTERM; rank 1 still alive at the end of the grace: "
+                                f"{p.end_seconds:.2f} s of the SIGTERM (not exit 0: another code or the signal); rank 1 still alive at the end of the grace: "
                                 "killed; the node came back")
     finally:
         agent.kill()
@@ -160,8 +160,12 @@ def test_a_preemption_reads_back_from_the_verdict_file() -> None:
     p = Preemption(fault=1, node=None, step=9, grace_s=10.0, ended=[1], end_seconds=0.2, flush_journaled=True,
                    flushed=10, flush_seconds=0.05)
     assert Preemption.from_json(json.loads(json.dumps(p.to_json()))) == p
-    assert p.describe() == ("rank 1 preempted at step 9 (grace 10 s): rank 1 ended within 0.20 s of the SIGTERM; "
-                            "the job persisted step 10 in 0.05 s")
+    assert p.describe() == ("rank 1 preempted at step 9 (grace 10 s): rank 1 ended within 0.20 s of the SIGTERM "
+                            "(not exit 0: another code or the signal); the job persisted step 10 in 0.05 s")
+    saved = Preemption(fault=1, node=0, step=9, grace_s=10.0, ended=[0, 1], exited_0=[0, 1], end_seconds=0.17)
+    assert Preemption.from_json(json.loads(json.dumps(saved.to_json()))) == saved
+    assert "exited_0" not in p.to_json()  # written only when set: older files read and write unchanged
+    assert saved.describe().startswith("node 0 preempted at step 9 (grace 10 s): ranks 0, 1 exited 0 within 0.17 s")
     assert p.flush_text == "step 10 (0.05 s)"
     already = Preemption(fault=0, node=1, step=3, grace_s=5, ended=[2], end_seconds=0.1, flush_journaled=True)
     assert already.flush_text == "nothing newer than its last checkpoint"

@@ -171,7 +171,7 @@ def judged(name: str, tmp: Path) -> Verdict:
                                                                    offset=0.001), expect, steps=20, faults_declared=1)
     else:
         run = write_run(tmp / "run", 2, 10, kill_at=7, restore=5, bad_rng_after=name == "mutant-caught")
-        expect = ExpectConfig(caught=CaughtExpect(component="rng", key="to")) if name == "mutant-caught" \
+        expect = ExpectConfig(caught=CaughtExpect(component="rng", key="to"), rng="strict") if name == "mutant-caught" \
             else ExpectConfig(max_lost_steps=2)
         v = judge(write_run(tmp / "ref", 2, 10), run, expect, steps=10, faults_declared=1)
     fixture = read(FIXTURES / f"{name}.json")
