@@ -156,6 +156,11 @@ def parse(data: Any, file: str, host: bool = True, files: bool = True) -> Scenar
             raise ScenarioError(file, "workload.command[0]", "an existing training script (relative to the scenario "
                                 "file)", str(script))
         workload.command = [str(script), *workload.command[1:]]
+    if workload.cwd is not None and files:
+        cwd = (Path(file).parent / workload.cwd).resolve()
+        if not cwd.is_dir():
+            raise ScenarioError(file, "workload.cwd", "an existing directory (relative to the scenario file)", str(cwd))
+        workload.cwd = str(cwd)
     checkpoint = build(CheckpointConfig, data.get("checkpoint"), file, "checkpoint")
     expect = build(ExpectConfig, data.get("expect"), file, "expect")
     run = build(RunConfig, data.get("run"), file, "run")

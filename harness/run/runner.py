@@ -93,6 +93,11 @@ def work_dir(run_dir: Path, workload: WorkloadConfig) -> Path | None:
     return path
 
 
+def run_cwd(workload: WorkloadConfig, work_dir: Path | None) -> Path | None:
+    """Where the workers run: ``workload.cwd`` when set, else the run's working directory."""
+    return Path(workload.cwd) if workload.cwd is not None else work_dir
+
+
 def reference_key(workload: WorkloadConfig, root: Path | None = None) -> str:
     """The cache key of ``workload``'s reference: its config, torch's version, the training code under
     ``root`` (this checkout by default) and the user's script."""
@@ -144,7 +149,7 @@ def ensure_reference(workload: WorkloadConfig, cache: Path, timeout: float, copy
             watched = run if run is not None and workload.command is not None else None
             result = launch(tmp, spec, LaunchConfig(nodes=spec.workload.nodes, world_size=workload.world_size,
                                                     max_restarts=0, timeout=timeout, script=script_command(workload, wd),
-                                                    cwd=wd, hang_timeout=(watched.hang_timeout or watched.startup_timeout)
+                                                    cwd=run_cwd(workload, wd), hang_timeout=(watched.hang_timeout or watched.startup_timeout)
                                                     if watched is not None else None,
                                                     startup_timeout=watched.startup_timeout if watched is not None else None,
                                                     exit_timeout=run.exit_timeout if run is not None else EXIT_TIMEOUT))
@@ -265,7 +270,8 @@ def run_scenario(scenario: Scenario, out: Path, cache: Path | None = None, repor
             max_restarts=scenario.run.max_restarts, timeout=scenario.run.timeout, stores=stores,
             hang_timeout=scenario.run.hang_timeout, startup_timeout=scenario.run.startup_timeout, topology=topology, harness_faults=scenario.harness_faults(),
             min_nodes=scenario.workload.nodes - len(scenario.lost_nodes), last_call=scenario.run.last_call,
-            script=script_command(scenario.workload, wd), cwd=wd, exit_timeout=scenario.run.exit_timeout,
+            script=script_command(scenario.workload, wd), cwd=run_cwd(scenario.workload, wd),
+            exit_timeout=scenario.run.exit_timeout,
             preemptions=any(f.kind == "preempt" for f in scenario.faults),
             joins=any(f.kind == "node_join" for f in scenario.faults),
         ))

@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         from harness.worker.adapters.accelerate import patch_accelerator
 
         after_import("accelerate.accelerator", patch_accelerator)
+    if session.spec.workload.launcher == "python":
+        as_plain_python()
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.parent))
     try:
@@ -134,6 +136,22 @@ def main(argv: list[str] | None = None) -> int:
         session.disarm()
     session.probe.close(hooks.step)
     return 0
+
+
+#: What torchrun (and its elastic agent) puts in a worker's environment; a script run as ``python script.py``
+#: sees none of it (``workload.launcher: python``).
+DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                         "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                         "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def as_plain_python() -> list[str]:
+    """Remove torch.distributed's variables (and torchelastic's) from this process's environment, once the
+    probe has read its rank: the script then runs as ``python script.py`` would. The names removed."""
+    gone = [k for k in os.environ if k in DISTRIBUTED_VARIABLES or k.startswith("TORCHELASTIC_")]
+    for k in gone:
+        del os.environ[k]
+    return gone
 
 
 def leave(code: int) -> None:

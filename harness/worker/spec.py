@@ -118,6 +118,16 @@ class WorkloadConfig:
     run). ``steps``: the optimizer steps it is expected to take."""
     nproc: int = 1
     """With ``script`` or ``command``: workers per node."""
+    launcher: Literal["torchrun", "python"] = "torchrun"
+    """With ``command``: how the script is started. ``torchrun``: as a torchrun worker (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``... in its environment). ``python``: as ``python script.py`` would run it, for a one-process
+    script (``nproc: 1``, one node): none of torch.distributed's variables in its environment (a script that
+    turns DDP on when ``RANK`` is set takes its single-process path); restarts and faults as with torchrun,
+    which still supervises the process."""
+    cwd: str | None = None
+    """With ``command``: the directory the script runs in (relative to the scenario file), for a script that
+    reads relative paths (a config file, ``data/``); null: the run's own working directory. ``{run_dir}`` in an
+    argument is the run's directory either way (checkpoints kept apart per run)."""
     adapters: list[str] | None = None
     """With ``command``: the framework adapters to enable, among ``lightning``, ``transformers`` and
     ``accelerate`` (:mod:`harness.worker.adapters`; null: each one whose framework is installed, []: none)."""
@@ -166,6 +176,11 @@ class WorkloadConfig:
             raise ConfigValueError("microbatches", f"at least stages ({self.stages})", self.microbatches)
         if self.nproc < 1:
             raise ConfigValueError("nproc", "an integer >= 1", self.nproc)
+        if self.launcher == "python" and (self.command is None or self.nproc != 1 or self.nodes != 1):
+            raise ConfigValueError("launcher", "torchrun, or python for a one-process command (command set, nproc 1, "
+                                   "nodes 1)", self.launcher)
+        if self.cwd is not None and self.command is None:
+            raise ConfigValueError("cwd", "null without command (the directory an unmodified script runs in)", self.cwd)
         if self.world_size % self.nodes:
             raise ConfigValueError("nodes", f"a divisor of stages*data_parallel*dp_shard*tp = {self.world_size}", self.nodes)
         if self.seed < 0:

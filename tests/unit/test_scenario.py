@@ -87,6 +87,10 @@ def test_smoke_scenario_in_repo_is_valid() -> None:
         ("at_step: 17", "at_step: true", "faults[0].kill.at_step", "an integer"),
         ("- kill:", "- explode:", "faults[0].explode", "a fault kind"),
         ("max_lost_steps: 5", "max_lost_steps: -1", "expect.max_lost_steps", ">= 0"),
+        ("max_lost_steps: 5", "max_lost_steps: 5, rng: lenient", "expect.rng", "consumed or strict"),
+        ("seed: 0,", "seed: 0, launcher: python,", "workload.launcher", "a one-process command"),
+        ("seed: 0,", "seed: 0, launcher: mpirun,", "workload.launcher", "torchrun"),
+        ("seed: 0,", "seed: 0, cwd: .,", "workload.cwd", "null without command"),
         ("bitwise: true", "bitwise: yes please", "expect.bitwise", "true or false"),
         ("name: kill-rank1-step17", "name: x\ncolour: red", "colour", "one of the keys"),
     ],
@@ -323,3 +327,30 @@ def test_a_command_workload_loads_with_its_script_made_absolute(tmp_path: Path) 
     (tmp_path / "train.py").write_text("print('training')\n")
     s = load(write(tmp_path, COMMAND))
     assert s.workload.command == [str(tmp_path / "train.py"), "--steps", "12"] and s.workload.world_size == 2
+
+
+def test_a_python_launcher_needs_one_process_and_a_cwd_an_existing_directory(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    base = "name: x\nworkload: {{command: [train.py], steps: 4{extra}}}\nfaults: []\n"
+    ok = load(write(tmp_path, base.format(extra=", launcher: python, cwd: .")))
+    assert ok.workload.launcher == "python" and ok.workload.cwd == str(tmp_path.resolve())
+    with pytest.raises(ScenarioError) as err:
+        load(write(tmp_path, base.format(extra=", launcher: python, nproc: 2")))
+    assert err.value.path == "workload.launcher"
+    with pytest.raises(ScenarioError) as err:
+        load(write(tmp_path, base.format(extra=", cwd: nowhere")))
+    assert err.value.path == "workload.cwd" and "an existing directory" in err.value.expected
+
+
+def test_a_plain_python_environment_has_no_distributed_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.worker.boot import as_plain_python
+
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+                 "TORCHELASTIC_RESTART_COUNT": "2", "GROUP_RANK": "0", "BAFT_NODE": "node0", "PATH_X": "kept"}.items():
+        monkeypatch.setenv(k, v)
+    gone = as_plain_python()
+    import os
+
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                "GROUP_RANK"} & set(os.environ)
+    assert os.environ["BAFT_NODE"] == "node0" and os.environ["PATH_X"] == "kept" and "RANK" in gone
