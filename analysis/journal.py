@@ -26,6 +26,9 @@ Event fields:
 ``resume_point``        step, exact, description, equal_at {component: [reference steps]} (an unmodified
                         script's first state in a process of a faulted run, matched against the
                         reference: where it resumed, :mod:`analysis.resume`)
+``script_save``         step, how (``torch.save``, ``dcp``, ``safetensors``): an unmodified script began writing a
+                        checkpoint at this step (once per step and way; ``baft check`` picks its faults from them)
+``script_epoch``        step: an unmodified script began a new pass over a ``DataLoader`` (an epoch) at this step
 ``step_mismatch``       framework, framework_step, counted (a framework adapter's step count disagreed with
                         the hooks' count; journaled once per process)
 ``checkpoint_saved``    step, tier, bytes, seconds, path; baft: gated_seconds (its persister waited for the
@@ -119,6 +122,8 @@ EVENTS = (
     "state",
     "resume_point",
     "step_mismatch",
+    "script_save",
+    "script_epoch",
     "step",
     "checkpoint_saved",
     "checkpoint_restored",

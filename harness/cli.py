@@ -58,6 +58,18 @@ def _campaign_flags(sub: Any, command: str | None) -> None:
     suite.add_argument("--out", type=Path, help="output directory (default runs/suite-DIR-TIMESTAMP)")
     suite.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
     suite.add_argument("--no-report", dest="report", action="store_false", help="skip the HTML/Markdown reports")
+    chk = sub.add_parser("check", help="audit a training script's resume under the faults clusters send: a battery "
+                                       "of generated scenarios chosen from what the script does; a table, check.json")
+    chk.add_argument("--nproc", type=int, default=1, help="processes per node (1)")
+    chk.add_argument("--nodes", type=int, default=1, help="nodes; 2 or more add a node loss (1)")
+    chk.add_argument("--launcher", choices=("python", "torchrun"), help="python for one process, torchrun above")
+    chk.add_argument("--cwd", help="the directory the script runs in (default: each run's own)")
+    chk.add_argument("--steps", type=int, help="its optimizer steps (default: counted by a first run)")
+    chk.add_argument("--budget", type=float, help="seconds for the whole check; cases not started by then are not run")
+    chk.add_argument("--out", type=Path, help="output directory (default runs/check-SCRIPT-TIMESTAMP)")
+    chk.add_argument("--cache", type=Path, help="reference cache (default $BAFT_CACHE_DIR or ~/.cache/baft-harness)")
+    chk.add_argument("script", help="the training script; then its arguments ({run_dir}: each run's own directory)")
+    chk.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     fz = sub.add_parser("fuzz", help="search fault schedules (hypothesis) for one that fails; shrink it to a minimal scenario")
     fz.add_argument("scenario", type=Path, help="base scenario (workload, checkpoint, expect; its faults are replaced)")
     from harness.campaign.fuzz import FuzzConfig  # torch-free, as the parser must be
@@ -535,6 +547,10 @@ def _command(args: argparse.Namespace) -> int:
         return _cleanup(args)
     if args.command == "project":
         return _project(args)
+    if args.command == "check":
+        from harness.campaign.checkrun import command
+
+        return command(args)
     from harness.scenario import load
 
     if args.command == "validate":

@@ -218,7 +218,7 @@ _FOLLOWS = {"saved": "persist"}
 
 
 #: The phases the boot module announces in an unmodified script (``workload.command``).
-COMMAND_PHASES = ("iteration", "data", "save")
+COMMAND_PHASES = ("iteration", "data", "save", "restore")
 
 
 def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: str, nodes: int,
@@ -235,7 +235,10 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
         if command and hasattr(f.config, "phase") and phase not in COMMAND_PHASES:
             raise ScenarioError(file, f"{path}.phase", "a phase the harness sees in an unmodified script: "
                                 + ", ".join(COMMAND_PHASES) + " (the optimizer's pre-step hook, the DataLoader's "
-                                "next batch, torch.save)", phase)
+                                "next batch, torch.save, a restarted process's first load)", phase)
+        if command and phase == "restore" and getattr(f.config, "at_restore", None) is None:
+            raise ScenarioError(file, f"{path}.phase", "restore with the trigger at_restore (a restarted process's "
+                                "first load, in an unmodified script)", phase)
         if not command and phase == "save":
             raise ScenarioError(file, f"{path}.phase", "a phase of this workload (save is torch.save in an unmodified "
                                 "script, workload.command; a strategy's write is persist)", phase)
@@ -244,6 +247,8 @@ def check_phases(faults: list[FaultSpec], checkpoint: CheckpointConfig, file: st
                                 "half of a split backward, comes only on a zero-bubble schedule: "
                                 + ", ".join(ZERO_BUBBLE) + ")", phase)
         announced = _FOLLOWS.get(phase, phase)
+        if command and phase == "restore":
+            continue  # the script's own load announces it (harness.worker.hooks), whatever the strategy
         if announced in CHECKPOINT_PHASES and announced not in strategy.phases:
             names = " or ".join(n for n, t in TRAITS.items() if announced in t.phases)
             raise ScenarioError(file, f"{path}.phase", f"a phase checkpoint strategy {checkpoint.strategy!r} announces "

@@ -59,9 +59,17 @@ class PointFault(FaultConfig):
     """Seed of the random moments (``mtbf``); journaled so a run can be replayed."""
     times: int = 1
     """How many occurrences at most (periodic or random triggers)."""
+    microbatch: int = 0
+    """With ``phase`` ``data``, ``forward`` or ``backward``: the step's micro-batch (0-based) at which it fires; in
+    an unmodified script the step's N-th batch fetch (a kill in the middle of an accumulated step)."""
 
     def check(self, run: RunShape) -> None:
         FaultConfig.check(self, run)
+        if isinstance(self.microbatch, bool) or not isinstance(self.microbatch, int) or self.microbatch < 0:
+            raise FaultConfigError("microbatch", "an integer >= 0", self.microbatch)
+        if self.microbatch and self.phase not in ("data", "forward", "backward"):
+            raise FaultConfigError("microbatch", f"0 with phase {self.phase} (a micro-batch is a data, forward or "
+                                   "backward phase's)", self.microbatch)
         given = [n for n in ("at_step", "at_time", "mtbf", "at_restore") if getattr(self, n) is not None]
         if len(given) != 1:
             raise FaultConfigError("at_step", "exactly one trigger: at_step, at_time, mtbf or at_restore",

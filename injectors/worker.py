@@ -88,10 +88,11 @@ class InWorkerInjector(WorkerInjector):
         self.inject(fields)
 
     def accepts(self, fields: dict[str, Any]) -> bool:
-        """A further condition on the phase event: the first microbatch only; for ``backward_weight`` the step's
-        first weight-gradient pass, whichever microbatch it is (a zero-bubble schedule such as DualPipeV may run a
-        rank's weight passes only for its last microbatches)."""
-        return fields.get("phase") == "backward_weight" or fields.get("microbatch", 0) == 0
+        """A further condition on the phase event: the micro-batch asked for (``microbatch``, the first by default);
+        for ``backward_weight`` the step's first weight-gradient pass, whichever microbatch it is (a zero-bubble
+        schedule such as DualPipeV may run a rank's weight passes only for its last microbatches)."""
+        wanted = getattr(self.config, "microbatch", 0)
+        return fields.get("phase") == "backward_weight" or fields.get("microbatch", 0) == wanted
 
     def _mark(self, occurrence: int) -> None:
         self.ctx.fault_dir.mkdir(parents=True, exist_ok=True)

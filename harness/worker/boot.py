@@ -114,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     adapters = enabled_adapters(session.spec.workload.adapters)
     hooks = ScriptProbe(session.probe, session.steps, reference, every=session.spec.probe.every,
                         adapters=adapters).install()
+    after_import("torch.distributed.checkpoint", hooks.patch_saver("save", "dcp"))
+    after_import("torch.distributed.checkpoint", hooks.patch_saver("async_save", "dcp"))
+    after_import("safetensors.torch", hooks.patch_saver("save_file", "safetensors"))
+    after_import("torch.distributed.checkpoint", hooks.patch_loader("load"))
+    after_import("safetensors.torch", hooks.patch_loader("load_file"))
     if "transformers" in adapters:
         from harness.worker.adapters.transformers import patch_trainer
 

@@ -19,9 +19,11 @@
   the same things at the same moments;
 - **faults** keyed to steps: ``iteration`` fires in the leader's pre-step hook, ``data`` when a
   ``DataLoader`` is asked for the batch, ``save`` when the script (or its framework: Lightning, the
-  Hugging Face Trainer and accelerate all write through it) calls ``torch.save`` — before anything is
-  written, so a kill there is a kill during the save. ``step`` is then the steps completed: a
-  checkpoint of 10 steps is saved at step 10.
+  Hugging Face Trainer and accelerate all write through it) calls ``torch.save`` (or DCP's or safetensors'
+  save) — before anything is written, so a kill there is a kill during the save. ``step`` is then the steps
+  completed: a checkpoint of 10 steps is saved at step 10. ``restore`` (with ``at_restore``) fires at a
+  restarted process's first load before its first step (``torch.load``, DCP's, safetensors'): a fault during
+  the restart.
 
 The step's number: counted from 0 in a fresh job. In a faulted run's restarted process the script has
 restored itself from somewhere; its first state is matched against the reference's
@@ -31,6 +33,7 @@ the step it resumed from, so faults and records keep the reference's numbering.
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -82,6 +85,11 @@ class ScriptProbe:
         self._spent = 0.0
         """Seconds the hooks spent in this step (fingerprints included): the probe's own cost."""
         self._undo: list[Any] = []
+        self._saves: set[tuple[int, str]] = set()
+        self._restore_announced = False
+        self._iterator: weakref.ref | None = None
+        self._fetches: dict[int, int] = {}
+        self._saving = threading.local()  # .on: this thread is inside a save already
 
     # -- installing ----------------------------------------------------------------------------
     def install(self) -> ScriptProbe:
@@ -105,6 +113,10 @@ class ScriptProbe:
         self._patch(torch.serialization, "save", self._save)
         torch.save = torch.serialization.save  # the name scripts call
         self._undo.append(lambda: setattr(torch, "save", original_save))
+        original_load = torch.load
+        self._patch(torch.serialization, "load", self._load)
+        torch.load = torch.serialization.load
+        self._undo.append(lambda: setattr(torch, "load", original_load))
         return self
 
     def _patch(self, owner: Any, name: str, make: Any) -> None:
@@ -136,9 +148,48 @@ class ScriptProbe:
         """The framework restored the job from ``where``: the resume point's description names it."""
         self._restored_from = (framework, where)
 
-    def saving(self) -> None:
-        """A checkpoint save begins, nothing written yet: a fault at ``phase: save`` of this step fires."""
+    def saving(self, how: str = "torch.save") -> None:
+        """A checkpoint save begins, nothing written yet: a fault at ``phase: save`` of this step fires. The first
+        save of each way in a step is journaled (``script_save``)."""
+        if (self.step, how) not in self._saves:
+            self._saves.add((self.step, how))
+            self.probe.record("script_save", step=self.step, how=how)
         events.emit("phase", phase="save", step=self.step)
+
+    def loading(self) -> None:
+        """A restarted process loads something before its first step (its checkpoint, as a rule): the phase
+        ``restore`` of this restart, once (a fault with ``at_restore`` fires there: a kill during the restart)."""
+        if self.taken == 0 and self.probe.attempt > 0 and not self._restore_announced:
+            self._restore_announced = True
+            events.emit("phase", phase="restore", step=self.step)
+
+    def patch_loader(self, name: str) -> Any:
+        """``then(module)`` for :func:`harness.worker.boot.after_import`: the module's ``name`` (DCP's load,
+        safetensors') announces a restarted process's first load as :meth:`loading` does."""
+        def then(module: Any) -> None:
+            if callable(module.__dict__.get(name)):
+                self._patch(module, name, self._wrap_load)
+        return then
+
+    def _load(self, original: Any) -> Any:
+        return self._wrap_load(original)
+
+    def _wrap_load(self, original: Any) -> Any:
+        probe = self
+
+        def load(*args: Any, **kwargs: Any) -> Any:
+            probe.loading()
+            return original(*args, **kwargs)
+
+        return load
+
+    def patch_saver(self, name: str, how: str) -> Any:
+        """``then(module)`` for :func:`harness.worker.boot.after_import`: the module's ``name`` (a checkpoint
+        writer other than ``torch.save``: DCP's, safetensors') announces its saves as :meth:`saving` does."""
+        def then(module: Any) -> None:
+            if callable(module.__dict__.get(name)):
+                self._patch(module, name, lambda original: self._wrap_save(original, how))
+        return then
 
     def framework_step(self, framework: str, step: int) -> None:
         """After a step: the framework's count, against the hooks' (journaled once if they disagree)."""
@@ -172,7 +223,12 @@ class ScriptProbe:
         probe = self
 
         def __next__(it: Any) -> Any:
-            events.emit("phase", phase="data", step=probe.step)
+            fetched = probe._fetches.get(probe.step, 0)  # the step's batch fetches so far: its micro-batch
+            probe._fetches = {probe.step: fetched + 1}
+            events.emit("phase", phase="data", step=probe.step, microbatch=fetched)
+            if probe._iterator is None or probe._iterator() is not it:  # a new pass over a loader: an epoch
+                probe._iterator = weakref.ref(it)
+                probe.probe.record("script_epoch", step=probe.step)
             batch = original(it)
             probe._batch = batch
             return batch
@@ -180,10 +236,19 @@ class ScriptProbe:
         return __next__
 
     def _save(self, original: Any) -> Any:
+        return self._wrap_save(original, "torch.save")
+
+    def _wrap_save(self, original: Any, how: str) -> Any:
         probe = self
 
         def save(*args: Any, **kwargs: Any) -> Any:
-            probe.saving()
+            if not getattr(probe._saving, "on", False):  # a writer calling another (DCP's metadata through
+                probe._saving.on = True                   # torch.save) is one save
+                try:
+                    probe.saving(how)
+                    return original(*args, **kwargs)
+                finally:
+                    probe._saving.on = False
             return original(*args, **kwargs)
 
         return save
