@@ -5,6 +5,8 @@ import ctypes
 import os
 import shutil
 import signal
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -61,18 +63,52 @@ class CrashConfig(RankFault):
     """A rank crashes by itself: a segmentation fault, an abort, an exit or an uncaught exception."""
 
     kind: ClassVar[str] = "crash"
-    how: Literal["segfault", "abort", "exit", "exception"] = "segfault"
+    how: Literal["segfault", "abort", "exit", "exception", "async_exception"] = "segfault"
     """``segfault``: a real invalid memory read; ``abort``: ``abort()``; ``exit``: exit code 1
-    without cleanup; ``exception``: an uncaught Python exception through the training loop."""
+    without cleanup; ``exception``: an uncaught Python exception through the training loop;
+    ``async_exception``: an exception raised asynchronously in the training thread a moment later
+    (``PyThreadState_SetAsyncExc``, as NVIDIA's resiliency extension injects one): it surfaces in whatever
+    Python that thread runs next — the loop, a framework's callback, the return from a collective."""
 
 
 class InjectedCrash(RuntimeError):
     """The exception a ``crash: {how: exception}`` raises through the training loop."""
 
 
+class AsyncInjectedCrash(InjectedCrash):
+    """The exception a ``crash: {how: async_exception}`` raises in the training thread from another thread."""
+
+
+#: How long after the fault's moment the asynchronous exception is raised in the training thread.
+ASYNC_DELAY = 0.05
+
+
+def raise_in_thread(ident: int, exc: type[BaseException], delay: float) -> threading.Thread:
+    """Raise ``exc`` in the thread ``ident`` after ``delay`` seconds, from a thread of its own."""
+    def fire() -> None:
+        time.sleep(delay)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
+
+    t = threading.Thread(target=fire, name="baft-async-crash", daemon=True)
+    t.start()
+    return t
+
+
+def hold_the_gil() -> None:
+    """Take the interpreter lock and never give it back: a C call made while holding it (``ctypes.PyDLL`` does not
+    release it), this thread's signals blocked so that none ends the call."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    libc = ctypes.PyDLL(None)
+    while True:
+        libc.sleep(3600)
+
+
 class CrashInjector(InWorkerInjector):
     def inject(self, fields: dict[str, Any]) -> None:
         how = self.config.how
+        if how == "async_exception":
+            raise_in_thread(threading.get_ident(), AsyncInjectedCrash, ASYNC_DELAY)
+            return
         if how == "segfault":
             ctypes.string_at(0)  # reads address 0: SIGSEGV from the hardware, not a sent signal
         elif how == "abort":
@@ -93,10 +129,17 @@ class HangConfig(RankFault):
     """
 
     kind: ClassVar[str] = "hang"
+    how: Literal["sigstop", "gil"] = "sigstop"
+    """``sigstop``: the whole process stopped; ``gil``: a thread of the rank takes the interpreter lock and never
+    gives it back (as NVIDIA's resiliency extension injects): the process runs, its C++ threads too, but no
+    Python runs again — the step stops, the peers' collectives wait; the watchdog kills the job's workers."""
 
 
 class HangInjector(InWorkerInjector):
     def inject(self, fields: dict[str, Any]) -> None:
+        if self.config.how == "gil":
+            threading.Thread(target=hold_the_gil, name="baft-gil-hold", daemon=True).start()
+            return
         os.kill(os.getpid(), signal.SIGSTOP)
 
 

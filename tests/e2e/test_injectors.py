@@ -1,6 +1,7 @@
 """Each in-worker injector and the hang watchdog, end to end through ``baft run``."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -188,3 +189,24 @@ def test_a_node_lost_for_good_shrinks_the_job_and_joining_again_grows_it(tmp_pat
     assert [e.get("reason") for e in launcher if e["event"] == "agent_start"] == [None, "joined"]
     exits = {e["node"]: e["returncode"] for e in j.launcher if e["event"] == "agent_exit" and e.get("reason") != "lost"}
     assert exits == {"node0": 0, "node1": 0}  # the joined node's agent ends well with the job
+
+
+def test_a_thread_holding_the_gil_stops_the_rank_and_the_watchdog_recovers_the_job(tmp_path: Path,
+                                                                                   ref_cache: Path) -> None:
+    """Issue 54: no process is stopped (its gloo threads run on), so the watchdog kills every worker."""
+    rc, out, v = run_cli(CI / "hang-gil.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec, = v["recoveries"]
+    assert rec["detection_seconds"] is not None and rec["lost_steps"] <= 1
+    (hang,) = [e for e in Journal.load(tmp_path / "out" / "faulted").launcher if e["event"] == "hang_detected"]
+    assert hang["stopped_pids"] == [] and len(hang["killed_pids"]) == 2
+
+
+def test_an_exception_raised_asynchronously_in_the_training_thread_kills_the_rank(tmp_path: Path,
+                                                                                  ref_cache: Path) -> None:
+    rc, out, v = run_cli(CI / "crash-async-exception.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec, = v["recoveries"]
+    assert rec["lost_steps"] <= 1 and v["bitwise_equal"]
+    errors = [json.loads(p.read_text()) for p in (tmp_path / "out" / "faulted" / "logs").rglob("error.json")]
+    assert any("AsyncInjectedCrash" in json.dumps(e) for e in errors), errors
