@@ -7,6 +7,9 @@ Every ``--save-every`` steps rank 0 writes the model, optimizer, scheduler and s
 ``CKPT_DIR/rng-RANK.pt``. On start it resumes from ``last.pt`` when there is one: the epoch and the
 batches already seen in it are skipped (the DistributedSampler reshuffles each epoch from its seed).
 ``--torn`` plants a classic bug: the optimizer is saved one step after the model, to its own file.
+``--rng-with-step`` fixes a quieter one: each rank's RNG file is written before ``last.pt``, so a save cut
+short (rank 0 killed as it begins ``last.pt``) leaves RNG files newer than the model; named by the
+micro-batch they were saved at, the resume reads the ones of ``last.pt``'s.
 
 ``--accumulate N`` takes an optimizer step every N micro-batches, and ``--save-every`` then counts
 micro-batches: a save may fall between two optimizer steps, and then holds the gradient accumulated so
@@ -52,6 +55,9 @@ def main() -> None:
     p.add_argument("--save-on-sigterm", action="store_true",
                    help="on SIGTERM (a preemption) every rank saves after the current micro-batch and exits 143")
     p.add_argument("--save-seconds", type=float, default=0.0, help="extra seconds writing last.pt takes")
+    p.add_argument("--rng-with-step", action="store_true",
+                   help="name each rank's RNG file by the micro-batch it was saved at, and resume from the one of "
+                        "last.pt's: a save cut short (a kill as rank 0 begins last.pt) leaves no newer RNG behind")
     p.add_argument("--sigterm-exit", type=int, default=128 + signal.SIGTERM,
                    help="with --save-on-sigterm: the exit code after the save (143 by default; many scripts exit 0)")
     p.add_argument("--loader-generator", action="store_true",
@@ -81,6 +87,10 @@ def main() -> None:
     last = os.path.join(args.ckpt_dir, "last.pt")
     acc = args.accumulate
     micro = 0  # micro-batches done: acc per optimizer step
+
+    def rng_path(at: int) -> str:
+        return os.path.join(args.ckpt_dir, f"rng-{rank}-{at}.pt" if args.rng_with_step else f"rng-{rank}.pt")
+
     if os.path.exists(last):
         ck = torch.load(last, weights_only=True)
         model.module.load_state_dict(ck["model"])
@@ -90,7 +100,7 @@ def main() -> None:
         micro = ck.get("micro", ck["step"])
         for param, grad in zip(model.parameters(), ck.get("grads") or []):
             param.grad = grad  # the gradient accumulated before a save between optimizer steps
-        rng = torch.load(os.path.join(args.ckpt_dir, f"rng-{rank}.pt"), weights_only=False)
+        rng = torch.load(rng_path(micro), weights_only=False)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
@@ -98,7 +108,7 @@ def main() -> None:
 
     def save() -> None:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-        atomic_save(rng, os.path.join(args.ckpt_dir, f"rng-{rank}.pt"))
+        atomic_save(rng, rng_path(micro))
         if rank == 0:
             grads = None if micro % acc == 0 or args.drop_grad else [q.grad for q in model.parameters()]
             atomic_save({"model": model.module.state_dict(), "optimizer": opt.state_dict(),

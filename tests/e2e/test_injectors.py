@@ -199,7 +199,7 @@ def test_a_thread_holding_the_gil_stops_the_rank_and_the_watchdog_recovers_the_j
     rec, = v["recoveries"]
     assert rec["detection_seconds"] is not None and rec["lost_steps"] <= 1
     (hang,) = [e for e in Journal.load(tmp_path / "out" / "faulted").launcher if e["event"] == "hang_detected"]
-    assert hang["stopped_pids"] == [] and len(hang["killed_pids"]) == 2
+    assert hang["stopped_pids"] == [] and len(hang["killed_pids"]) >= 2  # the workers (and what they started)
 
 
 def test_an_exception_raised_asynchronously_in_the_training_thread_kills_the_rank(tmp_path: Path,
