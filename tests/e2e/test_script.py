@@ -28,7 +28,10 @@ def test_an_unseeded_rng_in_a_script_is_caught(tmp_path: Path, ref_cache: Path) 
     scenario = (ROOT / "examples" / "mlp-kill.yaml").read_text().replace("script: train_mlp.py", "script: train.py")
     (tmp_path / "s.yaml").write_text(scenario)
     rc, out, v = run_cli(tmp_path / "s.yaml", tmp_path / "out", ref_cache)
-    assert rc == 1 and v["first_divergence"]["component"] == "rng" and v["first_divergence"]["key"].startswith("numpy")
+    assert v["first_divergence"]["component"] == "rng" and v["first_divergence"]["key"].startswith("numpy")
+    # nothing in the script draws from numpy: the difference reaches no model, batch or loss; a latent finding,
+    # said, and the run passes (expect: {rng: strict} fails it)
+    assert rc == 0 and v["latent"] and "latent finding" in out, out
 
 
 def test_the_pipeline_fsdp_example_survives_a_kill_in_a_snapshot(tmp_path: Path, ref_cache: Path) -> None:
