@@ -159,7 +159,7 @@ class ScriptProbe:
     def loading(self) -> None:
         """A restarted process loads something before its first step (its checkpoint, as a rule): the phase
         ``restore`` of this restart, once (a fault with ``at_restore`` fires there: a kill during the restart)."""
-        if self.taken == 0 and self.probe.attempt > 0 and not self._restore_announced:
+        if self.taken == 0 and getattr(self.probe, "attempt", 0) > 0 and not self._restore_announced:
             self._restore_announced = True
             events.emit("phase", phase="restore", step=self.step)
 

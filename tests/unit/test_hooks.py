@@ -97,5 +97,32 @@ def test_a_framework_count_that_disagrees_is_recorded_once(tmp_path: Path) -> No
         hooks.framework_step("lightning", 5)
     finally:
         hooks.uninstall()
-    assert rec.records == [("step_mismatch", {"framework": "lightning", "framework_step": 4, "counted": 2})]
+    mismatches = [r for r in rec.records if r[0] == "step_mismatch"]
+    assert mismatches == [("step_mismatch", {"framework": "lightning", "framework_step": 4, "counted": 2})]
+    # what baft check reads: the loop's pass over its DataLoader and its torch.save, once per step each
+    assert [r for r in rec.records if r[0] != "step_mismatch"] == [
+        ("script_epoch", {"step": 0}), ("script_save", {"step": 2, "how": "torch.save"})], rec.records
     assert hooks.adapter_enabled("lightning") and not hooks.adapter_enabled("transformers")
+
+
+def test_each_batch_fetch_of_a_step_is_its_micro_batch_and_a_restarted_process_announces_its_first_load(
+        tmp_path: Path) -> None:
+    """What ``baft check``'s faults key on (issue 54): the data phase names the step's micro-batch (a kill in the
+    middle of an accumulated step), and a restarted process's first load before its first step is the phase
+    ``restore`` (a kill during the restart), once."""
+    phases: list[tuple[str, int, int | None]] = []
+    unsubscribe = events.subscribe(lambda kind, f: phases.append((f["phase"], f["step"], f.get("microbatch")))
+                                   if kind == "phase" else None)
+    rec = Recorder()
+    rec.attempt = 1  # type: ignore[attr-defined]  # a restarted process
+    hooks = ScriptProbe(rec, steps=2).install()
+    try:
+        torch.save({"x": 1}, tmp_path / "c.pt")
+        torch.load(tmp_path / "c.pt")
+        torch.load(tmp_path / "c.pt")  # the restore is announced once
+        train(2, tmp_path, accumulate=2)
+    finally:
+        hooks.uninstall()
+        unsubscribe()
+    assert [p for p in phases if p[0] == "data"] == [("data", 0, 0), ("data", 0, 1), ("data", 1, 0), ("data", 1, 1)]
+    assert [p for p in phases if p[0] == "restore"] == [("restore", 0, None)]
