@@ -334,8 +334,9 @@ def test_a_whole_replica_goes_from_the_thread_that_took_the_seal_a_paced_one_fro
     whole = [(v, name) for v, name, p in sends if not p]
     assert paced and whole, sends  # the first replicas probe the link in pieces, the rest go whole
     assert all(name == "store-replicate" for _, name in paced), paced
-    # the first whole one needs a new connection (a paced one's send buffer stays small): the replicate thread's
-    assert len(whole) >= 3 and all(name != "store-replicate" for _, name in whole[1:]), whole
+    # whole ones go from the thread that took the seal; one the link held up past 50 ms (the first, on a new
+    # connection; any, on busy cores: a CI run saw two) is finished by the replicate thread: not a time asserted
+    assert len(whole) >= 3 and any(name != "store-replicate" for _, name in whole[1:]), whole
 
 
 @settings(max_examples=150, deadline=None)
