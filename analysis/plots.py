@@ -239,7 +239,9 @@ def recovery_figure(verdict: Verdict, path: Path) -> Path | None:
                 if v > 0.6:
                     ax.text(left + v / 2, y, f"{v:.1f}", ha="center", va="center", fontsize=7, color="white")
                 left += v
-    ax.set_yticks(range(len(recs)), [f"{r.fault['fault']} {fault_target(r.fault)} @ {r.fault.get('step')}"
+    ax.set_yticks(range(len(recs)), [f"{r.fault['fault']} {fault_target(r.fault)} "
+                                     + (f"in restart {r.fault['at_restore']}" if r.fault.get("at_restore") is not None
+                                        else f"@ {r.fault.get('step')}")
                                      for r in recs], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds from the fault")
