@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib.util
+import json
 import logging
 import os
 import socket
@@ -192,6 +193,30 @@ def store_ports_outside_ephemeral() -> None:
     api.get_free_port = free_port
 
 
+def tolerate_cut_error_files() -> None:
+    """Read a worker's error file that is empty or cut short as no error file.
+
+    A worker killed while it writes its error file (a gloo error raised as its peer died, then the agent's
+    SIGTERM) leaves it empty; torchrun's agent then raises ``JSONDecodeError`` reading it and the whole job
+    ends instead of restarting (seen by ``baft check``'s kill-during-restart case). The file is renamed aside
+    (``.cut``), and the failure is read as a worker that left none."""
+    from torch.distributed.elastic.multiprocessing import errors
+
+    original = errors.ProcessFailure.__post_init__
+
+    def post_init(self: Any) -> None:
+        path = self.error_file
+        if path and os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    json.load(f)
+            except ValueError:
+                os.replace(path, path + ".cut")
+        original(self)
+
+    errors.ProcessFailure.__post_init__ = post_init  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -205,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_forks_from_here([*PRELOAD, *preload])
         args = forked(args)
     store_ports_outside_ephemeral()
+    tolerate_cut_error_files()
     if os.environ.get(JOURNAL_VARIABLE):
         journal_failures(os.environ[JOURNAL_VARIABLE], os.environ.get("BAFT_NODE", "node0"))
     for name in ("torch", "torch.distributed"):  # where torch attaches its handlers

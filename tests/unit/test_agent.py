@@ -101,3 +101,25 @@ def test_the_worker_stores_port_of_every_round_is_drawn_outside_the_ephemeral_ra
     after = {api.RendezvousStoreInfo.build(0, dist.HashStore(), local_addr="127.0.0.1").master_port
              for _ in range(5)}
     assert not after & set(_ephemeral())
+
+
+def test_an_error_file_cut_short_reads_as_none_and_does_not_end_the_job(tmp_path, monkeypatch) -> None:
+    """A worker killed while it wrote its error file left it empty; torchrun's agent raised JSONDecodeError on it
+    and the job ended instead of restarting (baft check, kill-during-restart on a script that fails to resume)."""
+    import json as json_module
+
+    from torch.distributed.elastic.multiprocessing import errors
+
+    from harness.run.agent import tolerate_cut_error_files
+
+    cut = tmp_path / "error.json"
+    cut.write_text("")
+    with pytest.raises(json_module.JSONDecodeError):
+        errors.ProcessFailure(local_rank=0, pid=1, exitcode=-15, error_file=str(cut))
+    monkeypatch.setattr(errors.ProcessFailure, "__post_init__", errors.ProcessFailure.__post_init__)
+    tolerate_cut_error_files()
+    failure = errors.ProcessFailure(local_rank=0, pid=1, exitcode=-15, error_file=str(cut))
+    assert "Signal 15" in failure.message and (tmp_path / "error.json.cut").exists() and not cut.exists()
+    good = tmp_path / "good.json"
+    good.write_text(json_module.dumps({"message": {"message": "RuntimeError: boom", "extraInfo": {"timestamp": "1"}}}))
+    assert "boom" in str(errors.ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(good)).message)
