@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # about 140 s under CI's load
 
 ROOT = Path(__file__).resolve().parents[2]
 
