@@ -121,7 +121,20 @@ def test_a_fault_during_a_restore_is_drawn_on_request_within_the_restarts_before
     during = [f["kill"] for f in schedule if "at_restore" in f.get("kill", {})]
     assert len(during) == 1 and 1 <= during[0]["at_restore"] <= len(schedule) - 1 and len(schedule) <= 3
     assert all(f["phase"] in ("restore", "restore_locate", "restore_pull", "restore_load") for f in during)
+    if not any("node_loss" in f for f in schedule):  # a restart after plain kills restores from its own memory:
+        assert all(f["phase"] in ("restore", "restore_locate") for f in during), schedule  # no pull, no load
     parse(with_schedule(base, schedule, "t"), "fuzz")  # a valid scenario, its restarts counted
+
+
+def test_a_pull_during_a_restore_is_drawn_only_after_a_node_loss() -> None:
+    """Issue 54: ``--during-restore`` drew ``restore_pull`` after plain kills (7 of 12 trials never fired)."""
+    from hypothesis import find
+
+    base = yaml.safe_load((ROOT / "scenarios/ci/baft-node-loss.yaml").read_text())
+    pulled = find(schedules(base, during_restore=True),
+                  lambda s: any(f.get("kill", {}).get("phase") == "restore_pull" for f in s),
+                  settings=settings(max_examples=500, database=None))
+    assert any("node_loss" in f for f in pulled), pulled
 
 
 def test_restore_faults_are_found_only_when_asked_for() -> None:
