@@ -99,6 +99,10 @@ class Preemption(Record):
     exited_0: list[int] = field(default_factory=list)
     """Of :attr:`ended`, the ranks whose script returned normally in the grace (their worker journaled
     ``finish``: exit 0); the others exited with another code or were ended by the signal (143)."""
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    """Of :attr:`ended`, the ranks (keys: the rank as text, as JSON keeps it) whose script exited in the grace with
+    a non-zero code of its own (``sys.exit(143)``: the worker journaled ``exit``), and that code; a rank
+    in neither this nor :attr:`exited_0` was ended by the signal (no handler) or by a crash."""
     killed: list[int] = field(default_factory=list)
     """Ranks still alive when the grace ended: SIGKILLed."""
     flush_journaled: bool = False
@@ -110,10 +114,11 @@ class Preemption(Record):
     """Whether the node came back."""
 
     def to_json(self) -> dict[str, Any]:
-        """The fields; ``exited_0`` only where a rank exited 0 in the grace (older files read and write unchanged)."""
+        """The fields; ``exited_0`` and ``exit_codes`` only where set (older files read and write unchanged)."""
         out = Record.to_json(self)
-        if not out["exited_0"]:
-            del out["exited_0"]
+        for name in ("exited_0", "exit_codes"):
+            if not out[name]:
+                del out[name]
         return out
 
     @property
@@ -130,9 +135,15 @@ class Preemption(Record):
         parts = []
         if self.exited_0:
             parts.append(f"{_ranks(self.exited_0)} exited 0 within {self.end_seconds:.2f} s of the SIGTERM")
-        if others := [r for r in self.ended if r not in self.exited_0]:
-            parts.append(f"{_ranks(others)} ended within {self.end_seconds:.2f} s of the SIGTERM (not exit 0: another "
-                         "code or the signal)")
+        by_code: dict[int, list[int]] = {}
+        for rank, code in sorted(self.exit_codes.items(), key=lambda kv: int(kv[0])):
+            by_code.setdefault(code, []).append(int(rank))
+        for code, ranks_with in sorted(by_code.items()):
+            parts.append(f"{_ranks(ranks_with)} exited {code} within {self.end_seconds:.2f} s of the SIGTERM")
+        coded = {int(r) for r in self.exit_codes}
+        if others := [r for r in self.ended if r not in self.exited_0 and r not in coded]:
+            parts.append(f"{_ranks(others)} ended within {self.end_seconds:.2f} s of the SIGTERM with no exit of "
+                         "their own (the signal's default action, or a crash)")
         if self.killed:
             parts.append(f"{_ranks(self.killed)} still alive at the end of the grace: killed")
         if not ranks:
@@ -153,6 +164,7 @@ def preemptions(run: Journal) -> list[Preemption]:
     out = []
     flushes = sorted(run.events("preempt_flush"), key=lambda e: e["t"])
     finishes = run.events("finish")
+    exits = run.events("exit")
     launcher = run.launcher
     for sig in (e for e in launcher if e.get("event") == "preempt_signal"):
         key = (sig.get("fault"), sig.get("occurrence", 0))
@@ -169,6 +181,8 @@ def preemptions(run: Journal) -> list[Preemption]:
             end_seconds=max((float(e["seconds"]) for e in ended), default=None),
             exited_0=sorted({int(e["rank"]) for e in finishes if sig["t"] <= e["t"] <= until}
                             & {int(e["rank"]) for e in ended}),
+            exit_codes={str(e["rank"]): int(e["code"]) for e in exits if sig["t"] <= e["t"] <= until
+                        and int(e["rank"]) in {int(o["rank"]) for o in ended}},
             killed=sorted(int(e["rank"]) for e in outcomes if e.get("outcome") == "killed"),
             flush_journaled=bool(answers), flushed=max((int(e["persisted"]) for e in done), default=None),
             flush_seconds=max((float(e["seconds"]) for e in done), default=None),

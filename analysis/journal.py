@@ -29,6 +29,9 @@ Event fields:
 ``script_save``         step, how (``torch.save``, ``dcp``, ``safetensors``): an unmodified script began writing a
                         checkpoint at this step (once per step and way; ``baft check`` picks its faults from them)
 ``script_epoch``        step: an unmodified script began a new pass over a ``DataLoader`` (an epoch) at this step
+``exit``                code: the worker ends with this non-zero code of its own (an unmodified script's
+                        ``sys.exit(code)``; the built-in workload's 143 after a preemption's flush): a
+                        preemption's verdict tells such an exit from one by the signal
 ``step_mismatch``       framework, framework_step, counted (a framework adapter's step count disagreed with
                         the hooks' count; journaled once per process)
 ``checkpoint_saved``    step, tier, bytes, seconds, path; baft: gated_seconds (its persister waited for the
@@ -124,6 +127,7 @@ EVENTS = (
     "step_mismatch",
     "script_save",
     "script_epoch",
+    "exit",
     "step",
     "checkpoint_saved",
     "checkpoint_restored",

@@ -101,6 +101,17 @@ def _recovery_phases(run: Journal, t_fault: float, detection: float | None, k: i
     return phases, (redone - t_fault) if redone is not None else None
 
 
+def _ended_at(run: Journal, fault: dict[str, Any]) -> float:
+    """When a fault's processes stopped working: at the fault, or for a preemption at its grace's end (what a
+    script trains in its grace and does not save is lost work too)."""
+    if fault.get("fault") == "preempt":
+        key = (fault.get("id"), fault.get("occurrence", 0))
+        for e in run.launcher:
+            if e.get("event") == "preempt_end" and (e.get("fault"), e.get("occurrence", 0)) == key:
+                return float(e["t"])
+    return float(fault["t"])
+
+
 def _progress_at(run: Journal, inc: int, t_fault: float) -> tuple[int, int]:
     """(the steps every rank of incarnation ``inc`` had completed, the furthest any rank had got) at a fault.
 
@@ -143,7 +154,7 @@ def recoveries(run: Journal) -> list[Recovery]:
         t_f = fault["t"]
         # a fault the harness journaled (a link) belongs to the incarnation running at that moment
         inc = fault.get("incarnation", max((e["incarnation"] for e in run.events("start") if e["t"] <= t_f), default=0))
-        progress, furthest = _progress_at(run, inc, t_f)
+        progress, furthest = _progress_at(run, inc, _ended_at(run, fault))
         recovered, first_steps = None, []
         for k in (i for i in incarnations if i > inc):
             # the ranks of that incarnation's world (fewer after an elastic restart)

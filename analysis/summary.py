@@ -107,6 +107,8 @@ def _recovery_lines(v: Verdict) -> list[str]:
         if r.furthest_before is not None and r.furthest_before > r.progress_before:
             detect = (f" (from step {r.progress_before}, which every rank had completed; one rank had reached "
                       f"{r.furthest_before})") + detect
+        elif f.get("fault") == "preempt" and isinstance(f.get("step"), int) and r.progress_before > f["step"]:
+            detect = f" (from step {r.progress_before}, which every rank had completed in the grace)" + detect
         when = (f"in restart {f['at_restore']}'s restore" if f.get("at_restore") is not None
                 else f"at step {f['step']}")
         lines.append(

@@ -17,7 +17,8 @@ far, restored on resume (``--drop-grad`` plants the bug of leaving it out).
 
 ``--save-on-sigterm`` answers a preemption the way such scripts do: the SIGTERM handler only sets a
 flag; after each micro-batch the ranks all-reduce it (they receive the signal at different moments), and
-once any rank has it every rank saves and the script exits with 143. ``--save-seconds S`` makes writing
+once any rank has it every rank saves and the script exits with 143 (``--sigterm-exit`` another code);
+``--ignore-sigterm`` ignores the signal (only the grace's SIGKILL ends it). ``--save-seconds S`` makes writing
 ``last.pt`` take S seconds longer (it stands in for a large checkpoint on slow storage): with a grace
 period shorter than that, the per-rank RNG files are new and ``last.pt`` is still the previous save.
 """
@@ -60,6 +61,11 @@ def main() -> None:
                         "last.pt's: a save cut short (a kill as rank 0 begins last.pt) leaves no newer RNG behind")
     p.add_argument("--sigterm-exit", type=int, default=128 + signal.SIGTERM,
                    help="with --save-on-sigterm: the exit code after the save (143 by default; many scripts exit 0)")
+    p.add_argument("--ignore-sigterm", action="store_true",
+                   help="ignore SIGTERM (as a script does whose handler never returns control): only the grace's "
+                        "SIGKILL ends it")
+    p.add_argument("--step-seconds", type=float, default=0.0,
+                   help="extra seconds each micro-batch takes (a larger model would)")
     p.add_argument("--loader-generator", action="store_true",
                    help="give the DataLoader a generator of its own (else each new iterator draws its seed "
                         "from the global torch RNG)")
@@ -67,6 +73,8 @@ def main() -> None:
     preempted = torch.zeros(1, dtype=torch.int64)  # set by the SIGTERM handler; acted on together
     if args.save_on_sigterm:
         signal.signal(signal.SIGTERM, lambda signum, frame: preempted.fill_(1))
+    elif args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -127,6 +135,7 @@ def main() -> None:
             if acc > 1:
                 loss = loss / acc
             loss.backward()
+            time.sleep(args.step_seconds)
             micro += 1
             step = micro // acc
             if micro % acc == 0:

@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:
         if e.code not in (None, 0):
+            # journaled: a preemption's verdict tells an exit of the script's own (143, 1, ...) from the signal's
+            session.probe.record("exit", code=e.code if isinstance(e.code, int) else 1)
             raise
     finally:
         hooks.uninstall()

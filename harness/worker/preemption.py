@@ -53,4 +53,5 @@ def flush_and_leave(ckpt: Any, session: Any, term: TermSignal, step: int) -> int
                          since_signal=round(time.time() - term.at, 4) if term.at is not None else None,
                          signaled=term.at is not None)
     ckpt.close()
+    session.probe.record("exit", code=PREEMPTED_EXIT)
     return PREEMPTED_EXIT

@@ -40,7 +40,8 @@ def test_a_preempted_node_flushes_in_its_grace_and_comes_back(tmp_path: Path, re
     assert rec["restored_step"] == 15 and rec["restored_tier"] == "persistent" and rec["lost_steps"] == 0
     (p,) = v["preemptions"]
     assert p["ended"] == [2, 3] and p["killed"] == [] and p["flushed"] == 15
-    assert "node 1 preempted at step 14 (grace 20 s): ranks 2, 3 ended within" in out
+    assert p["exit_codes"] == {"2": 143, "3": 143}, p  # the workload's own exit after its flush
+    assert "node 1 preempted at step 14 (grace 20 s): ranks 2, 3 exited 143 within" in out
 
 
 def test_preempting_the_rendezvous_host_restarts_every_agent(tmp_path: Path, ref_cache: Path) -> None:
@@ -73,7 +74,8 @@ def test_a_script_that_saves_on_sigterm_within_its_grace_resumes_bit_for_bit(tmp
     rec, = v["recoveries"]
     assert rec["restored_step"] == 13 and rec["lost_steps"] == 0
     (p,) = v["preemptions"]
-    assert p["ended"] == [0, 1] and p["killed"] == [] and 1.0 <= p["end_seconds"] < 10
+    assert p["ended"] == [0, 1] and p["killed"] == [] and p["exit_codes"] == {"0": 143, "1": 143}, p
+    assert "ranks 0, 1 exited 143 within" in out
     log = (tmp_path / "out" / "faulted" / "logs" / "node0.log").read_text()
     assert "rank 0: preempted; saved micro-batch 13 (step 13)" in log
 
@@ -90,6 +92,31 @@ def test_a_script_that_saves_and_exits_0_in_its_grace_is_restarted_all_the_same(
     assert p["exited_0"] == [0, 1] and p["killed"] == [], p
     assert [s["node"] for s in launcher_events(tmp_path / "out" / "faulted", "agent_start")] == ["node0", "node0"]
     assert "ranks 0, 1 exited 0 within" in out and "the node came back" in out
+
+
+@pytest.mark.parametrize("variant", ["ignore", "default"])
+def test_a_script_that_ignores_sigterm_or_dies_of_it_in_a_collective_is_restarted(
+        variant: str, tmp_path: Path, ref_cache: Path) -> None:
+    """Issue 54's lifecycles. ``ignore``: the script ignores SIGTERM and trains on in the 2 s grace until it is
+    killed; it resumes from its last periodic save, and the steps it trained in the grace past that save are lost
+    work. ``default``: no handler; rank 0 fires the fault as it fetches step 12's data and waits for the harness,
+    so rank 1 is in step 12's gradient all-reduce, waiting for it, when the signal's default action ends both."""
+    rc, out, v = run_cli(DDP / f"preempt-{variant}.yaml", tmp_path / "out", ref_cache)
+    assert rc == 0, out
+    rec, = v["recoveries"]
+    (p,) = v["preemptions"]
+    assert [s["node"] for s in launcher_events(tmp_path / "out" / "faulted", "agent_start")] == ["node0", "node0"]
+    assert "the node came back" in out and "exit_codes" not in p and "exited_0" not in p, p
+    if variant == "ignore":
+        assert p["killed"] == [0, 1] and p["ended"] == [], p
+        assert "ranks 0, 1 still alive at the end of the grace: killed" in out
+        # trained on past step 12 in the grace; what it had not saved is lost
+        assert rec["progress_before"] >= 12 and rec["restored_step"] == 5 * (rec["progress_before"] // 5)
+        assert rec["lost_steps"] == rec["progress_before"] - rec["restored_step"]
+    else:
+        assert p["ended"] == [0, 1] and p["killed"] == [], p
+        assert "with no exit of their own (the signal's default action" in out
+        assert (rec["progress_before"], rec["restored_step"], rec["lost_steps"]) == (12, 10, 2)
 
 
 def test_a_grace_shorter_than_the_scripts_save_leaves_a_torn_checkpoint(tmp_path: Path, ref_cache: Path) -> None:

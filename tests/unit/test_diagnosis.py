@@ -293,3 +293,35 @@ def test_lost_work_counts_from_the_step_every_rank_had_completed(tmp_path: Path)
         w.close()
     rec, = recoveries(Journal.load(root))
     assert (rec.progress_before, rec.furthest_before, rec.restored_step, rec.lost_steps) == (7, 8, 6, 1)
+
+
+def test_a_preemption_loses_what_the_script_trained_in_its_grace(tmp_path: Path) -> None:
+    """A script that ignores SIGTERM trains on in the grace (steps 12 to 16) and is killed at its end; it resumes
+    from its save at 15: one step lost, counted at the grace's end (it read 0, counted at the signal)."""
+    from analysis.journal import launcher_journal
+
+    root = tmp_path / "run"
+    launcher = JournalWriter(launcher_journal(root))
+    for rank in (0, 1):
+        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=0)
+        w.write("start", node="node0", world_size=2)
+        for s in range(12):
+            w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0))
+        if rank == 0:
+            w.write("fault", fault="preempt", id=0, occurrence=0, step=12, phase="data", fatal=True)
+        w.close()
+    for rank in (0, 1):
+        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=0)
+        for s in range(12, 16):
+            w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0))
+        w.close()
+    launcher.write("preempt_end", fault=0, occurrence=0, node=0, killed=[0, 1], seconds=2.0, restart=True)
+    launcher.close()
+    for rank in (0, 1):
+        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=1)
+        w.write("start", node="node0", world_size=2)
+        w.write("checkpoint_restored", step=15, tier="persistent", seconds=0.1)
+        w.write("step", step=15, loss=1.0, loss_bits=float_bits(1.0))
+        w.close()
+    rec, = recoveries(Journal.load(root))
+    assert (rec.progress_before, rec.restored_step, rec.lost_steps) == (16, 15, 1)

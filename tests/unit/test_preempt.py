@@ -144,7 +144,8 @@ def test_the_controller_signals_times_the_grace_kills_the_rest_and_brings_the_no
         (p,) = preemptions(Journal.load(tmp_path))
         assert (p.ended, p.killed, p.step, p.grace_s, p.flush_journaled) == ([0], [1], 5, 1.5, False)
         assert p.describe() == ("node 0 preempted at step 5 (grace 1.5 s): rank 0 ended within "
-                                f"{p.end_seconds:.2f} s of the SIGTERM (not exit 0: another code or the signal); rank 1 still alive at the end of the grace: "
+                                f"{p.end_seconds:.2f} s of the SIGTERM with no exit of their own (the signal's default action, or a crash); "
+                                "rank 1 still alive at the end of the grace: "
                                 "killed; the node came back")
     finally:
         agent.kill()
@@ -161,11 +162,19 @@ def test_a_preemption_reads_back_from_the_verdict_file() -> None:
                    flushed=10, flush_seconds=0.05)
     assert Preemption.from_json(json.loads(json.dumps(p.to_json()))) == p
     assert p.describe() == ("rank 1 preempted at step 9 (grace 10 s): rank 1 ended within 0.20 s of the SIGTERM "
-                            "(not exit 0: another code or the signal); the job persisted step 10 in 0.05 s")
+                            "with no exit of their own (the signal's default action, or a crash); the job persisted "
+                            "step 10 in 0.05 s")
     saved = Preemption(fault=1, node=0, step=9, grace_s=10.0, ended=[0, 1], exited_0=[0, 1], end_seconds=0.17)
     assert Preemption.from_json(json.loads(json.dumps(saved.to_json()))) == saved
     assert "exited_0" not in p.to_json()  # written only when set: older files read and write unchanged
     assert saved.describe().startswith("node 0 preempted at step 9 (grace 10 s): ranks 0, 1 exited 0 within 0.17 s")
+    coded = Preemption(fault=0, node=0, step=9, grace_s=10.0, ended=[0, 1, 2, 3], exited_0=[3], end_seconds=0.3,
+                       exit_codes={"1": 143, "0": 143, "2": 1})
+    assert Preemption.from_json(json.loads(json.dumps(coded.to_json()))) == coded
+    assert "exit_codes" not in saved.to_json()
+    assert coded.describe() == (
+        "node 0 preempted at step 9 (grace 10 s): rank 3 exited 0 within 0.30 s of the SIGTERM; rank 2 exited 1 "
+        "within 0.30 s of the SIGTERM; ranks 0, 1 exited 143 within 0.30 s of the SIGTERM; the node came back")
     assert p.flush_text == "step 10 (0.05 s)"
     already = Preemption(fault=0, node=1, step=3, grace_s=5, ended=[2], end_seconds=0.1, flush_journaled=True)
     assert already.flush_text == "nothing newer than its last checkpoint"
