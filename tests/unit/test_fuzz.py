@@ -8,7 +8,16 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.fuzz import _describe, _phase, in_firing_order, phase_steps, policies, schedules, with_layout, with_schedule
+from harness.campaign.fuzz import (
+    _describe,
+    _phase,
+    in_firing_order,
+    phase_steps,
+    policies,
+    schedules,
+    with_layout,
+    with_schedule,
+)
 from harness.campaign.layouts import LAYOUTS
 from harness.scenario import parse
 
