@@ -135,7 +135,10 @@ def test_a_fault_during_a_restore_is_drawn_on_request_within_the_restarts_before
         # restart N follows the N-th fault to fire; a pull or a load only where that fault was a node loss (a
         # restart after a plain kill restores from its own memory)
         assert 1 <= f["at_restore"] <= len(sure), schedule
-        assert f["phase"] in ("restore", "restore_locate") or "node_loss" in sure[f["at_restore"] - 1], schedule
+        cause = sure[f["at_restore"] - 1]
+        if f["phase"] not in ("restore", "restore_locate"):  # and only a rank of the lost node pulls
+            per_node = 4 // base["workload"].get("nodes", 1)
+            assert "node_loss" in cause and f["rank"] // per_node == cause["node_loss"]["node"], schedule
     parse(with_schedule(base, schedule, "t"), "fuzz")  # a valid scenario, its restarts counted
 
 
