@@ -37,7 +37,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-_SIZE = struct.Struct("<Q")
+_ROOT = Path(__file__).resolve().parents[2]
+_SIZE = struct.Struct("<QB")  # the bytes that follow; 1: into the next file of a ring (a sealed slot's replica)
 TOKEN_BYTES = 32
 #: Seconds a replicator waits for its peer's connection (and a connection for its token).
 CONNECT_TIMEOUT = 60.0
@@ -52,7 +53,7 @@ class FloorLink:
 
         directory.mkdir(parents=True, exist_ok=True)
         self._proc = subprocess.Popen([sys.executable, "-S", __file__, host, str(directory), token.hex(),
-                                       str(FILLER_PRIORITY), str(LOWER_EFFORT_TOS)],
+                                       str(FILLER_PRIORITY), str(LOWER_EFFORT_TOS), str(_ROOT)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()
@@ -72,6 +73,11 @@ class FloorLink:
     def replicate(self, nbytes: int) -> None:
         """Move one replica of ``nbytes`` (returns at once; the process does the work)."""
         self._command(f"go {nbytes}")
+
+    def send_slot(self, path: Path) -> None:
+        """Send the used bytes of the sealed slot file ``path`` into the next file of the peer's ring (returns at
+        once; the process reads the slot's header and sends from the file itself)."""
+        self._command(f"send {path}")
 
     def _command(self, line: str) -> None:
         assert self._proc.stdin is not None
@@ -97,6 +103,35 @@ class FloorLink:
                 if len(last) == 3 and last[0] == b"done":
                     self.report = (int(last[1]), float(last[2]))
         end_child(self._proc)
+
+
+class SlotSender:
+    """Stands where a rank's store client stands in baft's snapshotter (``snap.store``) in the arm
+    ``floor:work@k``: each sealed version's slot goes to the floor replicator, and nothing else happens (no
+    rounds, no kept copy, no answers, no restore from peers)."""
+
+    def __init__(self, link: FloorLink) -> None:
+        self.link = link
+        self.sent = 0
+        """Slots handed to the replicator so far."""
+
+    def sealed(self, rank: int, version: int, file: Path, persist_every: int | None = None,
+               persisted: int | None = None) -> bool:
+        self.link.send_slot(file)
+        self.sent += 1
+        return True
+
+    def locate(self, rank: int) -> list[tuple[int, int]]:
+        return []
+
+    def pull(self, rank: int, version: int, dest: Path) -> None:
+        return None
+
+    def discard(self, rank: int, version: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def join(nodes: int, priority: str, stores: list[str] | None, directory: Path, state: Any) -> tuple[FloorLink, Any]:
@@ -133,6 +168,31 @@ def _file(path: Path, nbytes: int, fill: bool) -> int:
     return fd
 
 
+class _Landing:
+    """Where replicas land: one mapping for the fixed file (``received``), a ring of ``slots`` mappings for
+    sealed slots (``received.slot<k>``, the next one each time, as a store's replica ring)."""
+
+    def __init__(self, directory: Path, slots: int) -> None:
+        self.directory, self.slots = directory, slots
+        self.maps: dict[int, tuple[memoryview, int]] = {}  # -1: the fixed file's; k: the ring's file k
+        self.turn = 0
+
+    def view(self, n: int, ring: bool) -> memoryview:
+        k = -1
+        if ring:
+            k, self.turn = self.turn % self.slots, self.turn + 1
+        got = self.maps.get(k)
+        if got is None or got[1] != n:  # a mapping is made once per size
+            if got is not None:
+                got[0].release()
+            fd = _file(self.directory / ("received" if k < 0 else f"received.slot{k}"), n, fill=False)
+            m = mmap.mmap(fd, n)
+            os.close(fd)
+            m[:] = bytes(n)
+            got = self.maps[k] = (memoryview(m), n)
+        return got[0]
+
+
 def _receive(server: socket.socket, token: bytes, directory: Path) -> None:
     server.settimeout(CONNECT_TIMEOUT)
     while True:
@@ -147,22 +207,16 @@ def _receive(server: socket.socket, token: bytes, directory: Path) -> None:
         conn.close()  # not our peer
     server.close()
     conn.settimeout(None)
-    view: Any = None
-    size = 0
+    from baft.snapshot.slotfile import SLOTS
+
+    landing = _Landing(directory, SLOTS)
     with conn:
         while True:
             head = conn.recv(_SIZE.size, socket.MSG_WAITALL)
             if len(head) < _SIZE.size:
                 return  # the peer ended
-            (n,) = _SIZE.unpack(head)
-            if n != size:  # the mapping is made once per size
-                if view is not None:
-                    view.release()
-                fd = _file(directory / "received", n, fill=False)
-                m = mmap.mmap(fd, n)
-                os.close(fd)
-                m[:] = bytes(n)
-                view, size = memoryview(m), n
+            n, ring = _SIZE.unpack(head)
+            view = landing.view(n, bool(ring))
             done = 0
             while done < n:
                 k = conn.recv_into(view[done:], n - done, socket.MSG_WAITALL)
@@ -203,29 +257,46 @@ def _serve(host: str, directory: Path, token: bytes, priority: int, tos: int) ->
     src = -1
     size = sent_bytes = 0
     cpu0: float | None = None
+    slots: dict[str, int] = {}  # a sealed slot file -> its descriptor, opened once
     for batch in _commands(sys.stdin.fileno()):
-        gos = [int(arg) for cmd, arg in batch if cmd == "go"]
+        gos = [(cmd, arg) for cmd, arg in batch if cmd in ("go", "send")]
         for cmd, arg in batch:
             if cmd == "peer":
                 out = _connect(arg, token, priority, tos)
                 threading.Thread(target=_receive, args=(server, token, directory), daemon=True).start()
         if not gos or out is None:
             continue
-        n = gos[-1]  # requests that came while the last replica travelled fold into one
+        cmd, arg = gos[-1]  # requests that came while the last replica travelled fold into one
         if cpu0 is None:
             cpu0 = _cpu()
-        if n != size:
-            if src >= 0:
-                os.close(src)
-            src, size = _file(directory / "source", n, True), n
-        out.sendall(_SIZE.pack(n))
+        if cmd == "send":  # a sealed slot: its used bytes, read from its header as a store reads them
+            fd = slots.get(arg)
+            if fd is None:
+                fd = slots[arg] = os.open(arg, os.O_RDONLY)
+            n = _used_bytes(fd)
+        else:
+            n = int(arg)
+            if n != size:
+                if src >= 0:
+                    os.close(src)
+                src, size = _file(directory / "source", n, True), n
+            fd = src
+        out.sendall(_SIZE.pack(n, cmd == "send"))
         sent = 0
         while sent < n:
-            sent += os.sendfile(out.fileno(), src, sent, n - sent)
+            sent += os.sendfile(out.fileno(), fd, sent, n - sent)
         sent_bytes += n
     if out is not None:
         out.close()
     print("done", sent_bytes, 0.0 if cpu0 is None else round(_cpu() - cpu0, 6), flush=True)
+
+
+def _used_bytes(fd: int) -> int:
+    """The used bytes (header, data, metadata) of the slot file open at ``fd``."""
+    from baft.snapshot.slotfile import HEAD, HEADER
+
+    _, _, _, data_len, meta_len, _ = HEAD.unpack(os.pread(fd, HEAD.size, 0))
+    return HEADER + data_len + meta_len
 
 
 def _cpu() -> float:
@@ -246,4 +317,5 @@ def _connect(address: str, token: bytes, priority: int, tos: int) -> socket.sock
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[6])  # the checkout: baft's slot format (torch-free) for the slots' headers
     _serve(sys.argv[1], Path(sys.argv[2]), bytes.fromhex(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from baft.config import StrategyName
 
-from harness.bench.bench import FLOOR_ARM, SNAPSHOT_ARMS, Arm, BenchConfig, BenchSpec, is_floor
+from harness.bench.bench import FLOOR_ARM, SNAPSHOT_ARMS, Arm, BenchConfig, BenchSpec, is_floor, is_floor_of_work
 
 
 def _write_raw(run_dir: Path, times: list[dict[str, Any]], settings: dict[str, Any], mine: dict[str, Any]) -> None:
@@ -32,7 +32,8 @@ def _write_raw(run_dir: Path, times: list[dict[str, Any]], settings: dict[str, A
         it["saved"] = min(g["times"][i]["saved"] for g in gathered)
         iterations.append(it)
     raw = {"iterations": iterations, "settings": settings,
-           "ranks": [{"baft": g["baft"], "restores": g["restores"], "floor": g["floor"]} for g in gathered]}
+           "ranks": [{"baft": g["baft"], "restores": g["restores"], "floor": g["floor"],
+                      "floor_slots": g.get("floor_slots", 0)} for g in gathered]}
     (run_dir / "bench-raw.json").write_text(json.dumps(raw))
 
 
@@ -76,13 +77,19 @@ def worker(spec_path: Path) -> int:
     arms = {a.name: a for a in cfg.arms()}
     ckpts = _checkpointers(spec, arms, trainer)
     snapshot_steps = _snapshot_steps(cfg, trainer.state)
-    floor = None
+    floor, senders = None, []
     if FLOOR_ARM in arms:
         from harness.bench.floorlink import join
 
         floor = join(cfg.nodes, cfg.checkpoint.baft.replication.priority, spec.stores, Path(spec.shm_dir) / "floor", trainer.state)
+        from harness.bench.floorlink import SlotSender
+
         for name in filter(is_floor, arms):  # floor:replicate, and floor:sync@k+replicate beside a sync checkpointer
-            snapshot_steps[name] = floor[1]
+            if is_floor_of_work(name):  # baft's own slots, each as it is sealed, instead of a fixed file
+                ckpts[name].strategy.snap.store = sender = SlotSender(floor[0])
+                senders.append(sender)
+            else:
+                snapshot_steps[name] = floor[1]
 
     baft_events: list[dict[str, Any]] = []
     events.subscribe(lambda kind, f: baft_events.append({"event": kind, **f}) if kind in ("snapshot", "bubbles", "replan") else None)
@@ -123,7 +130,8 @@ def worker(spec_path: Path) -> int:
         floor_report = floor[0].report
     dist.barrier()
 
-    _write_raw(run_dir, times, settings, {"baft": baft_events, "restores": restores, "floor": floor_report})
+    _write_raw(run_dir, times, settings, {"baft": baft_events, "restores": restores, "floor": floor_report,
+                                          "floor_slots": sum(s.sent for s in senders)})
     for ck in ckpts.values():
         ck.close()
     dist.barrier()

@@ -97,12 +97,15 @@ def test_two_nodes_pair_baft_with_the_floor_of_its_replication(tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((out / "bench.json").read_text())
     arms = result["tiers"]["persistent"]["arms"]
-    assert set(arms) == {"none", "sync@3", "baft@3", "floor:replicate", "floor:sync@3+replicate"}
-    assert arms["floor:replicate"]["n"] == 2
-    gap = result["floor_gap"]["baft@3"]
-    assert gap["floor_arm"] == "floor:sync@3+replicate" and gap["n"] == 2 and gap["ratio"] > 0
-    assert re.search(r"baft@3 against the floor of its work \(floor:sync@3\+replicate, paired per cycle\): \d\.\d{4}",
-                     proc.stdout)
+    assert set(arms) == {"none", "sync@3", "baft@3", "floor:replicate", "floor:work@3", "floor:sync@3+replicate"}
+    assert arms["floor:replicate"]["n"] == 2 and arms["floor:work@3"]["n"] == 2
+    gap = result["floor_gap"]["baft@3"]  # paired with the honest floor: baft's own work and a replicator of its slots
+    assert gap["floor_arm"] == "floor:work@3" and gap["n"] == 2 and gap["ratio"] > 0
+    assert result["floor_gap_sync"]["baft@3"]["floor_arm"] == "floor:sync@3+replicate"
+    assert re.search(r"baft@3 against the floor of its work \(floor:work@3: .*\): \d\.\d{4}", proc.stdout)
+    assert "honest floor" in arms["floor:work@3"]["settings"]["replicates"]
+    raw = json.loads((out / "bench-raw.json").read_text())  # every rank's replicator sent its sealed slots
+    assert all(r["floor_slots"] >= 3 for r in raw["ranks"]), [r["floor_slots"] for r in raw["ranks"]]
     assert "the floor" in arms["floor:replicate"]["settings"]["replicates"]
     assert re.search(r"floor:replicate\s+\d\.\d{4}", proc.stdout)
     rep = result["replication"]

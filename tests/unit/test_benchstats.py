@@ -228,16 +228,23 @@ def test_the_replicating_baft_arm_is_paired_with_the_floor_of_its_work() -> None
     its = []
     for c, r in enumerate(over):
         base = 0.05 * (1 + c)  # the machine drifts 5x over the run
-        for name, factor in (("none", 1.0), ("floor:sync@10+replicate", 1.05), ("baft@10", 1.05 * r), ("baft@1", 1.5)):
+        for name, factor in (("none", 1.0), ("floor:sync@10+replicate", 1.05), ("baft@10", 1.05 * r), ("baft@1", 1.5),
+                             ("floor:work@10", 1.05 * r / 1.01)):
             its += [{"cycle": c, "strategy": name, "position": p, "seconds": base * factor} for p in range(10)]
             its.append({"cycle": c, "strategy": name, "position": -1, "seconds": 0.0})
-    gap = floor_gap(cfg, its)
+    gap = floor_gap(cfg, its, of_work=False)
     assert list(gap) == ["baft@10"]  # baft@1 does not replicate: nothing to set beside the floor arm
     g = gap["baft@10"]
     assert g["floor_arm"] == floor_with_sync(10) and g["n"] == 5
     assert g["ratio"] == pytest.approx(1.05) and g["iqr"] == pytest.approx([1.04, 1.06])
     assert 1.02 - 1e-9 <= g["ci95"][0] <= 1.05 <= g["ci95"][1] <= 1.10 + 1e-9
-    line = table({"tiers": {}, "restore": {}, "floor_gap": gap}).splitlines()[0]
-    assert line.startswith("baft@10 against the floor of its work (floor:sync@10+replicate, paired per cycle): 1.0500")
-    assert floor_gap(BenchConfig(workload=WorkloadConfig(nodes=2), strategies=["baft"], persist_every=[10]), its) == {}
+    work = floor_gap(cfg, its)  # the honest floor (issue 55): baft's own work and a plain replicator of its slots
+    assert work["baft@10"]["floor_arm"] == "floor:work@10" and work["baft@10"]["ratio"] == pytest.approx(1.01)
+    lines = table({"tiers": {}, "restore": {}, "floor_gap": work, "floor_gap_sync": gap}).splitlines()
+    assert lines[0].startswith("baft@10 against the floor of its work (floor:work@10: baft with replication off and a "
+                               "plain replicator of its slots, paired per cycle): 1.0100")
+    assert lines[1].startswith("baft@10 against the older floor (floor:sync@10+replicate, paired per cycle): 1.0500")
+    # without sync, no older floor; the floor of the work needs baft alone
+    assert floor_gap(BenchConfig(workload=WorkloadConfig(nodes=2), strategies=["baft"], persist_every=[10]), its,
+                     of_work=False) == {}
     assert floor_gap(BenchConfig(workload=WorkloadConfig(nodes=1), strategies=["sync", "baft"], persist_every=[10]), its) == {}

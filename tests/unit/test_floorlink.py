@@ -69,8 +69,59 @@ def test_the_floor_arm_runs_beside_a_replicating_baft_only() -> None:
     from harness.bench.bench import floor_with_sync, is_floor
 
     both = names(nodes=2, strategies=["sync", "baft"], persist_every=[1, 10])
-    assert [n for n in both if is_floor(n)] == [FLOOR_ARM, floor_with_sync(1), floor_with_sync(10)]
+    assert [n for n in both if is_floor(n)] == [FLOOR_ARM, "floor:work@1", floor_with_sync(1), floor_with_sync(10)]
+    work = next(a for a in BenchConfig(workload=WorkloadConfig(nodes=2), strategies=["baft"], persist_every=[10]).arms()
+                if a.name == "floor:work@10")
+    assert (work.tier, work.strategy, work.every) == ("persistent", "baft", 10)  # baft itself, beside its replicator
     arm = next(a for a in BenchConfig(workload=WorkloadConfig(nodes=2), strategies=["sync", "baft"], persist_every=[10]).arms()
                if a.name == floor_with_sync(10))
     assert (arm.tier, arm.strategy, arm.every) == ("persistent", "sync", 10)  # a sync checkpointer beside the floor
-    assert not any(is_floor(n) and n != FLOOR_ARM for n in names(nodes=2, strategies=["baft"]))
+    assert [n for n in names(nodes=2, strategies=["baft"]) if is_floor(n)] == [FLOOR_ARM, "floor:work@1"]
+
+
+def _slot(path: Path, version: int, data: bytes, meta: bytes = b"{}") -> bytes:
+    """A sealed slot file of ``version`` at ``path``, written in place as the snapshotter's mapped slots are (the
+    replicator keeps each slot file open); its used bytes."""
+    from baft.snapshot.slotfile import COMPLETE, HEAD, HEADER, MAGIC
+
+    used = HEAD.pack(MAGIC, COMPLETE, version, len(data), len(meta), 2 * len(data) + len(meta)).ljust(HEADER, b"\0")
+    used += data + meta
+    with open(path, "r+b" if path.exists() else "wb") as f:
+        f.write(used)
+    return used
+
+
+def _holds(path: Path, want: bytes, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and path.stat().st_size == len(want) and path.read_bytes() == want:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_floor_of_the_work_sends_each_sealed_slot_into_the_next_file_of_a_ring(tmp_path: Path) -> None:
+    """``floor:work@k`` (issue 55): the snapshotter's sealed slots, through :class:`SlotSender` standing where its
+    store client stands, land whole (their used bytes, read from the header) in a ring of the slots' length."""
+    from baft.snapshot.slotfile import SLOTS
+
+    from harness.bench.floorlink import SlotSender
+
+    token = secrets.token_bytes(TOKEN_BYTES)
+    a = FloorLink("127.0.0.1", tmp_path / "a", token, "idle")
+    b = FloorLink("127.0.0.1", tmp_path / "b", token, "idle")
+    try:
+        a.connect(b.address)
+        b.connect(a.address)
+        sender = SlotSender(a)
+        slots = tmp_path / "slots"
+        slots.mkdir()
+        for v in range(SLOTS + 1):  # the fourth version goes into the first file again
+            used = _slot(slots / f"rank-00000.slot{v % SLOTS}", v, bytes([v + 1]) * (70_001 + v))
+            assert sender.sealed(0, v, slots / f"rank-00000.slot{v % SLOTS}")
+            assert _holds(tmp_path / "b" / f"received.slot{v % SLOTS}", used), v  # whole, before the next is sent
+        assert sender.sent == SLOTS + 1 and sender.locate(0) == [] and sender.pull(0, 1, slots) is None
+    finally:
+        a.close()
+        b.close()
+    assert a.report is not None and a.report[0] == sum(4096 + 70_001 + v + 2 for v in range(SLOTS + 1))
