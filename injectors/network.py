@@ -489,20 +489,24 @@ class NetworkTopology:
         """The root qdisc kind on node i's interface ("tbf", "blackhole", or the default "noqueue")."""
         return _root_qdisc(IFNAME, self.namespace(i))
 
+    def _has_priority_queue(self, i: int) -> bool:
+        """Whether node i's tbf has the pfifo_fast child a throttle with classes put under it."""
+        out = _run(["tc", "-n", self.namespace(i), "-j", "qdisc", "show", "dev", IFNAME]).strip()
+        return any(q.get("handle") == "10:" for q in (json.loads(out) if out else []))
+
     def _apply_egress(self, i: int) -> None:
         ns = self.namespace(i)
         if i in self._partitioned:
             _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "root", "blackhole"])
         elif (s := self._shaping.get(i)) is not None:
+            if not s.classes and self._has_priority_queue(i):
+                # Replacing tbf by tbf keeps its child, so an earlier throttle's priority queue would stay; and
+                # deleting the child alone leaves tbf a noop one that drops every packet. So tbf anew.
+                _run(["tc", "-n", ns, "qdisc", "del", "dev", IFNAME, "root"])
             _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "root", "handle", "1:", "tbf", "rate",
                   f"{s.rate_bit}bit", "burst", str(s.burst_bytes), "latency", f"{s.latency_ms:g}ms"])
             if s.classes:
                 _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFNAME, "parent", "1:1", "handle", "10:", "pfifo_fast"])
-            else:  # replacing tbf by tbf keeps its child: an earlier throttle's priority queue would stay
-                try:
-                    _run(["tc", "-n", ns, "qdisc", "del", "dev", IFNAME, "parent", "1:1", "handle", "10:"])
-                except CommandFailed:
-                    pass  # there was none
         else:
             _clear_root(IFNAME, ns)
 
