@@ -3,12 +3,17 @@ where the link keeps up and paced pieces where it is the bottleneck, a new conne
 store was replaced, and a wait for training traffic that sleeps until woken instead of polling."""
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import socket
 import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from baft.store import traffic
 from baft.store.client import StoreClient
 from baft.store.config import ReplicationConfig
 from baft.store.linkmeter import FAST_RATE, PACE_HOLD, WHOLE, WINDOW, LinkMeter
@@ -74,19 +79,52 @@ def test_one_connection_carries_every_replica_and_a_replaced_peer_gets_a_new_one
         client.close()
 
 
-def test_waiting_for_training_traffic_sleeps_until_a_rank_clears_its_flag(tmp_path: Path) -> None:
+def test_waiting_for_training_traffic_sleeps_until_a_rank_clears_its_flag(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read from the futex waits themselves (how each ended: woken, or timed out), not from the time taken."""
+    if traffic._syscall is None:
+        pytest.skip("no futex here: the store polls")
+    real = traffic._syscall
+    waits: list[int] = []  # the errno each futex wait of the store ended with (0: woken)
+
+    def syscall(nr: int, addr: object, op: int, *rest: object) -> int:
+        rc = real(nr, addr, op, *rest)
+        if op == traffic._FUTEX_WAIT:
+            waits.append(ctypes.get_errno() if rc else 0)
+        return rc
+
+    monkeypatch.setattr(traffic, "_syscall", syscall)
     flag = TrafficFlag(tmp_path / TRAFFIC_FILE, rank=5)
     flags = TrafficFlags(tmp_path / TRAFFIC_FILE)
+    store = threading.get_native_id()
+    word = hex(ctypes.addressof(flags._word))
+
+    def asleep_on_the_word() -> bool:
+        """Whether the store's thread is inside the futex wait on the generation word (the kernel says so)."""
+        call = Path(f"/proc/self/task/{store}/syscall").read_text().split()
+        return call[:2] == [str(traffic._SYS_FUTEX), word]
+
+    def clear_once_the_store_sleeps() -> None:
+        for _ in range(10_000):  # (10 s at most: only a broken wait never sleeps)
+            if asleep_on_the_word():
+                break
+            time.sleep(0.001)
+        flag.set(False)
+
     try:
-        assert flags.wait_idle(1.0) == 0.0  # nothing in flight: no wait at all
+        assert flags.wait_idle(1.0) == 0.0 and waits == []  # nothing in flight: no wait at all
         flag.set(True)
-        threading.Timer(0.3, flag.set, args=(False,)).start()
-        cpu, t = time.thread_time(), time.perf_counter()
-        waited = flags.wait_idle(5.0)
-        assert 0.25 <= waited < 1.0 and time.perf_counter() - t < 1.0  # woken when cleared, not at the timeout
-        assert time.thread_time() - cpu < 0.05  # asleep meanwhile, not polling
+        clearer = threading.Thread(target=clear_once_the_store_sleeps, daemon=True)
+        clearer.start()
+        flags.wait_idle(10.0)  # (a ceiling for a broken wake-up, which would then fail below)
+        clearer.join(10)
+        # Asleep on the futex, not polling (one wait, a signal aside), and woken by the clear (0), not at the
+        # timeout (ETIMEDOUT)
+        assert 1 <= len(waits) <= 3 and waits[-1] == 0 and set(waits) <= {0, errno.EINTR}, waits
         flag.set(True)
-        assert 0.2 <= flags.wait_idle(0.2) < 0.6  # never cleared: the bound holds
+        waits.clear()
+        assert flags.wait_idle(0.2) >= 0.2 and not flags.idle()  # never cleared: it gives up at the bound
+        assert waits and waits[-1] == errno.ETIMEDOUT, waits
     finally:
         flag.close()
         flags.close()
