@@ -13,22 +13,46 @@ from baft.bubbles.idlegate import IdleGate
 LONG, SHORT = 0.004, 0.0005
 
 
+class Recorded(threading.Event):
+    """The gate's event, remembering each wait of a pass: (the timeout it was given, woken: True, or timed
+    out: False), so a test reads which way a pass ended instead of timing it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[tuple[float | None, bool]] = []
+        self.entered = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.entered.set()
+        woken = super().wait(timeout)
+        self.waits.append((timeout, woken))
+        return woken
+
+
+def recorded(gate: IdleGate) -> Recorded:
+    event = Recorded()
+    gate._open = event
+    return event
+
+
 def test_a_pass_waits_for_a_long_window_and_goes_when_it_opens() -> None:
     gate = IdleGate(0.002, lambda: [SHORT, LONG])
+    opened = recorded(gate)
     passed: list[float] = []
     t = threading.Thread(target=lambda: passed.append(gate.wait(5.0)))
     t.start()
+    assert opened.entered.wait(5.0)  # the pass sleeps on the gate (the 5 s only keep a broken gate from hanging)
     gate.listener(True, 0)  # a short wait: stays shut
+    assert not opened.is_set()
     gate.listener(False, 0)
-    time.sleep(0.05)
-    assert not passed
     gate.listener(True, 1)  # the long one
     t.join(5)
-    assert passed and 0.04 < passed[0] < 4.0
+    assert passed and opened.waits == [(5.0, True)]  # woken by the window, not at its timeout
     assert gate.wait() == 0.0  # still inside it: the next step goes at once
     gate.listener(False, 1)
-    assert 0.04 <= gate.wait(0.05) < 1.0  # outside again: bounded by its timeout
-    assert gate.waited > 0.08
+    waited = gate.wait(0.05)
+    assert opened.waits[-1] == (0.05, False)  # outside again: the pass ended at its timeout
+    assert gate.waited == passed[0] + waited  # the passes' waits add up
 
 
 def test_no_long_window_no_wait() -> None:
@@ -44,7 +68,9 @@ def test_held_open_while_training_waits_for_the_persister_then_shut() -> None:
         gate.listener(True, 0)
         gate.listener(False, 0)  # a window ending inside a drain does not shut it
         assert gate.wait(1.0) == 0.0
-    assert 0.01 <= gate.wait(0.02)  # shut again after the drain: training computes
+    opened = recorded(gate)
+    gate.wait(0.02)
+    assert opened.waits == [(0.02, False)]  # shut again after the drain (training computes): it waited
 
 
 Event = st.one_of(st.tuples(st.just("enter"), st.integers(0, 3)), st.just(("exit", 0)),
@@ -76,7 +102,8 @@ def test_open_exactly_inside_a_long_window_or_while_held(windows: list[float], e
 
 def test_a_pass_never_waits_past_the_persists_deadline() -> None:
     gate = IdleGate(0.002, lambda: [LONG])
-    assert gate.wait(5.0, until=time.perf_counter() - 1) == 0.0  # already late: go now
-    t0 = time.perf_counter()
-    waited = gate.wait(5.0, until=t0 + 0.05)
-    assert 0.04 <= waited < 1.0 and time.perf_counter() - t0 < 1.0
+    opened = recorded(gate)
+    assert gate.wait(5.0, until=time.perf_counter() - 1) == 0.0 and opened.waits == []  # already late: go now
+    gate.wait(5.0, until=time.perf_counter() + 0.05)
+    ((timeout, woken),) = opened.waits
+    assert timeout is not None and timeout <= 0.05 and not woken  # slept until the deadline, not the 5 s
