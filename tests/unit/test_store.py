@@ -213,10 +213,12 @@ def test_replicas_wait_for_training_traffic_to_pause(two_stores, monkeypatch: py
     client.sealed(0, 1, seal(root / "node0", rank=0, version=1, fill=3))
     busy = replicated(1)
     flag.set(False)
-    assert busy["deferred_seconds"] >= 0.5  # its one piece waited out the cap: the traffic never paused
+    # its one piece waited out the cap, the traffic never pausing (a lower bound the wait's loop guarantees: it
+    # ends only when the flags clear or its timeout has passed)
+    assert busy["deferred_seconds"] >= 0.5
     client.sealed(0, 2, seal(root / "node0", rank=0, version=2, fill=4))
     idle = replicated(2)
-    assert idle["deferred_seconds"] < 0.25  # nothing in flight: sent at once (the margin is for busy cores)
+    assert idle["deferred_seconds"] == 0.0  # nothing in flight: sent at once (the wait returns before it looks at a clock)
     flag.close()
     client.close()
 
