@@ -121,21 +121,24 @@ def test_the_controller_signals_times_the_grace_kills_the_rest_and_brings_the_no
         path = write_request(tmp_path / "faults", PreemptRequest(
             fault_id=0, occurrence=0, node=0, ranks=None, grace_s=1.5, restart=True, step=5, phase="iteration",
             rank=0, at=time.time()))
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # (a ceiling that only keeps a broken controller from hanging)
         while not ack_path(path).exists():
             assert time.monotonic() < deadline, "no SIGTERM sent"
             time.sleep(0.01)
         assert controller.busy
-        t0 = time.monotonic()
         while controller.busy:
-            assert time.monotonic() - t0 < 10
+            assert time.monotonic() < deadline, "the preemption never ended"
             time.sleep(0.02)
         controller.stop()
         journal.close()
-        assert time.monotonic() - t0 >= 1.0  # the grace was waited out: one worker ignored SIGTERM
         events = [json.loads(line) for line in launcher_journal(tmp_path).read_text().splitlines()]
+        (end,) = [e for e in events if e["event"] == "preempt_end"]
+        # the grace was waited out (one worker ignored SIGTERM): by the controller's own clock, which ends a
+        # grace early only when every target and the agent are gone
+        assert end["seconds"] >= 1.5 and end["killed"]
         outcome = {e["rank"]: e for e in events if e["event"] == "preempt_outcome"}
-        assert outcome[0]["outcome"] == "ended" and 0.25 < outcome[0]["seconds"] < 1.5
+        # rank 0 exited by itself in the grace, after its 0.3 s save (a bound its handler's sleep guarantees)
+        assert outcome[0]["outcome"] == "ended" and outcome[0]["seconds"] >= 0.25
         assert outcome[1]["outcome"] == "killed" and outcome[1]["seconds"] == 1.5
         (sig,) = [e for e in events if e["event"] == "preempt_signal"]
         assert sig["ranks"] == [0, 1] and sig["pids"] == sorted(pids) and sig["agent_pid"] == agent.pid
@@ -208,7 +211,8 @@ def test_a_sigterm_is_noted_not_obeyed_and_agreed_on(tmp_path: Path) -> None:
     try:
         term = Session.preemption(None)  # needs nothing of the session
         assert not term.agreed() and term.at is None
+        before = time.time()
         os.kill(os.getpid(), sig.SIGTERM)
-        assert term.agreed() and term.at is not None and time.time() - term.at < 5
+        assert term.agreed() and term.at is not None and before <= term.at <= time.time()  # when it came
     finally:
         sig.signal(sig.SIGTERM, previous)
