@@ -91,13 +91,18 @@ def test_none_strategy_never_saves(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
-def test_a_failed_rank_stops_the_committer_waiting(tmp_path: Path) -> None:
-    """A rank that cannot write its shard (ENOSPC) says so; the committer gives up at once."""
+def test_a_failed_rank_stops_the_committer_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that cannot write its shard (ENOSPC) says so; the committer gives up at once: at its first look,
+    never sleeping for the record that will not come (not timed: a sleep fails the test)."""
     import time
+    from types import SimpleNamespace
+
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError("the committer waited for the failed rank's record")
 
     persist.write_record(tmp_path, 4, persist.write_shard(tmp_path, 4, 0, b"x"))
     persist.write_failure(tmp_path, 4, 1, "No space left on device")
-    t = time.monotonic()
+    monkeypatch.setattr(persist, "time", SimpleNamespace(monotonic=time.monotonic, sleep=no_sleep))
     assert persist.wait_records(tmp_path, 4, 2, timeout=30) is None
-    assert time.monotonic() - t < 5
+    monkeypatch.undo()
     assert persist.committed_steps(tmp_path) == []
