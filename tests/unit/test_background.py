@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -60,10 +59,8 @@ def test_a_process_that_dies_of_an_exception_does_not_wait_for_a_stuck_persist(t
         "w = OneInFlight('stuck-persist')\n"
         "w.submit(threading.Event().wait)  # a collective whose peers are gone: it never returns\n"
         "raise RuntimeError('Connection closed by peer')\n")
-    t0 = time.monotonic()
-    try:
+    try:  # a process held by its thread never exits: the 30 s only keep it from holding the test
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail("the process stayed alive behind its background thread")
     assert proc.returncode == 1 and "Connection closed by peer" in proc.stderr
-    assert time.monotonic() - t0 < 30

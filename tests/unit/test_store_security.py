@@ -10,7 +10,6 @@ import json
 import socket
 import struct
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -131,11 +130,11 @@ def test_an_oversized_header_or_payload_is_refused_unread(store) -> None:
     assert closed(client)
     # a put announcing 10 GB: refused before a byte of it is read (max_payload 1 MiB here)
     client = connect(address, SECRET)
-    t = time.monotonic()
     send(client, {"op": "put", "rank": 0, "version": 1, "nbytes": 10 << 30})
+    # no byte of the payload is ever sent: a reply at all says it was refused before any was read
     reply, _ = recv(client)
     assert reply["ok"] is False and "a replica of 10737418240 bytes (at most 1048576 here)" in reply["error"]
-    assert time.monotonic() - t < 2 and closed(client)
+    assert closed(client)
     assert not list((Path(journal).parent / "node0").glob("replica-*"))  # nothing was written
     wait_for(lambda: len([r for r in refusals(journal) if "bytes" in r]) >= 2)
     s.close()
