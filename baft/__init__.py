@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from baft import _moved
 from baft._lazy import exports
 
 if TYPE_CHECKING:
@@ -49,5 +48,4 @@ _EXPORTS = {
 __all__ = ["COMPONENTS", "STRATEGIES", "AsyncDcpConfig", "BaftConfig", "BaftConfigError", "BaftError", "CheckpointConfig",
            "CheckpointCorrupt", "Checkpointer", "ReplicationConfig", "TrainState", "digest_components", "events"]
 
-_moved.install()  # the module paths before the rooms still import, with a warning
 __getattr__, __dir__ = exports(__name__, _EXPORTS)

@@ -2,8 +2,7 @@
 
 A room of ``baft`` (``baft.store``, ``baft.state``, ...) answers ``from baft.store import Store`` by importing
 the module that defines the name only then: the torch-free parts stay torch-free, and a module of the room
-that imports a sibling does not import the whole room. Names that moved or were renamed resolve too, with a
-:class:`~baft.errors.BaftDeprecationWarning` that names the new path (:mod:`baft._moved`).
+that imports a sibling does not import the whole room.
 """
 from __future__ import annotations
 
@@ -11,20 +10,13 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from baft.errors import deprecated
 
-#: A name's new home: (module, name there).
-Renamed = Mapping[str, tuple[str, str]]
-
-
-def exports(package: str, names: Mapping[str, str] | None = None, sources: tuple[str, ...] = (),
-            renamed: Renamed | None = None) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def exports(package: str, names: Mapping[str, str] | None = None,
+            sources: tuple[str, ...] = ()) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``names`` maps a name to the submodule (relative to
     ``package``, or absolute) that defines it; a name not listed is looked up in the ``sources`` in
-    order (the modules whose names the package answers for, as the module it replaced did); ``renamed``
-    maps an old name to its new (module, name), with a deprecation warning."""
+    order (the modules whose names the package answers for, as the module it replaced did)."""
     names = dict(names or {})
-    renamed = dict(renamed or {})
 
     def load(module: str) -> Any:
         return importlib.import_module(module if not module.startswith(".") else package + module)
@@ -33,11 +25,6 @@ def exports(package: str, names: Mapping[str, str] | None = None, sources: tuple
         import sys
 
         namespace = vars(sys.modules[package])
-        if name in renamed:
-            module, new = renamed[name]
-            deprecated(f"{package}.{name}", f"{module}.{new}")
-            namespace[name] = value = getattr(load(module), new)  # warned once (``from x import`` asks twice)
-            return value
         if name in names:
             mod = load(names[name])
             value = mod if mod.__name__.rpartition(".")[2] == name and not hasattr(mod, name) else getattr(mod, name)

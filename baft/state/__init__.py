@@ -32,5 +32,4 @@ __all__ = ["Stateful", "TensorPlacement", "TrainState", "digest_components", "di
            "fingerprint_leaf", "flatten", "is_dtensor", "local_tensors", "local_view", "placement_for", "rng_state",
            "set_rng_state"]
 # the module this room replaced (baft/state.py) held all three
-__getattr__, __dir__ = exports(__name__, sources=(".train", ".dtensor", ".fingerprint"),
-                               renamed={"Placement": ("baft.state.dtensor", "TensorPlacement")})
+__getattr__, __dir__ = exports(__name__, sources=(".train", ".dtensor", ".fingerprint"))

@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from baft._lazy import exports
 from baft.priority import ADAPTIVE, leads_group, set_group_nice
 from baft.snapshot.slotfile import (
     HEADER,
@@ -73,11 +72,6 @@ from baft.store.wire import (
     recv_exact_into,
     request,
 )
-
-# moved to baft.store.handler (the TCP side) on 2026-12-07: the old names answer for a release, with a warning
-__getattr__, _ = exports(__name__, renamed={"SHUTDOWN_POLL": ("baft.store.handler", "SHUTDOWN_POLL"),
-                                            "_Handler": ("baft.store.handler", "Handler"),
-                                            "_Server": ("baft.store.handler", "Server")})
 
 #: A round waits at most this long for a rank to seal its version (a dead rank never will).
 ROUND_TIMEOUT = 10.0

@@ -19,15 +19,6 @@ from baft.persist import dcpformat
 from baft.strategies.base import Strategy, restore_agreed
 
 
-def checkpoint_group() -> Any:
-    """Deprecated: :func:`baft.mesh.control.own_group` (the same gloo group over all ranks)."""
-    from baft.errors import deprecated
-    from baft.mesh.control import own_group
-
-    deprecated("baft.strategies.restore.checkpoint_group", "baft.mesh.control.own_group")
-    return own_group()
-
-
 def place_map(places: list[tuple[str, int]] | None) -> dict[str, Any]:
     """What a checkpoint's manifest records of the world that wrote it (``places``: every rank's pieces of
     state and replica index), for :func:`meta_rank`; nothing when it is not known."""

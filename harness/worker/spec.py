@@ -446,9 +446,3 @@ class WorkerSpec(LaunchFacts):
         spec.faults = [build_fault(item, file, f"faults[{i}]") for i, item in enumerate(items)]
         return spec
 
-
-def __getattr__(name: str) -> Any:
-    if name == "Placement":  # renamed: baft.state has a Placement of its own (a DTensor's)
-        deprecated("harness.worker.spec.Placement", "harness.worker.spec.LaunchFacts")
-        return LaunchFacts
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

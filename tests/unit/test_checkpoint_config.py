@@ -161,13 +161,3 @@ def test_the_signature_is_the_dataclass_one() -> None:
     import inspect
 
     assert {"strategy", "every", "baft", "async_dcp"} <= set(inspect.signature(CheckpointConfig).parameters)
-
-
-def test_python_m_an_old_module_path_runs_the_new_module() -> None:
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-W", "always", "-m", "baft.placement", "--nodes", "4", "--replicas", "1",
-                          "--lost", "1"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert "baft.placement is deprecated" in out.stderr and "baft.store.placement" in out.stderr

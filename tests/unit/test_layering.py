@@ -94,7 +94,7 @@ BAFT_FLOORS: tuple[frozenset[str], ...] = (
     frozenset({"bubbles", "persist", "store"}),
     frozenset({"mesh", "snapshot"}),
     frozenset({"state"}),
-    frozenset({"traits", "_lazy", "_moved"}),
+    frozenset({"traits", "_lazy"}),
     frozenset({"components", "errors", "events", "fields", "priority"}),
 )
 

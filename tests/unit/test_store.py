@@ -754,20 +754,6 @@ def test_a_restore_forgets_the_abandoned_timelines_peer_rounds(tmp_path: Path) -
         assert store._peers_rounds.needed() == {28}
 
 
-def test_the_names_moved_to_the_handler_module_still_answer_from_the_server_with_a_warning(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import baft.errors
-    import baft.store.handler as handler
-    import baft.store.server as server
-
-    monkeypatch.setattr(baft.errors, "_warned", set())  # warned once per process otherwise
-
-    for old, new in (("SHUTDOWN_POLL", "SHUTDOWN_POLL"), ("_Handler", "Handler"), ("_Server", "Server")):
-        server.__dict__.pop(old, None)  # a previous lookup caches the name
-        with pytest.warns(baft.errors.BaftDeprecationWarning, match=f"baft.store.server.{old}.*baft.store.handler.{new}"):
-            assert getattr(server, old) is getattr(handler, new)
-
-
 class _StallingPeer:
     """A peer store that proves the secret and takes puts (checking each body against ``expect``), but while
     ``stall`` is set reads nothing more: a peer that stopped (SIGSTOP, a hung node) as far as a sender can tell."""
