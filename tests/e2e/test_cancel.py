@@ -70,9 +70,12 @@ def _shm_of(pid: int) -> list[Path]:
 
 
 def _cancel(scenario: Path, out: Path, cache: Path, ready: Callable[[], bool], sig: int,
-            wait: float = 150) -> tuple[int, float, str]:
-    """Start ``baft run``, wait until ``ready()``, send ``sig`` to the harness; (exit code, seconds
-    from the signal to the exit, output)."""
+            wait: float = 150) -> tuple[int, str]:
+    """Start ``baft run``, wait until ``ready()``, send ``sig`` to the harness; (exit code, output).
+
+    That the run stopped at the signal, rather than going on, each test reads from the journal (what was
+    and was not written after it); the 30 s given to the exit only keep a run that ignores the signal from
+    holding the test (such a run outlasts them: its hang or partition lasts 60 s)."""
     namespaces_before = _netns()
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(scenario), "--out", str(out),
                              "--cache", str(cache), "--no-report"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -84,10 +87,8 @@ def _cancel(scenario: Path, out: Path, cache: Path, ready: Callable[[], bool], s
             assert time.monotonic() < deadline, "the moment to cancel never came"
             time.sleep(0.1)
         shm = _shm_of(proc.pid)
-        sent = time.monotonic()
         proc.send_signal(sig)
         output, _ = proc.communicate(timeout=30)
-        seconds = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -101,7 +102,7 @@ def _cancel(scenario: Path, out: Path, cache: Path, ready: Callable[[], bool], s
     assert not any(d.exists() for d in shm), shm
     assert _netns() <= namespaces_before, f"namespaces left: {_netns() - namespaces_before}"
     assert str(out) not in Path("/proc/mounts").read_text(), "a mount of the run is left"
-    return proc.returncode, seconds, output
+    return proc.returncode, output
 
 
 def _aborted(out: Path) -> list[dict]:
@@ -114,11 +115,9 @@ def test_cancel_during_the_reference_run_leaves_nothing_and_caches_nothing(tmp_p
     cache = tmp_path / "cache"  # empty: the reference must run
     out = tmp_path / "out"
     scenario = SCENARIOS / "hang-watchdog.yaml"
-    rc, seconds, output = _cancel(scenario, out, cache,
-                                  lambda: _has((cache / "reference", "*.tmp*/journal/rank-*/events.jsonl"), '"event":"step"'),
-                                  sig)
+    rc, output = _cancel(scenario, out, cache,
+                         lambda: _has((cache / "reference", "*.tmp*/journal/rank-*/events.jsonl"), '"event":"step"'), sig)
     assert rc == 128 + sig, output
-    assert seconds < 10, f"took {seconds:.1f} s to stop"
     assert [e["signal"] for e in _aborted(out)] == [signal.Signals(sig).name]
     assert _aborted(out)[0]["during"] == "reference"
     assert not [p for p in (cache / "reference").glob("*") if p.suffix != ".lock"], "a reference cut short was left in the cache"
@@ -145,10 +144,11 @@ def test_cancel_during_a_hang_continues_and_stops_the_stopped_worker(tmp_path: P
                     pass
         return False
 
-    rc, seconds, output = _cancel(scenario, out, ref_cache, hanging, sig)
+    rc, output = _cancel(scenario, out, ref_cache, hanging, sig)
     assert rc == 128 + sig, output
-    assert seconds < 10, f"took {seconds:.1f} s to stop"
     assert [e["signal"] for e in _aborted(out)] == [signal.Signals(sig).name]
+    events = [json.loads(line)["event"] for line in (out / "faulted" / "journal" / "launcher.jsonl").read_text().splitlines()]
+    assert "hang_detected" not in events, events  # stopped at the signal, not after the watchdog's 60 s
 
 
 @pytest.mark.netns
@@ -161,12 +161,14 @@ def test_cancel_during_a_link_partition_rolls_it_back(tmp_path: Path, ref_cache:
     spec["faults"][0]["partition"]["duration"] = 60  # still in place when the signal comes
     scenario = tmp_path / "partition.yaml"
     scenario.write_text(yaml.safe_dump(spec))
-    rc, seconds, output = _cancel(scenario, out, ref_cache,
-                                  lambda: _has((out / "faulted" / "journal", "launcher.jsonl"), '"event":"fault"'), sig)
+    rc, output = _cancel(scenario, out, ref_cache,
+                         lambda: _has((out / "faulted" / "journal", "launcher.jsonl"), '"event":"fault"'), sig)
     assert rc == 128 + sig, output
-    assert seconds < 10, f"took {seconds:.1f} s to stop"
-    events = [json.loads(line)["event"] for line in (out / "faulted" / "journal" / "launcher.jsonl").read_text().splitlines()]
+    journal = [json.loads(line) for line in (out / "faulted" / "journal" / "launcher.jsonl").read_text().splitlines()]
+    events = [e["event"] for e in journal]
     assert "fault_rollback" in events and events[-1] != "fault", events
+    # rolled back by the cancel, not at the end of its 60 s window
+    assert [e["reason"] for e in journal if e["event"] == "fault_rollback"] == ["run ended"], journal
     assert [e["signal"] for e in _aborted(out)] == [signal.Signals(sig).name]
 
 
