@@ -27,7 +27,7 @@ def test_a_preempted_node_flushes_in_its_grace_and_comes_back(tmp_path: Path, re
     assert sig["node"] == 1 and sig["ranks"] == [2, 3] and len(sig["pids"]) == 2 and sig["step"] == 14
     outcomes = launcher_events(faulted, "preempt_outcome")
     assert {(o["rank"], o["outcome"]) for o in outcomes} == {(2, "ended"), (3, "ended")}
-    assert all(o["seconds"] < 20 for o in outcomes)
+    assert all(o["seconds"] <= 20 for o in outcomes)  # "ended": within the grace (the controller's own rule)
     # every rank (node 0's too: they agree at the boundary) persisted the state after step 14 together
     flushes = Journal.load(faulted).events("preempt_flush")
     assert sorted(f["rank"] for f in flushes) == [0, 1, 2, 3] and {f["persisted"] for f in flushes} == {15}

@@ -63,6 +63,6 @@ def test_a_worker_stuck_after_its_last_step_no_longer_stalls_the_run(tmp_path: P
     assert rc == 0, out
     hangs = v["teardown_hangs"]
     assert {("reference", 1), ("faulted", 1)} <= {(h["run"], h["rank"]) for h in hangs}, hangs
-    assert all(10 <= h["seconds"] < 90 and ("sleep" in h["where"] or "threads" in h["where"]) for h in hangs), hangs
+    assert all(h["seconds"] >= 10 and ("sleep" in h["where"] or "threads" in h["where"]) for h in hangs), hangs
     assert "teardown hang    faulted run: rank 1" in out and "not a fault" in out
     assert v["completed"] and v["bitwise_equal"]

