@@ -31,15 +31,27 @@ from baft.state.devicedigest import device_fingerprint
 
 
 def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Yield ``(dotted.key, leaf)`` for every leaf of nested dicts/lists/tuples."""
-    if isinstance(tree, Mapping):
+    """``(dotted.key, leaf)`` for every leaf of nested dicts/lists/tuples, keys sorted within each dict."""
+    out: list[tuple[str, Any]] = []
+    _walk(tree, prefix, out)
+    return iter(out)
+
+
+#: Types that are leaves, told apart before the (slower) abstract ``Mapping`` check.
+_LEAF_TYPES = (torch.Tensor, np.ndarray, float, int, str, bytes, type(None))
+
+
+def _walk(tree: Any, prefix: str, out: list[tuple[str, Any]]) -> None:
+    if isinstance(tree, _LEAF_TYPES):
+        out.append((prefix.rstrip("."), tree))
+    elif isinstance(tree, dict) or isinstance(tree, Mapping):
         for k in sorted(tree, key=str):
-            yield from flatten(tree[k], f"{prefix}{k}.")
+            _walk(tree[k], f"{prefix}{k}.", out)
     elif isinstance(tree, (list, tuple)) and not _is_plain_sequence(tree):
         for i, v in enumerate(tree):
-            yield from flatten(v, f"{prefix}{i}.")
+            _walk(v, f"{prefix}{i}.", out)
     else:
-        yield prefix.rstrip("."), tree
+        out.append((prefix.rstrip("."), tree))
 
 
 def _is_plain_sequence(seq: list[Any] | tuple[Any, ...]) -> bool:
@@ -85,6 +97,27 @@ class _Scratch:
         return self._stage[:nbytes]
 
 
+def _block_sumsq(block: np.ndarray, dtype: torch.dtype, s: _Scratch) -> float:
+    """The sum of squares of one block (at most :data:`BLOCK_BYTES`, uint8) of floats of ``dtype``."""
+    if dtype == torch.float64:
+        x64 = block.view(np.float64)
+        sq64 = s.squares64[:x64.size]
+        np.multiply(x64, x64, out=sq64)
+        return float(np.add.reduce(sq64))
+    if dtype == torch.float32:
+        x = block.view(np.float32)
+    else:  # 2- and 1-byte floats (bf16, f16, float8): upcast exactly to float32 first
+        x = s.upcast[:block.size // dtype.itemsize]
+        torch.from_numpy(x).copy_(torch.from_numpy(block).view(dtype))
+    sq = s.squares32[:x.size]
+    np.multiply(x, x, out=sq)
+    part = float(np.add.reduce(sq))
+    if not _F32_LOW <= part < math.inf and not (part == 0.0 and not block.any()):
+        x64 = x.astype(np.float64)
+        part = float(np.add.reduce(x64 * x64))
+    return part
+
+
 class _TensorStream:
     """Digest and sum of squares of one tensor's bytes, fed in pieces of any size.
 
@@ -97,7 +130,7 @@ class _TensorStream:
     """
 
     def __init__(self, t: torch.Tensor, scratch: _Scratch, with_norm: bool) -> None:
-        self.hash = xxhash.xxh3_128(f"{t.dtype}{tuple(t.shape)}".encode())
+        self.hash = xxhash.xxh3_128(_header(t))
         self.dtype = t.dtype
         self.scratch = scratch
         self.sumsq: float | None = 0.0 if with_norm and t.is_floating_point() else None
@@ -130,29 +163,8 @@ class _TensorStream:
             self.fill = rest.size
 
     def _square(self, block: np.ndarray) -> None:
-        s = self.scratch
-        if self.dtype == torch.float64:
-            x64 = block.view(np.float64)
-            sq64 = s.squares64[:x64.size]
-            np.multiply(x64, x64, out=sq64)
-            self._add(float(np.add.reduce(sq64)))
-            return
-        if self.dtype == torch.float32:
-            x = block.view(np.float32)
-        else:  # 2- and 1-byte floats (bf16, f16, float8): upcast exactly to float32 first
-            x = s.upcast[:block.size // self.dtype.itemsize]
-            torch.from_numpy(x).copy_(torch.from_numpy(block).view(self.dtype))
-        sq = s.squares32[:x.size]
-        np.multiply(x, x, out=sq)
-        part = float(np.add.reduce(sq))
-        if not _F32_LOW <= part < math.inf and not (part == 0.0 and not block.any()):
-            x64 = x.astype(np.float64)
-            part = float(np.add.reduce(x64 * x64))
-        self._add(part)
-
-    def _add(self, part: float) -> None:
         if self.sumsq is not None:  # squares are taken only with a norm to make
-            self.sumsq += part
+            self.sumsq += _block_sumsq(block, self.dtype, self.scratch)
 
     def finish(self) -> tuple[str, float | None]:
         if self.fill:
@@ -181,10 +193,47 @@ def _pieces(t: torch.Tensor, limit: int) -> Iterator[torch.Tensor]:
 
 
 def _tensor_fingerprint(value: torch.Tensor, scratch: _Scratch, with_norm: bool) -> tuple[str, float | None]:
-    if value.device.type != "cpu":  # digest and norm on the tensor's own device, no host copy
+    if not value.is_cpu:  # digest and norm on the tensor's own device, no host copy
         return device_fingerprint(value, with_norm)
-    with np.errstate(all="ignore"):  # overflowing squares are expected: _square redoes them in float64
-        return _fingerprint_tensor(value.detach().resolve_conj().resolve_neg(), scratch, with_norm)
+    if value.dtype in _ONE_READ and 0 < value.numel() * value.element_size() <= BLOCK_BYTES:
+        small = _small_fingerprint(value, scratch, with_norm)
+        if small is not None:
+            return small
+    return _fingerprint_tensor(value.detach().resolve_conj().resolve_neg(), scratch, with_norm)
+
+
+#: Dtypes whose CPU tensors numpy reads as they are: a small one (at most one block) is fingerprinted
+#: by :func:`_small_fingerprint`, a few calls instead of a stream's.
+_ONE_READ = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                       torch.int8, torch.uint8, torch.bool})
+
+#: The digest's header (dtype and shape) per (dtype, shape) seen: a job's states repeat few shapes.
+_HEADERS: dict[tuple[torch.dtype, torch.Size], bytes] = {}
+
+
+def _header(t: torch.Tensor) -> bytes:
+    key = (t.dtype, t.shape)
+    head = _HEADERS.get(key)
+    if head is None:
+        if len(_HEADERS) > 4096:  # shapes that keep changing (a varying batch): keep the cache bounded
+            _HEADERS.clear()
+        head = _HEADERS[key] = f"{t.dtype}{tuple(t.shape)}".encode()
+    return head
+
+
+def _small_fingerprint(t: torch.Tensor, scratch: _Scratch, with_norm: bool) -> tuple[str, float | None] | None:
+    """The fingerprint of a CPU tensor of at most one block, bit for bit the stream's (its bytes in
+    row-major order, hashed after the same header; its squares summed as the one block they are), read
+    through numpy in one piece; None where numpy cannot read it (a tensor subclass, a negative view)."""
+    try:
+        data = np.ascontiguousarray((t.detach() if t.requires_grad else t).numpy()).reshape(-1).view(np.uint8)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    h = xxhash.xxh3_128(_header(t))
+    h.update(data.data)
+    if not (with_norm and t.is_floating_point()):
+        return h.hexdigest(), None
+    return h.hexdigest(), math.sqrt(_block_sumsq(data, t.dtype, scratch))
 
 
 def _fingerprint_tensor(t: torch.Tensor, scratch: _Scratch, with_norm: bool) -> tuple[str, float | None]:
@@ -217,8 +266,14 @@ def fingerprint_leaf(value: Any, with_norm: bool = True, scratch: _Scratch | Non
     divergence can tell a flipped bit in a big tensor from a tensor that drifted
     by a factor. ``scratch`` shares buffers across the leaves of one pass.
     """
+    with np.errstate(all="ignore"):  # overflowing squares are expected: _block_sumsq redoes them in float64
+        return _leaf_fingerprint(value, with_norm, scratch or _Scratch())
+
+
+def _leaf_fingerprint(value: Any, with_norm: bool, scratch: _Scratch) -> tuple[str, float | None]:
+    """:func:`fingerprint_leaf` inside the caller's ``np.errstate``."""
     if isinstance(value, torch.Tensor):
-        return _tensor_fingerprint(value, scratch or _Scratch(), with_norm)
+        return _tensor_fingerprint(value, scratch, with_norm)
     if isinstance(value, float):
         return xxhash.xxh3_128_hexdigest(b"f" + struct.pack("<d", value)), None
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
@@ -236,11 +291,15 @@ def digest_leaf(value: Any) -> str:
 def _named_leaves(components: Mapping[str, Any], param_names: Mapping[int, str] | None) -> Iterator[tuple[str, str, Any]]:
     """``(component, key, leaf)`` for every leaf, optimizer keys renamed to parameter names."""
     for comp, tree in components.items():
+        if comp != "optimizer":
+            for key, leaf in flatten(tree):
+                yield comp, key, leaf
+            continue
         for key, leaf in flatten(tree):
-            if comp == "optimizer" and param_names and key.startswith("state."):
+            if param_names and key.startswith("state."):
                 _, idx, rest = key.split(".", 2)
                 key = f"state.{param_names.get(int(idx), idx)}.{rest}"
-            elif comp == "optimizer" and key.startswith("param_groups.") and key.endswith(".params"):
+            elif key.startswith("param_groups.") and key.endswith(".params"):
                 continue  # indices only; identical by construction
             yield comp, key, leaf
 
@@ -258,11 +317,12 @@ def fingerprint_components(
     scratch = _Scratch()
     digests: dict[str, dict[str, str]] = {comp: {} for comp in components}
     norms: dict[str, dict[str, float]] = {}
-    for comp, key, leaf in _named_leaves(components, param_names):
-        digest, norm = fingerprint_leaf(leaf, with_norms, scratch)
-        digests[comp][key] = digest
-        if norm is not None:
-            norms.setdefault(comp, {})[key] = norm
+    with np.errstate(all="ignore"):  # once per pass, not per leaf (see fingerprint_leaf)
+        for comp, key, leaf in _named_leaves(components, param_names):
+            digest, norm = _leaf_fingerprint(leaf, with_norms, scratch)
+            digests[comp][key] = digest
+            if norm is not None:
+                norms.setdefault(comp, {})[key] = norm
     return digests, norms
 
 

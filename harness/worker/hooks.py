@@ -78,6 +78,8 @@ class ScriptProbe:
         self._others: list[Any] = []
         self._schedulers: list[weakref.ref] = []
         self._roots: list[torch.nn.Module] | None = None
+        self._names: tuple[tuple[tuple[int, ...], tuple[int, ...]], dict[int, str], list[Any]] | None = None
+        """The leader's parameter names, keyed by the identities they were looked up for."""
         self._loss = 0.0
         self._losses = 0
         self._batch: Any = None
@@ -293,20 +295,17 @@ class ScriptProbe:
     def components(self) -> tuple[dict[str, Any], dict[int, str]]:
         """The state as the hooks know it, in the probe's components; the leader's parameter names."""
         out: dict[str, Any] = {}
-        by_id: dict[int, str] = {}
         if self._roots:
             many = len(self._roots) > 1
             model: dict[str, Any] = {}
             for i, root in enumerate(self._roots):
                 prefix = f"{i}." if many else ""
                 model.update({prefix + k: v for k, v in root.state_dict().items()})
-                by_id.update({id(p): prefix + n for n, p in root.named_parameters()})
             out["model"] = model
         names: dict[int, str] = {}
         if self._leader is not None:
             out["optimizer"] = self._leader.state_dict()
-            params = [p for g in self._leader.param_groups for p in g["params"]]
-            names = {i: by_id.get(id(p), str(i)) for i, p in enumerate(params)}
+            names = self._param_names()
         if self._others:
             out["optimizers"] = {str(i + 1): o.state_dict() for i, o in enumerate(self._others)}
         schedulers = [s for r in self._schedulers if (s := r()) is not None]
@@ -317,6 +316,20 @@ class ScriptProbe:
             out["data"] = {"batch": self._batch}
         out["step"] = {"step": self.step}
         return out, names
+
+    def _param_names(self) -> dict[int, str]:
+        """The leader's parameters' names by their index in it (an index where no model holds one): labels of
+        the optimizer's state keys, looked up again only when the leader's parameters or the models change."""
+        params = [p for g in self._leader.param_groups for p in g["params"]]
+        key = (tuple(map(id, params)), tuple(map(id, self._roots or ())))
+        if self._names is None or self._names[0] != key:
+            many = len(self._roots or ()) > 1
+            by_id = {id(p): (f"{i}." if many else "") + n
+                     for i, root in enumerate(self._roots or ()) for n, p in root.named_parameters()}
+            # the objects ride along, so no id in the key is reused by another object while it is cached
+            self._names = (key, {i: by_id.get(id(p), str(i)) for i, p in enumerate(params)},
+                           [*params, *(self._roots or ())])
+        return self._names[1]
 
     def _locate(self, components: dict[str, Any], names: dict[int, str]) -> None:
         """The first step of a process of the faulted run: where did the script resume?"""
