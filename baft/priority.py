@@ -29,6 +29,14 @@ raises it back to nice 0 when they fall behind); ``idle`` stays the default, the
 freshest replicas. A process in its parent's
 session (the writer, the floor replicator) is in the ranks' group already, where
 its class does what it says; its group is never changed, or training's would be.
+
+Where the launcher made control groups for the job (:data:`CPU_GROUP_VARIABLE` names one in a process's
+environment: the harness's :mod:`harness.run.cpugroups`), :func:`apply` at ``lowest`` and ``adaptive`` moves the
+process into it first and sets that group's class instead of an autogroup's: a process in a control group is out
+of the autogroups, and the node's store then shares its node's group with the ranks, in a group of its own marked
+idle (``cpu.idle``) — for ``lowest`` always, for ``adaptive`` while its replicas keep up — and runs on what the
+node's ranks leave, whatever else the machine runs: the placement of the floor replicator, which a rank starts in
+its own group. ``idle`` leaves the store where it was started (its own session), as before.
 """
 from __future__ import annotations
 
@@ -49,6 +57,10 @@ up (the store's :class:`baft.store.governor.GroupGovernor` decides; :func:`apply
 STORE_CHOICES = "adaptive, idle, lowest or normal"
 GROUP_LOW, GROUP_HIGH = 19, 0
 """The autogroup nice values of a lowered and a raised group (weights 15 and 1024)."""
+
+CPU_GROUP_VARIABLE = "BAFT_CPU_GROUP"
+"""The environment variable naming the directory of the CPU control group a process joins at :func:`apply` (or,
+for a process that applies no priority, at its start: the harness's agents)."""
 
 _IOPRIO_WHO_PROCESS = 1  # a thread id, for Linux
 _IOPRIO_CLASS_IDLE = 3
@@ -100,13 +112,56 @@ def _ioprio_idle(tid: int) -> str | None:
     return None
 
 
+_joined: dict[int, str] = {}  # process (0: this one) -> the CPU group apply() moved it into
+
+
+def join_cpu_group(path: str, pid: int = 0) -> str:
+    """Move process ``pid`` (0: this one; its threads and later children follow) into the CPU control group at
+    ``path``; '' or why it could not be."""
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(pid or os.getpid()))
+    except OSError as e:
+        return f"the CPU group {path} refused it ({e.strerror or e})"
+    return ""
+
+
+def set_cpu_group_idle(path: str, idle: bool) -> str:
+    """Mark the CPU control group at ``path`` idle (``cpu.idle`` 1; where the kernel lacks it, the lowest weight)
+    or back to a normal group's weight; '' or why it could not be."""
+    tries = [("cpu.idle", "1" if idle else "0")] + (
+        [("cpu.shares", "2"), ("cpu.weight", "1")] if idle else [("cpu.shares", "1024"), ("cpu.weight", "100")])
+    for name, value in tries:
+        try:
+            with open(os.path.join(path, name), "w") as f:
+                f.write(value)
+            return ""
+        except OSError as e:
+            last = f"the CPU group {path} kept its class ({name}: {e.strerror or e})"
+    return last
+
+
+def joined_cpu_group(pid: int = 0) -> str:
+    """The CPU group :func:`apply` moved process ``pid`` into ('' if none)."""
+    return _joined.get(pid, "")
+
+
 def apply(priority: str, pid: int = 0) -> Applied:
-    """Run every thread of process ``pid`` (0: this one; threads started later inherit it) at ``priority``."""
+    """Run every thread of process ``pid`` (0: this one; threads started later inherit it) at ``priority``, in the
+    CPU group :data:`CPU_GROUP_VARIABLE` names, if any."""
     if priority not in STORE_PRIORITIES:
         raise ValueError(f"priority must be one of {STORE_CHOICES}, got {priority!r}")
     if priority == NORMAL:
         return Applied("normal", "normal")
     notes: list[str] = []
+    cgroup = os.environ.get(CPU_GROUP_VARIABLE, "") if priority in (LOWEST, ADAPTIVE) else ""
+    if cgroup:
+        refused = join_cpu_group(cgroup, pid) or set_cpu_group_idle(cgroup, priority == LOWEST)
+        if refused:
+            notes.append(refused)
+            cgroup = ""
+        else:
+            _joined[pid] = cgroup
     cpu = "SCHED_IDLE"
     for tid in _threads(pid):
         try:
@@ -127,8 +182,8 @@ def apply(priority: str, pid: int = 0) -> Applied:
             notes.append(f"idle I/O class refused ({why})")
             io = "normal"
             break
-    group, why = "", ""
-    if priority in (LOWEST, ADAPTIVE) and leads_group(pid):  # adaptive: nice 0 until the governor lowers it
+    group, why = (f"cgroup {cgroup} " + ("idle" if priority == LOWEST else "adaptive"), "") if cgroup else ("", "")
+    if not cgroup and priority in (LOWEST, ADAPTIVE) and leads_group(pid):  # adaptive: nice 0 until lowered
         why = set_group_nice(GROUP_LOW if priority == LOWEST else GROUP_HIGH, pid)
         group = "" if why else "autogroup nice 19" if priority == LOWEST else ADAPTIVE_GROUP
     if why:
@@ -141,20 +196,39 @@ AUTOGROUPS = "/proc/sys/kernel/sched_autogroup_enabled"
 
 def leads_group(pid: int = 0) -> bool:
     """Whether process ``pid`` (0: this one) leads its session's autogroup (its own and its children's, nobody
-    else's) on a kernel with autogroups on."""
+    else's) on a kernel with autogroups on, and the autogroup counts: a process in a CPU control group other than
+    the root one (a container's, a launch's :data:`CPU_GROUP_VARIABLE`) is scheduled by that group instead."""
     try:
         with open(AUTOGROUPS) as f:
             if f.read().strip() != "1":
                 return False
         target = pid or os.getpid()
-        return os.getsid(target) == target and os.path.exists(f"/proc/{target}/autogroup")
+        return (os.getsid(target) == target and os.path.exists(f"/proc/{target}/autogroup")
+                and in_root_cpu_group(target))
     except OSError:
         return False  # a kernel without autogroups: the idle class alone decides
 
 
+def in_root_cpu_group(pid: int = 0) -> bool:
+    """Whether process ``pid`` (0: this one) is in the root CPU control group (where autogroups apply)."""
+    try:
+        with open(f"/proc/{pid or 'self'}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") or (controllers == "" and len(lines) == 1):
+            return path == "/"
+    return True
+
+
 def set_group_nice(nice: int, pid: int = 0) -> str:
-    """Set the autogroup weight of process ``pid`` (0: this one) to ``nice`` where it leads its session (else
-    leave it: the group is shared with whoever started it); '' or why it could not be."""
+    """Set the weight of process ``pid``'s (0: this one) scheduling group to ``nice``: the CPU group :func:`apply`
+    moved it into (nice 19: idle, else a normal group's weight), else its autogroup where it leads its session
+    (else leave it: the group is shared with whoever started it); '' or why it could not be."""
+    if joined_cpu_group(pid):
+        return set_cpu_group_idle(joined_cpu_group(pid), nice == GROUP_LOW)
     if not leads_group(pid):
         return ""
     try:

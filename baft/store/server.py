@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from baft.priority import ADAPTIVE, leads_group, set_group_nice
+from baft.priority import ADAPTIVE, joined_cpu_group, leads_group, set_group_nice
 from baft.snapshot.slotfile import (
     HEADER,
     SLOTS,
@@ -120,8 +120,8 @@ class Store:
         self._inflight: tuple[int, int] | None = None  # (rank, version) of the replica being sent
         self._handed: tuple[_Job, Unfinished, list[str]] | None = None  # a notice thread's send left to finish
         self._busy = False  # a replica was sent since the last sealed notification
-        self.governor = (GroupGovernor(self.log, set_group_nice)
-                         if config.replication.priority == ADAPTIVE and leads_group() else None)
+        self.governor = (GroupGovernor(self.log, set_group_nice) if config.replication.priority == ADAPTIVE
+                         and (leads_group() or joined_cpu_group()) else None)
         """Lowers the store's scheduling group while its replicas keep up (:mod:`baft.store.governor`; None:
         the group stays as the priority set it)."""
         self.stride = Stride(self.log, config.replication.max_slowdown)

@@ -39,7 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from baft.store.wire import SECRET_VARIABLE, new_secret
-from baft.traits import TRAITS
+from baft.strategies.registry import TRAITS
 
 from harness.errors import ConfigValueError
 from harness.scenario import Scenario
@@ -58,6 +58,9 @@ POD_VERBS = ["list"]
 CRD_VERBS = ["get"]
 #: The Chaos Mesh kinds a fault maps to (not Schedule or Workflow: those are printed, kubectl applies them).
 HARNESS_KINDS = ("PodChaos", "NetworkChaos", "StressChaos", "IOChaos", "TimeChaos")
+
+#: The node store sidecar's CPU request: the least Kubernetes gives (the lowest weight of the pod's groups).
+STORE_CPU = "1m"
 
 
 #: A Kubernetes resource quantity (``2``, ``500m``, ``4Gi``, ``1.5G``, ``1e3``).
@@ -264,9 +267,13 @@ def training(scenario: Scenario, cfg: DeployConfig) -> list[dict[str, Any]]:
                  "--journal", f"{SHARED}/{cfg.run}/journal/store-node{index}.jsonl",
                  "--world-size", str(w.world_size)]
         pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+        # In the pod's group, at the lowest CPU weight (1m: cpu.shares 2, cpu.weight 1): the store runs on what the
+        # trainer leaves, and never has a fair share of its own (issue 55); its journal's store_start says which
+        # idle classes the container let it take.
         pod["initContainers"] = [{"name": "store", "image": cfg.image, "restartPolicy": "Always", "command": store,
                                   "env": [e for e in env if e["name"] == "BAFT_NODE_INDEX"] + [pod_ip] + secret,
                                   "volumeMounts": [m for m in mounts if m["mountPath"] in (SHARED, SHM)],
+                                  "resources": {"requests": {"cpu": STORE_CPU}},
                                   "ports": [{"name": "store", "containerPort": cfg.store_port}]}]
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": cfg.meta(cfg.job),
            "spec": {"completionMode": "Indexed", "completions": w.nodes, "parallelism": w.nodes,

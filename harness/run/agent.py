@@ -38,6 +38,8 @@ from multiprocessing import connection, forkserver, resource_tracker, util
 from pathlib import Path
 from typing import Any
 
+from baft.priority import CPU_GROUP_VARIABLE, join_cpu_group
+
 from injectors.process import FORK_SERVER_NAME
 
 #: The file (``journal/agent-node<N>.jsonl``) where the agent journals its workers' failures; set by the launcher.
@@ -218,6 +220,8 @@ def tolerate_cut_error_files() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(CPU_GROUP_VARIABLE):  # first: every process it starts is then in the node's group too
+        join_cpu_group(os.environ[CPU_GROUP_VARIABLE])  # refused (not root, a read-only hierarchy): the autogroups
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.run import parse_args, run  # imports torch, starts no thread

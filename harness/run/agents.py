@@ -22,6 +22,7 @@ from harness.run.nodeenv import free_port, worker_env
 from harness.worker.spec import SPEC_VARIABLE
 
 if TYPE_CHECKING:
+    from harness.run.cpugroups import CpuGroups
     from harness.run.launchconfig import LaunchConfig
 
 #: A dead agent is declared gone after 3 missed 1 s keep-alives. torchrun's default, 3 x 5 s, adds
@@ -47,9 +48,11 @@ class AgentSet:
     """The agents of one launch (``procs[node]`` is node ``node``'s current agent)."""
 
     def __init__(self, config: LaunchConfig, run_dir: Path, spec_path: Path, token: str, secret: dict[str, str],
-                 journal: JournalWriter) -> None:
+                 journal: JournalWriter, groups: CpuGroups | None = None) -> None:
         self.config, self.run_dir, self.spec_path, self.token = config, run_dir, spec_path, token
         self.secret, self.journal = secret, journal
+        self.groups = groups
+        """The launch's CPU groups: each agent joins its node's ``job`` group (None: none made)."""
         self.rendezvous = Rendezvous.new(config.topology.address(0) if config.topology else "127.0.0.1")
         self.procs: list[Any] = []
         """The current agent of each node (a ``subprocess.Popen`` or a zygote's ``Forked``)."""
@@ -83,7 +86,8 @@ class AgentSet:
         """Start node ``node``'s agent (in its place if it had one); ``why`` goes into the journal."""
         cmd = self.command(node)
         env = {**worker_env(node, self.config.topology, self.token), SPEC_VARIABLE: str(self.spec_path.resolve()),
-               **self.secret, JOURNAL_VARIABLE: str(agent_journal(self.run_dir.resolve(), node))}
+               **self.secret, JOURNAL_VARIABLE: str(agent_journal(self.run_dir.resolve(), node)),
+               **(self.groups.env(node, "job") if self.groups is not None else {})}
         with open(self.run_dir / "logs" / f"node{node}.log", "ab") as log:
             proc = start_agent(cmd, env, log, warm=self.config.topology is None, cwd=self.config.cwd)
         if node < len(self.procs):

@@ -79,6 +79,7 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
     """
     from baft.store.wire import SECRET_VARIABLE, new_secret
 
+    from harness.run.cpugroups import CpuGroups
     from harness.run.linkfaults import FaultController
     from harness.run.storefleet import StoreFleet
 
@@ -94,8 +95,9 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
     # it went; one step that fails does not skip the others.
     # The stores answer only processes that prove this secret (baft.store.wire): this launch's workers and stores.
     secret = {SECRET_VARIABLE: new_secret()} if config.stores is not None else {}
+    groups = CpuGroups(token, config.nodes, journal)  # each node's processes in one group, its store idle in it
     fleet = (StoreFleet(config.stores, config.nodes, run_dir, journal, config.topology, token=token,
-                        secret=secret[SECRET_VARIABLE], world_size=config.world_size)
+                        secret=secret[SECRET_VARIABLE], world_size=config.world_size, groups=groups)
              if config.stores is not None else None)
     watchdog: Watchdog | None = None
     agents: AgentSet | None = None
@@ -103,6 +105,7 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
     joins: JoinController | None = None
     with contextlib.ExitStack() as undo:
         undo.callback(journal.close)
+        undo.callback(groups.close)  # once every process of the launch is gone
         undo.callback(lambda: _journal_exits(agents) if agents is not None else None)
         if fleet is not None:
             undo.callback(fleet.stop)  # its memory removed once nothing can write there
@@ -117,7 +120,7 @@ def launch(run_dir: Path, spec: LaunchFacts, config: LaunchConfig) -> LaunchResu
             # started_at: the origin of the faults' time triggers, shared by every worker and restart.
             started_at = time.time()
             spec_path.write_text(replace(spec, run_dir=str(run_dir.resolve()), started_at=started_at).dumps())
-            agents = AgentSet(config, run_dir, spec_path, token, secret, journal)
+            agents = AgentSet(config, run_dir, spec_path, token, secret, journal, groups)
             agents.start_all()
             if config.hang_timeout is not None or config.exit_timeout is not None:
                 watchdog = Watchdog(run_dir, agents.procs, journal, config.hang_timeout, config.startup_timeout,

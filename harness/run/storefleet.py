@@ -26,6 +26,7 @@ from harness.run.nodeenv import free_port, worker_env
 from injectors.process import lost_marker
 
 if TYPE_CHECKING:
+    from harness.run.cpugroups import CpuGroups
     from injectors.network import NetworkTopology
 
 
@@ -43,13 +44,16 @@ class StoreFleet:
     """One store per node, monitored."""
 
     def __init__(self, spec: StoreSpec, nodes: int, run_dir: Path, journal: JournalWriter,
-                 topology: NetworkTopology | None = None, *, token: str | None = None, secret: str, world_size: int = 0) -> None:
+                 topology: NetworkTopology | None = None, *, token: str | None = None, secret: str, world_size: int = 0,
+                 groups: CpuGroups | None = None) -> None:
         self.spec, self.nodes, self.run_dir, self.journal, self.topology = spec, nodes, run_dir, journal, topology
         self.token = token
         """The launch's process token, in every store's environment."""
         self.secret = secret
         """The run's store secret (``BAFT_STORE_SECRET`` of every store and worker; never on a command line)."""
         self.world_size = world_size
+        self.groups = groups
+        """The launch's CPU groups: each store joins its node's ``store`` group (None: none made)."""
         hosts = [topology.address(i) if topology else "127.0.0.1" for i in range(nodes)]
         self.addresses = [f"{hosts[i]}:{free_port()}" for i in range(nodes)]
         self.procs: list[subprocess.Popen | None] = [None] * nodes
@@ -72,7 +76,8 @@ class StoreFleet:
         if self.topology is not None:
             cmd = self.topology.exec_prefix(node) + cmd  # the store lives on its node's network
         log = open(self.run_dir / "logs" / f"store-node{node}.log", "ab")
-        env = {**worker_env(node, self.topology, self.token), SECRET_VARIABLE: self.secret}
+        env = {**worker_env(node, self.topology, self.token), SECRET_VARIABLE: self.secret,
+               **(self.groups.env(node, "store") if self.groups is not None else {})}
         proc = self.procs[node] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                    start_new_session=True)
         log.close()

@@ -87,6 +87,8 @@ def test_pods_run_the_scenarios_workload_on_its_layout(path: Path) -> None:
     if scenario.checkpoint.strategy == "baft":
         [store] = pod["initContainers"]
         assert store["restartPolicy"] == "Always"  # a native sidecar: it outlives a trainer crash
+        # the lowest CPU weight in the pod's group, no limit: it runs on what the trainer leaves (issue 55)
+        assert store["resources"] == {"requests": {"cpu": "1m"}}
         assert len(spec["stores"]) == w.nodes
         shm = {m["name"] for m in trainer["volumeMounts"]} & {m["name"] for m in store["volumeMounts"]}
         assert "shm" in shm and {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
