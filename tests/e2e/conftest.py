@@ -78,22 +78,11 @@ def kill_pair(name: str = "kill-rank0-step12") -> tuple[dict[str, Any], dict[str
     return good, bad
 
 
-#: Tests that measure rates or times, shape links, or bound a recovery or a stop in seconds: marked
-#: ``serial``, they run after the parallel part, alone (tox runs ``-m "not serial"`` on three
-#: pytest-xdist workers, then ``-m serial`` in one process), so no other test competes with them for
-#: the two cores or the links.
-SERIAL_FILES = {"test_bench.py", "test_links.py", "test_network.py", "test_cancel.py"}
-SERIAL_TESTS = {"test_hang_is_detected_by_the_watchdog_and_restarted", "test_straggler_slows_one_rank_and_stays_bitwise",
-                "test_slow_storage_delays_persistence_not_training",
-                # a drift baft must see after the jitter: under a loaded parallel part the windows drifted before it
-                # (idle 51 -> 175 ms at step 5) and the re-planned windows already held the jitter's
-                "test_loader_jitter_makes_baft_replan_and_changes_no_sample"}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that shapes links (``netns``) runs alone too: ``serial`` (tests/run.py runs those after the parallel
+    part, in one process). Every other serial test says so with its own marker."""
     for item in items:
-        if (item.get_closest_marker("netns") or item.path.name in SERIAL_FILES
-                or item.originalname in SERIAL_TESTS):
+        if item.get_closest_marker("netns"):
             item.add_marker(pytest.mark.serial)
 
 

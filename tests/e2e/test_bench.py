@@ -13,7 +13,7 @@ from analysis.benchstats import paired_ratios
 
 from .conftest import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.serial]  # timings: alone
 
 
 def test_bench_writes_both_tiers_with_equal_settings(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import yaml
 
 from tests.e2e.conftest import ROOT
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # stops signalled processes: alone
 
 SCENARIOS = ROOT / "scenarios" / "ci"
 

@@ -14,7 +14,7 @@ from analysis.journal import Journal, read_events
 from .conftest import ROOT, run_cli
 
 pytestmark = [
-    pytest.mark.e2e, pytest.mark.slow, pytest.mark.netns,
+    pytest.mark.e2e, pytest.mark.slow, pytest.mark.netns, pytest.mark.serial,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces and tc"),
 ]
 CI = ROOT / "scenarios" / "ci"

@@ -22,6 +22,7 @@ from injectors.network import CommandFailed, NetworkTopology, NetworkUnavailable
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.netns,
+    pytest.mark.serial,
     pytest.mark.timeout(60),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces and tc"),
 ]
