@@ -67,7 +67,7 @@ Event fields:
                         sealed on every rank, so none was persisted)
 ``restore_candidates``  tier, local (versions in the rank's own memory), remote ([version, node] held by stores)
 ``persist_backpressure`` step, seconds the training thread waited for the previous persist (baft: also a due
-                        snapshot whose slot a persist still held, up to ``baft.strategies.snapshotter.PIN_WAIT``)
+                        snapshot whose slot a persist still held, up to ``baft.strategies.baft.snapshotter.PIN_WAIT``)
 ``snapshots_discarded`` after, versions (baft: copies of this rank newer than the version restored, from the
                         timeline the job left, marked abandoned; the stores drop theirs too)
 ``checkpoint_keys``     stage_keyed, example, why (DCP tier: tensor names two pipeline stages share, written

@@ -265,12 +265,16 @@ def projection_plots(result: dict[str, Any], out: Path) -> list[Path]:
     paths = []
     for sw in result["sweeps"]:
         fig, ax = plt.subplots(figsize=(7, 4.2))
+        models = result.get("models") or {}
+        first: dict[str, str] = {}  # model -> the first strategy drawn with it
         for strategy, waste in sw["waste"].items():
             if strategy == "none":
                 continue  # restarting from scratch wastes (nearly) everything at any scale worth projecting
-            alike = strategy == "async-dcp"  # modelled as CheckFreq is: drawn dashed over it
-            ax.plot(sw["values"], [100 * w for w in waste], marker="o", label=strategy + (" (= checkfreq)" if alike else ""),
-                    linestyle="--" if alike else "-")
+            model = models.get(strategy, strategy)
+            alike = first.setdefault(model, strategy)  # one modelled as another is: drawn dashed over it
+            ax.plot(sw["values"], [100 * w for w in waste], marker="o",
+                    label=strategy + (f" (= {alike})" if alike != strategy else ""),
+                    linestyle="--" if alike != strategy else "-")
         here = result["target"][sw["parameter"]]
         ax.axvline(here, color="#999999", linestyle=":", label="the target")
         ax.set_xscale("log")

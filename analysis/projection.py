@@ -32,13 +32,24 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .advisor import daly
 from .errors import ConfigFieldError
 
-STRATEGIES = ("none", "sync", "checkfreq", "async-dcp", "in-memory", "baft")
+MODELS = ("none", "blocking", "background", "memory", "bubbles")
+"""How a strategy is modelled: ``none`` (nothing kept); ``blocking`` (the training thread writes the persistent
+tier); ``background`` (a copy to host memory on the training thread, persisted in the background); ``memory`` (that
+copy also sent to peers' memory, persisted from the host copy); ``bubbles`` (as ``memory``, the copy inside the
+pipeline bubbles, stalling only for what they cannot hold)."""
+HYPOTHETICAL = {"in-memory": "memory"}
+"""Strategies projected that baft does not run (a plain in-memory checkpoint), by model."""
+STRATEGIES: dict[str, str] = {"none": "none", "sync": "blocking", "checkfreq": "background", "async-dcp": "background",
+                              **HYPOTHETICAL, "baft": "bubbles"}
+"""The strategies projected when none are given, by model. ``baft project`` gives baft's registry's instead
+(``harness.bench.project.strategies``: each entry's ``projection``; a test keeps the two alike)."""
 
 ASSUMPTIONS = (
     "failures of nodes are independent and exponential (a job-level rate of nodes / MTBF); each failure takes "
@@ -246,28 +257,32 @@ def _interval(stall: float, target: Target, at_least: float) -> float:
     return max(it, math.ceil(max(tau, at_least) / it - 1e-9) * it)
 
 
-def plan(strategy: str, target: Target) -> Plan:
-    """What ``strategy`` does on ``target``."""
+def plan(strategy: str, target: Target, model: str | None = None) -> Plan:
+    """What ``strategy`` does on ``target``, modelled as ``model`` (one of :data:`MODELS`; None: the strategy's
+    in :data:`STRATEGIES`)."""
+    if model is None:
+        model = STRATEGIES.get(strategy)
+    if model not in MODELS:
+        raise ValueError(f"strategy: one of {', '.join(STRATEGIES)} or a model among {', '.join(MODELS)}, "
+                         f"got {strategy!r} ({model!r})")
     t = target
     persist, copy, replicate = t.persist_seconds, t.copy_seconds, t.replicate_seconds
     racks = t.domain_share  # every strategy sees the same failures; only memory tiers care about their kind
-    if strategy == "none":
+    if model == "none":
         return Plan(strategy=strategy, domain_share=racks)
-    if strategy == "sync":
+    if model == "blocking":
         tier = Tier(stall=persist, interval=_interval(persist, t, 0.0), lag=0.0, retrieval=persist)
         return Plan(strategy=strategy, persistent=tier, domain_share=racks)
     background = Tier(stall=copy, interval=_interval(copy, t, persist), lag=persist, retrieval=persist)
-    if strategy in ("checkfreq", "async-dcp"):
+    if model == "background":
         return Plan(strategy=strategy, persistent=background, domain_share=racks)
     # With a copy in host memory already, the persistent tier writes from it: no second stall.
     from_host = Tier(stall=0.0, interval=_interval(0.0, t, persist), lag=persist, retrieval=persist)
-    if strategy == "in-memory":
+    if model == "memory":
         memory = Tier(stall=copy, interval=_interval(copy, t, replicate), lag=replicate, retrieval=replicate)
-    elif strategy == "baft":
+    else:  # bubbles
         stall = max(0.0, copy - t.bubble_fraction * t.iteration_seconds)  # what the bubbles cannot hold
         memory = Tier(stall=stall, interval=_interval(stall, t, replicate), lag=replicate, retrieval=replicate)
-    else:
-        raise ValueError(f"strategy: one of {', '.join(STRATEGIES)}, got {strategy!r}")
     return Plan(strategy=strategy, memory=memory, persistent=from_host, memory_probability=t.memory_probability,
                 domain_share=racks, domain_memory_probability=t.domain_memory_probability)
 
@@ -350,12 +365,13 @@ class Projection:
     simulated: Simulated | None = None
 
 
-def project(target: Target, run_hours: float = 720.0, strategies: tuple[str, ...] = STRATEGIES,
+def project(target: Target, run_hours: float = 720.0, strategies: Mapping[str, str] = STRATEGIES,
             simulate_seed: int | None = 0) -> list[Projection]:
-    """Each strategy's expected waste on ``target`` (and a seeded simulation of it unless the seed is None)."""
+    """Each strategy's expected waste on ``target`` (and a seeded simulation of it unless the seed is None);
+    ``strategies``: name -> model (:data:`MODELS`)."""
     out = []
-    for s in strategies:
-        p = plan(s, target)
+    for s, model in strategies.items():
+        p = plan(s, target, model)
         sim = simulate(p, target, run_hours, simulate_seed) if simulate_seed is not None and p.persistent else None
         out.append(Projection(strategy=s, plan=p, waste=expected_waste(p, target, run_hours), simulated=sim))
     return out

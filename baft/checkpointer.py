@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from baft.config import STRATEGIES, CheckpointConfig, StrategyName
+import baft.strategies.registry as registry
+from baft.config import CheckpointConfig, StrategyName
 from baft.state.train import TrainState
-from baft.strategies import REGISTRY, Strategy
+from baft.strategies.base import Strategy
 
-__all__ = ["STRATEGIES", "CheckpointConfig", "Checkpointer", "StrategyName"]
+__all__ = ["CheckpointConfig", "Checkpointer", "StrategyName"]
 
 
 class Checkpointer:
@@ -33,7 +34,7 @@ class Checkpointer:
     def __init__(self, config: CheckpointConfig, state: TrainState) -> None:
         self.config = config
         self.state = state
-        self.strategy: Strategy = REGISTRY[config.strategy](config, state)
+        self.strategy: Strategy = registry.get(config.strategy).load()(config, state)
 
     def attach(self, stage: Any, *, mesh: Any = None, replica: int = 0, replicas: int = 1,
                replica_group: Any = None) -> None:

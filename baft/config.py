@@ -6,6 +6,10 @@ where the persistent tier lives) and a section per strategy with settings of its
 nodes, its writer processes) and ``async_dcp`` (:class:`AsyncDcpConfig`). The keys these sections
 replaced (``checkpoint.replicas``, ``checkpoint.persist_writer``, ...) still load, with a warning that
 names the new path (:data:`RENAMED_KEYS`), for one release.
+
+The strategies are those of :mod:`baft.strategies.registry`; each section's class lives in its strategy's
+package (:class:`~baft.strategies.baft.config.BaftConfig`, :class:`~baft.strategies.async_dcp.config.AsyncDcpConfig`)
+and is named here too, as the public face has named it.
 """
 from __future__ import annotations
 
@@ -16,85 +20,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from baft.bubbles.planner import PlannerConfig
-from baft.bubbles.profiler import ProfilerConfig
+import baft.strategies.registry as registry
 from baft.errors import BaftConfigError, deprecated
 from baft.persist.storage import check_url, is_url
-from baft.priority import CHOICES, PRIORITIES
 from baft.store.config import ReplicationConfig
+from baft.strategies.async_dcp.config import AsyncDcpConfig
+from baft.strategies.baft.config import BaftConfig
+
+__all__ = ["RENAMED_KEYS", "STRATEGIES", "AsyncDcpConfig", "BaftConfig", "CheckpointConfig", "StrategyName", "nest_renamed"]
 
 StrategyName = Literal["none", "sync", "async-dcp", "checkfreq", "baft"]
-STRATEGIES: tuple[str, ...] = ("none", "sync", "async-dcp", "checkfreq", "baft")
+"""The built-in strategies' names, for type checkers (``tests/unit/test_strategy_registry.py`` checks it against
+:data:`baft.strategies.registry.BUILTIN`); ``CheckpointConfig.strategy`` takes any registered name."""
 
 
-@dataclass(kw_only=True, slots=True)
-class BaftConfig:
-    """``baft``'s own settings: the ``checkpoint.baft`` section."""
-
-    shm_dir: str = ""
-    """Directory of the shared-memory snapshot slots (default: under /dev/shm, derived from ``dir``)."""
-    replicate_every: int = 1
-    """Hand every this many versions to the store for replication (1: every one)."""
-    writer: Literal["process", "thread", "dcp"] = "process"
-    """How the persister writes the DCP checkpoint. ``process``: each rank's file straight from
-    its sealed shared-memory slot, by a writer process of the rank's own (stdlib only, at the
-    ``persist_nice`` priority: off the training process's interpreter lock; :mod:`baft.persist.writer`),
-    and rank 0 writes DCP's metadata from what every rank wrote (one exchange; :mod:`baft.persist.dcpwrite`);
-    on an fsspec ``dir`` as ``thread``. ``thread``: the same, written by the persister thread.
-    ``dcp``: ``dcp.save`` of a private copy (for comparison). Stock ``dcp.load`` reads each."""
-    writer_priority: str = "idle"
-    """With ``writer: process``: the writer processes' CPU and I/O class: ``idle``
-    (``SCHED_IDLE`` and the idle I/O class: they write while the ranks wait in their bubbles; nice 19 where
-    the idle CPU class is refused) or ``normal`` (then ``persist_nice`` applies). Journaled
-    (``background_priority``)."""
-    persist_window_ms: float = 2.0
-    """The persister thread runs each step of a persist (its Python shares the interpreter lock with
-    training) only while the training thread waits in a pipeline window the profiler expects to last at least
-    this many milliseconds, or 100 ms later at the latest (0: whenever it is ready). Without such windows (no
-    pipeline) it never waits. Journaled per persist (``checkpoint_saved`` ``gated_seconds``)."""
-    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
-    """How the node stores replicate each version to peer nodes (needs nodes > 1): ``replicas``,
-    ``placement``, ``domain_nodes``, ``rate``, ``yield_to_training``, ``max_slowdown``, ``priority``
-    (:class:`~baft.store.config.ReplicationConfig`)."""
-    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
-    """Idle-window measurement and drift detection."""
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    """Chunking and packing into windows."""
-    store: str = ""
-    """Host:port of this node's store (set by the harness; empty: no store, no peers)."""
-    node: int = 0
-    """This node's index (set by the harness)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.replicate_every, bool) or not isinstance(self.replicate_every, int) or self.replicate_every < 1:
-            raise BaftConfigError("replicate_every", "an integer >= 1", self.replicate_every)
-        if self.writer not in ("process", "thread", "dcp"):
-            raise BaftConfigError("writer", "process, thread or dcp", self.writer)
-        if self.writer_priority not in PRIORITIES:
-            raise BaftConfigError("writer_priority", CHOICES, self.writer_priority)
-        if (isinstance(self.persist_window_ms, bool) or not isinstance(self.persist_window_ms, (int, float))
-                or not 0 <= self.persist_window_ms < math.inf):
-            raise BaftConfigError("persist_window_ms", "a number of milliseconds >= 0 (0: no gate)", self.persist_window_ms)
-
-
-@dataclass(kw_only=True, slots=True)
-class AsyncDcpConfig:
-    """``async-dcp``'s own settings: the ``checkpoint.async_dcp`` section."""
-
-    mode: Literal["thread", "process"] = "thread"
-    """Where DCP writes in the background: a thread of the training process, or a
-    checkpoint process of DCP's own per rank (``AsyncCheckpointerType.PROCESS``; it is spawned, so the
-    training script's entry point must be guarded by ``if __name__ == "__main__"``)."""
-    stager: bool = True
-    """Stage through DCP's ``DefaultStager`` (buffers cached across saves, the copy in a
-    staging thread; shared memory in process mode, pinned memory where CUDA is present) instead of
-    ``async_save``'s default copy into fresh memory each time."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("thread", "process"):
-            raise BaftConfigError("mode", "thread or process", self.mode)
-        if not isinstance(self.stager, bool):
-            raise BaftConfigError("stager", "true or false", self.stager)
+if TYPE_CHECKING:
+    STRATEGIES: tuple[str, ...]
+    """Every registered strategy's name (:func:`baft.strategies.registry.names`, read when it is read)."""
+else:
+    def __getattr__(name: str) -> tuple[str, ...]:
+        """``STRATEGIES``: every registered strategy's name, as registered when it is read."""
+        if name == "STRATEGIES":
+            return registry.names()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: The keys the strategies' sections replaced -> their paths now (one release, with a warning).
@@ -154,8 +102,8 @@ def _with(value: Any, cls: type, changes: Mapping[str, Any]) -> Any:
 class CheckpointConfig:
     """How and where a job checkpoints."""
 
-    strategy: StrategyName = "sync"
-    """``none``: never. ``sync``: blocking ``torch.save`` of every rank's shard.
+    strategy: str = "sync"
+    """One of :data:`STRATEGIES` (:mod:`baft.strategies.registry`; a strategy of one's own registers there). ``none``: never. ``sync``: blocking ``torch.save`` of every rank's shard.
     ``async-dcp``: ``torch.distributed.checkpoint.async_save``. ``checkfreq``: copy the
     state to memory at the boundary, persist it in the background while training goes on.
     ``baft``: a snapshot of every iteration in shared memory, copied inside the pipeline
@@ -189,8 +137,7 @@ class CheckpointConfig:
     """``async-dcp``'s own settings (read by that strategy only): where DCP writes, how it stages."""
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise BaftConfigError("strategy", "one of " + ", ".join(STRATEGIES), self.strategy)
+        registry.get(self.strategy)  # a registered strategy, or BaftConfigError at ``strategy``
         if not isinstance(self.every, int) or self.every < 1:
             raise BaftConfigError("every", "an integer >= 1", self.every)
         if self.mtbf_hours is not None and (isinstance(self.mtbf_hours, bool) or not isinstance(self.mtbf_hours, (int, float))
@@ -244,15 +191,27 @@ class CheckpointConfig:
 _generated_init = CheckpointConfig.__init__
 
 
+def _sections() -> dict[str, type]:
+    """Each strategy's own section of :class:`CheckpointConfig` -> its config class (from the registry)."""
+    fields = {f.name for f in dataclasses.fields(CheckpointConfig)}
+    out: dict[str, type] = {}
+    for e in registry.entries():
+        cls = e.config_class()
+        if e.section in fields and cls is not None:
+            out[e.section] = cls
+    return out
+
+
 @functools.wraps(_generated_init)
 def _init(self: CheckpointConfig, **kwargs: Any) -> None:
     """The dataclass's ``__init__``, taking the keys the strategies' sections replaced too (with a warning):
     ``CheckpointConfig(strategy="baft", replicas=1)`` is ``CheckpointConfig(strategy="baft",
     baft=BaftConfig(replication=ReplicationConfig(replicas=1)))``."""
     if any(k in RENAMED_KEYS for k in kwargs):
-        sections = {s: kwargs.pop(s) for s in ("baft", "async_dcp") if dataclasses.is_dataclass(kwargs.get(s))}
+        own = _sections()
+        sections = {s: kwargs.pop(s) for s in own if dataclasses.is_dataclass(kwargs.get(s))}
         nested = nest_renamed(kwargs, "CheckpointConfig")
-        for section, cls in (("baft", BaftConfig), ("async_dcp", AsyncDcpConfig)):
+        for section, cls in own.items():
             changes = nested.get(section)
             if isinstance(changes, Mapping):  # old keys into the section given, or into its defaults
                 nested[section] = _with(sections.get(section), cls, changes)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from baft import CheckpointConfig
-from baft.traits import CHECKPOINT_PHASES, TRAITS
+from baft.strategies.registry import CHECKPOINT_PHASES, TRAITS
 
 from analysis.verdict import ExpectConfig
 from harness.errors import ConfigValueError, ScenarioError

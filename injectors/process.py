@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from baft.events import RESTORE_PHASES
-from baft.traits import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
+from baft.strategies.registry import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES
 
 from .base import RunShape
 from .errors import FaultConfigError

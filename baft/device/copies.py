@@ -256,7 +256,7 @@ RING_BUFFERS = 16
 
 
 class DeviceCopies:
-    """The device path of :class:`baft.strategies.snapshotter.BubbleSnapshotter`: one copy stream, the
+    """The device path of :class:`baft.strategies.baft.snapshotter.BubbleSnapshotter`: one copy stream, the
     slots' memory page-locked (else a staging ring), and the versions in flight between their optimizer
     step and their seal, sealed in order by :meth:`settle` (each pipeline wait, each boundary and each
     iteration's end; at close a host wait)."""

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from torch.distributed.checkpoint.api import CheckpointException
 
+import baft.strategies.registry as registry
 from baft import events
 from baft.config import CheckpointConfig
 from baft.errors import CheckpointCorrupt
@@ -25,7 +26,6 @@ from baft.mesh.topology import Topology, of, shard_key, stage_key
 from baft.persist.interval import AdaptiveInterval
 from baft.persist.storage import at
 from baft.state.train import TrainState
-from baft.traits import TRAITS
 
 #: What a failed write to the persistent tier raises: the OS (a full disk, an I/O error) or
 #: DCP, which gathers every rank's write errors into one exception raised on all ranks.
@@ -57,15 +57,16 @@ class Strategy:
     """The ``none`` strategy, and the base of the others: every hook does nothing."""
 
     name: ClassVar[str] = "none"
-    """Its ``CheckpointConfig.strategy``; its traits (the ClassVars below) are ``baft.traits.TRAITS[name]``."""
-    phases: ClassVar[tuple[str, ...]] = TRAITS["none"].phases
-    step_phases: ClassVar[tuple[str, ...]] = TRAITS["none"].step_phases
-    elastic: ClassVar[bool] = TRAITS["none"].elastic
-    node_stores: ClassVar[bool] = TRAITS["none"].node_stores
+    """Its ``CheckpointConfig.strategy``; its traits (the ClassVars below) are its registry entry's
+    (:mod:`baft.strategies.registry`: a strategy of one's own is registered before its class is defined)."""
+    phases: ClassVar[tuple[str, ...]] = registry.traits("none", plugins=False).phases
+    step_phases: ClassVar[tuple[str, ...]] = registry.traits("none", plugins=False).step_phases
+    elastic: ClassVar[bool] = registry.traits("none", plugins=False).elastic
+    node_stores: ClassVar[bool] = registry.traits("none", plugins=False).node_stores
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        traits = TRAITS[cls.name]
+        traits = registry.traits(cls.name, plugins=False)
         cls.phases, cls.step_phases = traits.phases, traits.step_phases
         cls.elastic, cls.node_stores = traits.elastic, traits.node_stores
 

@@ -33,14 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from baft import STRATEGIES, CheckpointConfig
+import baft.strategies.registry as registry
+from baft import CheckpointConfig
 
 from harness.errors import ConfigValueError
 from harness.worker.spec import LaunchFacts, WorkloadConfig
 
-ALL = list(STRATEGIES)
-SNAPSHOT_ARMS = {"baft": "baft:snapshot", "checkfreq": "checkfreq:snapshot", "async-dcp": "async-dcp:staging"}
-"""The snapshot-tier arm of each strategy that has a snapshot step of its own."""
+
+def snapshot_arms() -> dict[str, str]:
+    """The snapshot-tier arm of each strategy that has a snapshot step of its own (its registry entry's
+    ``snapshot_arm``): ``{"baft": "baft:snapshot", ...}``."""
+    return {e.name: e.snapshot_arm_name for e in registry.entries() if e.snapshot_arm_name is not None}
 NEVER = 10**12
 FLOOR_ARM = "floor:replicate"
 
@@ -126,9 +129,10 @@ class BenchConfig:
     """What every arm's checkpointer shares, as a scenario's ``checkpoint:`` section: baft's slots, writers,
     replication (with 2+ nodes, through the node stores), profiler and planner; async-dcp's writer and stager. The
     bench sets each arm's strategy, interval and directories."""
-    strategies: list[str] = field(default_factory=lambda: list(ALL))
-    """Strategies to compare; ``none`` is always added (it is the baseline). Each persists in the
-    persistent tier; baft, checkfreq and async-dcp also bring their snapshot step to the snapshot tier."""
+    strategies: list[str] = field(default_factory=lambda: list(registry.names()))
+    """Strategies to compare (every registered one: ``baft.strategies.registry``); ``none`` is always added (it
+    is the baseline). Each persists in the persistent tier; those with a snapshot step of their own (baft,
+    checkfreq, async-dcp) also bring it to the snapshot tier."""
     cycles: int = 20
     """Cycles; each runs every arm for one block (the n of the paired statistics)."""
     block: int = 10
@@ -183,9 +187,10 @@ class BenchConfig:
             raise ConfigValueError("floor_count", "an integer >= 0 (0: no floor)", self.floor_count)
         if self.warmup < 0:
             raise ConfigValueError("warmup", "an integer >= 0", self.warmup)
+        known = registry.names()
         for s in self.strategies:
-            if s not in ALL:
-                raise ConfigValueError("strategies", "names among " + ", ".join(ALL), s)
+            if s not in known:
+                raise ConfigValueError("strategies", "names among " + ", ".join(known), s)
         if self.link_rate is not None:
             from injectors.network import parse_rate
 
@@ -221,7 +226,8 @@ class BenchConfig:
     def arms(self) -> list[Arm]:
         """Every arm, the baseline first."""
         out = [Arm("none", "baseline", "none", NEVER)]
-        out += [Arm(SNAPSHOT_ARMS[s], "snapshot", s, NEVER) for s in self.strategies if s in SNAPSHOT_ARMS]
+        snapshots = snapshot_arms()
+        out += [Arm(snapshots[s], "snapshot", s, NEVER) for s in self.strategies if s in snapshots]
         out += [Arm(f"{s}@{k}", "persistent", s, k) for s in self.strategies if s != "none" for k in self.persist_every]
         if self.floor_arm and self.nodes > 1 and "baft" in self.strategies and self.link_rate is None:
             out.append(Arm(FLOOR_ARM, "persistent", "none", NEVER))
@@ -272,19 +278,17 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
     for a in arms:
         s: dict[str, Any] = {"tier": a.tier, "strategy": a.strategy,
                              "persist_every": a.every if a.tier == "persistent" else None}
-        if a.strategy == "baft":
-            s.update(snapshot="every iteration, in the bubbles", copier=own.planner.copier,
-                     replicates=cfg.nodes > 1 and a.tier == "persistent" and a.every == cfg.persist_every[0])
-        if a.strategy == "checkfreq":
-            s["snapshot"] = "copy into buffers allocated once, at the boundary"
-        if a.strategy in ("baft", "checkfreq") and a.tier == "persistent":
+        entry = registry.get(a.strategy)
+        if entry.snapshot_arm is not None and (a.tier == "snapshot" or entry.background_persist):
+            s[entry.snapshot_arm] = entry.snapshot_note  # the copy its background persists from, too
+        if entry.traits.node_stores:
+            s["replicates"] = cfg.nodes > 1 and a.tier == "persistent" and a.every == cfg.persist_every[0]
+        if entry.background_persist and a.tier == "persistent":
             s["persist_nice"] = ck.persist_nice
-        if a.strategy == "baft" and a.tier == "persistent":
-            s["writer_priority"] = own.writer_priority if own.writer == "process" else None
-            s["persist_window_ms"] = own.persist_window_ms
-            s["writer"] = {"process": "each rank's DCP file straight from its slot by a writer process",
-                           "thread": "each rank's DCP file straight from its slot by the persister thread",
-                           "dcp": "dcp.save of a copy"}[own.writer]
+        section = getattr(ck, entry.section) if entry.section is not None else None
+        describe = getattr(section, "bench_settings", None)
+        if describe is not None:  # what its own section sets (baft: the copier, the writers)
+            s.update(describe(a.tier == "persistent"))
         if is_floor_of_work(a.name):
             s["replicates"] = ("the honest floor: baft's own work with replication off, while a plain program sends "
                                "each sealed slot (sendfile, the slots' rotation) into a ring of mappings on the next "
@@ -293,8 +297,6 @@ def summarize(cfg: BenchConfig, raw: dict[str, Any]) -> dict[str, Any]:
             s["replicates"] = (f"the floor: {'no checkpoint' if a.name == FLOOR_ARM else 'a blocking save every ' + str(a.every)}"
                                "; a plain program moves the state's bytes to the next node every iteration (sendfile, "
                                f"recv_into a mapping), {own.replication.priority} class")
-        if a.name == SNAPSHOT_ARMS["async-dcp"]:
-            s["staging"] = "DefaultStager, synchronous, cached buffers"
         s.update((raw.get("settings") or {}).get(a.name) or {})
         settings[a.name] = s
     for t in tiers.values():

@@ -14,16 +14,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+import baft.strategies.registry as registry
 from baft.store.placement import domain_recovery_probability, recovery_probability
 
 from analysis.profile import Profile
-from analysis.projection import ASSUMPTIONS, STRATEGIES, Projection, Target, project
+from analysis.projection import ASSUMPTIONS, HYPOTHETICAL, MODELS, Projection, Target, project
 
 #: How far the plots sweep each parameter around the target's value.
 SCALES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 #: The largest relative gap between the analytical and the simulated waste the tests accept (plus 0.002),
 #: where failures are rare within an interval (the model is first order in failure rate x interval).
 TOLERANCE = 0.12
+
+
+def strategies() -> dict[str, str]:
+    """The strategies projected, name -> model: each registered one by its entry's ``projection``
+    (:mod:`baft.strategies.registry`) and the hypothetical ones of :mod:`analysis.projection`, in the models' order."""
+    rows = [(e.name, e.projection) for e in registry.entries()] + list(HYPOTHETICAL.items())
+    return dict(sorted(rows, key=lambda row: MODELS.index(row[1])))
 
 
 def with_placement(target: Target) -> Target:
@@ -86,10 +94,11 @@ def sweep(target: Target, name: str, run_hours: float) -> dict[str, Any]:
     values = sorted({max(1, round(base * s)) if isinstance(base, int) else base * s for s in SCALES})
     if name == "nodes":
         values = [v for v in values if v > max(target.replicas, target.simultaneous)]
-    rows: dict[str, list[float]] = {s: [] for s in STRATEGIES}
+    projected = strategies()
+    rows: dict[str, list[float]] = {s: [] for s in projected}
     for v in values:
         varied = dataclasses.replace(target, **{name: v})  # type: ignore[arg-type]  # name: a numeric field
-        for p in project(with_placement(varied), run_hours, simulate_seed=None):
+        for p in project(with_placement(varied), run_hours, projected, simulate_seed=None):
             rows[p.strategy].append(p.waste)
     return {"parameter": name, "values": values, "waste": rows}
 
@@ -107,7 +116,8 @@ def run_projection(target: Target, out: Path, run_hours: float = 720.0, seed: in
                     "persist_seconds": t.persist_seconds,
                     "copy_seconds": t.copy_seconds, "replicate_seconds": t.replicate_seconds},
         "run_hours": run_hours, "seed": seed,
-        "strategies": [_row(p) for p in project(t, run_hours, simulate_seed=seed)],
+        "strategies": [_row(p) for p in project(t, run_hours, strategies(), simulate_seed=seed)],
+        "models": strategies(),
         "sweeps": [sweep(target, name, run_hours) for name in ("nodes", "storage_gbps", "mtbf_hours")],
         "assumptions": list(ASSUMPTIONS),
         "measured": list(measured or []),

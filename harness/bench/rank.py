@@ -9,13 +9,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch.distributed as dist
 
-from baft.config import StrategyName
+import baft.strategies.registry as registry
 
-from harness.bench.bench import FLOOR_ARM, SNAPSHOT_ARMS, Arm, BenchConfig, BenchSpec, is_floor, is_floor_of_work
+from harness.bench.bench import FLOOR_ARM, Arm, BenchConfig, BenchSpec, is_floor, is_floor_of_work
 
 
 def _write_raw(run_dir: Path, times: list[dict[str, Any]], settings: dict[str, Any], mine: dict[str, Any]) -> None:
@@ -39,7 +39,8 @@ def _write_raw(run_dir: Path, times: list[dict[str, Any]], settings: dict[str, A
 
 def _checkpointers(spec: BenchSpec, arms: dict[str, Arm], trainer: Any) -> dict[str, Any]:
     """Each arm's checkpointer, attached to the trainer's stages (collective: every rank calls it). The first
-    persistent ``baft`` arm is the one placed on its node's store (with 2+ nodes it replicates)."""
+    persistent arm of a strategy with node stores (``baft``) is the one placed on its node's store (with 2+ nodes
+    it replicates)."""
     from baft import Checkpointer
 
     from harness.worker.session import place_on_node
@@ -48,12 +49,13 @@ def _checkpointers(spec: BenchSpec, arms: dict[str, Arm], trainer: Any) -> dict[
     ckpts: dict[str, Any] = {}
     placed = False
     for arm in arms.values():
-        own_snapshot = arm.tier == "snapshot" and arm.strategy != "baft"  # a step done here, beside a `none` ckpt
+        entry = registry.get(arm.strategy)
+        own_snapshot = arm.tier == "snapshot" and entry.snapshot_step is not None  # a step done here, beside `none`
         c = dataclasses.replace(
-            cfg.checkpoint, strategy="none" if own_snapshot else cast(StrategyName, arm.strategy), every=arm.every,
+            cfg.checkpoint, strategy="none" if own_snapshot else arm.strategy, every=arm.every,
             dir=str(run_dir / "checkpoints" / _dirname(arm.name)),
             baft=dataclasses.replace(cfg.checkpoint.baft, shm_dir=str(Path(spec.shm_dir) / _dirname(arm.name))))
-        if arm.strategy == "baft" and arm.tier == "persistent" and not placed:
+        if entry.traits.node_stores and arm.tier == "persistent" and not placed:
             place_on_node(c, spec)  # with 2+ nodes this arm replicates through the node stores
             placed = True
         ckpts[arm.name] = Checkpointer(c, trainer.state)
@@ -115,8 +117,8 @@ def worker(spec_path: Path) -> int:
                       "saved": saved[0]})
         dist.barrier()
 
-    settings = {n: ckpts[n].strategy.settings() for n, a in arms.items()  # what only the strategy knows
-                if a.tier == "persistent" and a.strategy == "async-dcp"}
+    settings = {n: got for n, a in arms.items()  # what only the strategy knows
+                if a.tier == "persistent" and (got := ckpts[n].strategy.settings())}
     first: dict[str, Any] = {}  # per strategy, its first persistent arm: the one whose tiers are restored
     for a in arms.values():
         if a.tier == "persistent":
@@ -144,23 +146,15 @@ def _dirname(arm: str) -> str:
 
 
 def _snapshot_steps(cfg: BenchConfig, state: Any) -> dict[str, Any]:
-    """The snapshot-tier steps run beside a ``none`` checkpointer, after each iteration: CheckFreq's copy
-    into buffers allocated once, DCP's synchronous staging through its ``DefaultStager`` (cached buffers; the
-    staged copy must be complete before the next optimizer step, so it is waited for)."""
-    from baft.strategies.checkfreq import copy_into
-    from baft.strategies.dcp import dcp_stager
-
+    """The snapshot-tier steps run beside a ``none`` checkpointer, after each iteration: each strategy's
+    ``snapshot_step`` of the registry (CheckFreq's copy into buffers allocated once, DCP's synchronous staging
+    through its ``DefaultStager``)."""
     out: dict[str, Any] = {}
-    if "checkfreq" in cfg.strategies:
-        held: dict[str, Any] = {"buffers": None}
-
-        def checkfreq() -> None:
-            held["buffers"] = copy_into(state.capture(), held["buffers"])
-
-        out[SNAPSHOT_ARMS["checkfreq"]] = checkfreq
-    if "async-dcp" in cfg.strategies:
-        stager = dcp_stager(shared_memory=False, async_staging=False)
-        out[SNAPSHOT_ARMS["async-dcp"]] = lambda: stager.stage(state.capture())
+    for name in cfg.strategies:
+        entry = registry.get(name)
+        factory = entry.snapshot_factory()
+        if factory is not None and entry.snapshot_arm_name is not None:
+            out[entry.snapshot_arm_name] = factory(state)
     return out
 
 

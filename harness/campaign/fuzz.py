@@ -25,7 +25,8 @@ import yaml
 
 from baft.config import CheckpointConfig
 from baft.events import RESTORE_PHASES
-from baft.traits import TRAITS, Traits
+from baft.strategies.registry import TRAITS
+from baft.traits import Traits
 
 from harness.campaign.layouts import LAYOUTS
 from harness.errors import ConfigValueError, HarnessError, ScenarioError

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from baft import CheckpointConfig
-from baft.traits import TRAITS
+from baft.strategies.registry import TRAITS
 
 from analysis.errors import AnalysisError
 from analysis.journal import Journal, JournalWriter, launcher_journal, read_events

@@ -89,7 +89,7 @@ def _sampler_lost() -> None:
 
 
 def _torn() -> None:
-    from baft.strategies.sync import SyncStrategy
+    from baft.strategies.sync.strategy import SyncStrategy
 
     original = SyncStrategy.save
     previous: dict[int, Any] = {}
@@ -118,7 +118,7 @@ def _latest_before_durable() -> None:
     from baft.mesh.collective import rank_world
     from baft.persist import commits as persist
     from baft.persist import storage
-    from baft.strategies.sync import SyncStrategy
+    from baft.strategies.sync.strategy import SyncStrategy
 
     original_save = SyncStrategy.save
 
@@ -140,7 +140,7 @@ def _latest_before_durable() -> None:
 
 
 def _stale_replica() -> None:
-    from baft.strategies import baft as strategy
+    from baft.strategies.baft import strategy
 
     strategy.persistent_floor = lambda root: -1  # any shared-memory or peer version beats the disk
 

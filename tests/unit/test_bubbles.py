@@ -13,7 +13,7 @@ from baft.config import BaftConfig
 from baft.snapshot.slotfile import COMPLETE, HEAD, HEADER, SLOTS, WRITING, own_slot
 from baft.snapshot.slots import SnapshotBuffer
 from baft.state.layout import layout, rebuild, split, total_bytes
-from baft.strategies.snapshotter import BubbleSnapshotter
+from baft.strategies.baft.snapshotter import BubbleSnapshotter
 
 BAFT = CheckpointConfig(strategy="baft")
 
@@ -308,7 +308,7 @@ def test_a_relayout_waits_for_a_reader_of_the_slots(tmp_path: Path, monkeypatch:
     # re-lay the slots out (the state's layout changed): the remap unmapped the slots under the reader.
     import threading
 
-    import baft.strategies.snapshotter as bubble
+    import baft.strategies.baft.snapshotter as bubble
 
     st = make_state(0)
     snap = BubbleSnapshotter(st, BAFT, tmp_path, rank=0)

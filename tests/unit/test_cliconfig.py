@@ -12,13 +12,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import baft.strategies.registry as registry
 from baft import AsyncDcpConfig, BaftConfig, CheckpointConfig
 from baft import errors as baft_errors
 from baft.bubbles.planner import PlannerConfig
 from baft.errors import BaftDeprecationWarning
 from baft.store.config import ReplicationConfig
 
-from harness.bench.bench import ALL, BenchConfig
+from harness.bench.bench import BenchConfig
 from harness.cli import _parser
 from harness.cli import main as cli_main
 from harness.cliconfig import _options, add_config_arguments, argv_of, config_from_args, field_docs, flag
@@ -249,7 +250,7 @@ checkpoints = st.builds(
 
 @settings(max_examples=60, deadline=None)
 @given(valid(BenchConfig, workload=workloads, checkpoint=checkpoints,
-             strategies=st.lists(st.sampled_from(ALL), min_size=1, max_size=5, unique=True),
+             strategies=st.lists(st.sampled_from([e.name for e in registry.BUILTIN]), min_size=1, max_size=5, unique=True),
              cycles=st.integers(1, 100), block=st.sampled_from([2, 6, 10, 12, 60]), warmup=st.integers(0, 5),
              persist_every=st.lists(st.sampled_from([1, 2, 3, 5, 6, 10]), min_size=1, max_size=2, unique=True),
              link_rate=st.sampled_from([None, "50mbit", "1gbit", "12.5MBps"]), link_classes=st.booleans(),

@@ -16,7 +16,7 @@ import torch, torch.distributed as dist
 from baft import CheckpointConfig, TrainState, events
 from baft.persist import dcpformat
 from baft.persist import commits as persist
-from baft.strategies import AsyncDCPStrategy, CheckFreqStrategy, SyncStrategy
+from baft.strategies import AsyncDcpStrategy, CheckFreqStrategy, SyncStrategy
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -58,7 +58,7 @@ ASYNC = PRELUDE + """
 name = sys.argv[2]
 module = dcpformat if name == "async-dcp" else persist
 commit = module.commit
-cls = AsyncDCPStrategy if name == "async-dcp" else CheckFreqStrategy
+cls = AsyncDcpStrategy if name == "async-dcp" else CheckFreqStrategy
 strategy = cls(CheckpointConfig(strategy=name, every=1, dir=sys.argv[1]), state)
 strategy.attach(model)
 if rank == 0:

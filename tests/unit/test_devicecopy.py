@@ -25,7 +25,7 @@ from baft.device.copies import DeviceCopies, StagingRing, VersionCopy
 from baft.device.restore import DeviceRestore
 from baft.snapshot.slotfile import SLOTS, slot_of
 from baft.snapshot.slots import SnapshotBuffer
-from baft.strategies.snapshotter import BubbleSnapshotter
+from baft.strategies.baft.snapshotter import BubbleSnapshotter
 
 from tests.fakes.streams import FakeStreams
 

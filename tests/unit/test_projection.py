@@ -31,7 +31,7 @@ def test_the_model_and_its_simulation_agree_where_failures_are_rare_within_an_in
                               storage_scales=scales, network_gbps=network, iteration_seconds=iteration,
                               replicas=min(replicas, nodes - 1), simultaneous=min(lost, nodes), placement=placement,
                               **racks))
-    for s in STRATEGIES[1:]:
+    for s in list(STRATEGIES)[1:]:
         p = plan(s, t)
         longest = max(x.interval + x.lag for x in (p.memory, p.persistent) if x is not None)
         if t.failure_rate * longest > 0.2:

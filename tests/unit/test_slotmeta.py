@@ -10,7 +10,7 @@ from baft import CheckpointConfig, digest_components
 from baft.snapshot import slotmeta
 from baft.snapshot.slotfile import HEADER
 from baft.state import codec
-from baft.strategies.snapshotter import BubbleSnapshotter
+from baft.strategies.baft.snapshotter import BubbleSnapshotter
 
 from tests.unit.test_bubbles import make_state, step
 

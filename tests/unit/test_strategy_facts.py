@@ -2,22 +2,27 @@
 scenario's validation, the fault phases and the fuzzer read them instead of keeping lists of names."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, get_args
 
 import pytest
 from hypothesis import HealthCheck, find, settings
 from hypothesis.errors import NoSuchExample
 
+import baft.strategies.registry as registry
 from baft import STRATEGIES
 from baft.config import StrategyName
 from baft.events import PHASES, RESTORE_PHASES
-from baft.strategies import CHECKPOINT_PHASES, REGISTRY, STEP_CHECKPOINT_PHASES
-from baft.traits import TRAITS, Traits
+from baft.strategies.registry import CHECKPOINT_PHASES, STEP_CHECKPOINT_PHASES, TRAITS
+from baft.traits import Traits
 
 from harness.campaign.fuzz import schedules
 from harness.errors import ScenarioError
 from harness.scenario import parse
 from injectors.process import LOOP_PHASES, WORKER_PHASES, KillConfig, NodeLossConfig
+
+#: Each built-in strategy's class (imported from its registry entry).
+REGISTRY = {e.name: e.load() for e in registry.BUILTIN}
 
 
 def test_the_registry_names_every_strategy_once() -> None:
@@ -71,7 +76,8 @@ def test_validation_follows_what_a_strategy_declares(monkeypatch: pytest.MonkeyP
     with pytest.raises(ScenarioError):
         parse(scenario("sync", "snapshot"), "s.yaml", host=False)
     assert parse(scenario("sync", "restore"), "s.yaml", host=False).faults[0].config.phase == "restore"
-    monkeypatch.setitem(TRAITS, "sync", Traits(phases=("snapshot", "persist")))  # declares snapshot, no longer restore
+    sync = dataclasses.replace(registry.get("sync"), traits=Traits(phases=("snapshot", "persist")))
+    monkeypatch.setitem(registry._ENTRIES, "sync", sync)  # declares snapshot, no longer restore
     assert parse(scenario("sync", "snapshot"), "s.yaml", host=False).faults[0].config.phase == "snapshot"
     with pytest.raises(ScenarioError) as err:
         parse(scenario("sync", "restore"), "s.yaml", host=False)

@@ -23,7 +23,6 @@ from baft.persist import commits as persist
 from baft.persist import dcpformat
 from baft.state.dtensor import local_view
 from baft.strategies.base import WRITE_ERRORS, Strategy, persist_failed
-from baft.strategies.restore import meta_rank as meta_rank  # its path before baft.strategies.restore
 from baft.strategies.restore import place_map, restore_dcp
 
 log = logging.getLogger("baft")
@@ -32,7 +31,7 @@ COMMIT_TIMEOUT = 300.0
 """Seconds a rank other than 0 waits, when it must, for rank 0 to commit a save."""
 
 
-class AsyncDCPStrategy(Strategy):
+class AsyncDcpStrategy(Strategy):
     """DCP's own asynchronous checkpointing, as a baseline."""
 
     name = "async-dcp"
@@ -162,3 +161,11 @@ def dcp_stager(*, shared_memory: bool, async_staging: bool = True) -> Any:
     cuda = torch.cuda.is_available()
     return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=shared_memory,
                                         use_async_staging=async_staging, use_non_blocking_copy=cuda))
+
+
+def staging_step(state: Any) -> Any:
+    """``baft bench``'s snapshot-tier step of ``async-dcp`` (run after each iteration beside a ``none``
+    checkpointer): DCP's synchronous staging through its ``DefaultStager`` (cached buffers; the staged copy must
+    be complete before the next optimizer step, so it is waited for)."""
+    stager = dcp_stager(shared_memory=False, async_staging=False)
+    return lambda: stager.stage(state.capture())

@@ -39,9 +39,9 @@ from baft.persist.background import OneInFlight
 from baft.persist.writer import WriterProcess
 from baft.snapshot.slotfile import SLOTS, slot_of
 from baft.state.dtensor import HostShard, local_view
+from baft.strategies.baft.snapshotter import BubbleSnapshotter
 from baft.strategies.base import WRITE_ERRORS, Strategy, commit_agreed, persist_failed
 from baft.strategies.restore import place_map, restore_dcp
-from baft.strategies.snapshotter import BubbleSnapshotter
 
 
 def persistent_floor(root: Any) -> int:

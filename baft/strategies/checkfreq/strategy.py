@@ -116,3 +116,14 @@ class CheckFreqStrategy(Strategy):
 
     def close(self) -> None:
         self._writer.close()
+
+
+def snapshot_step(state: Any) -> Any:
+    """``baft bench``'s snapshot-tier step of ``checkfreq`` (run after each iteration beside a ``none``
+    checkpointer): CheckFreq's copy into buffers allocated once."""
+    held: dict[str, Any] = {"buffers": None}
+
+    def step() -> None:
+        held["buffers"] = copy_into(state.capture(), held["buffers"])
+
+    return step

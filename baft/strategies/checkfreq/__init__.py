@@ -1,0 +1,1 @@
+"""``checkfreq``: a copy at the boundary, persisted in the background (:mod:`.strategy`)."""

@@ -1,0 +1,1 @@
+"""``sync``: every rank blocks in ``torch.save`` of its shard (:mod:`.strategy`)."""
