@@ -219,9 +219,17 @@ def tolerate_cut_error_files() -> None:
     errors.ProcessFailure.__post_init__ = post_init  # type: ignore[method-assign]
 
 
+def join_node_group() -> str:
+    """Join the node's CPU group the launcher named (:mod:`harness.run.cpugroups`), and take its name out of the
+    environment: a process the ranks start (a writer, a floor replicator) applying a priority must not take the
+    node's group for its own (at ``lowest`` it would mark the ranks' group idle). '' or why not (then the
+    autogroups decide)."""
+    path = os.environ.pop(CPU_GROUP_VARIABLE, "")
+    return join_cpu_group(path) if path else "no group named"
+
+
 def main(argv: list[str] | None = None) -> int:
-    if os.environ.get(CPU_GROUP_VARIABLE):  # first: every process it starts is then in the node's group too
-        join_cpu_group(os.environ[CPU_GROUP_VARIABLE])  # refused (not root, a read-only hierarchy): the autogroups
+    join_node_group()  # first: every process it starts is then in the node's group too
     preload, rest = split_preload(sys.argv[1:] if argv is None else argv)
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.run import parse_args, run  # imports torch, starts no thread

@@ -87,3 +87,20 @@ def test_a_lowest_store_joins_its_idle_group_beside_the_nodes_job_and_the_groups
     finally:
         groups.close()
     assert groups.dirs == [] and not Path(path).exists() and groups.base is not None and not groups.base.exists()
+
+
+def test_an_agent_takes_its_group_out_of_the_environment_its_ranks_inherit(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in the bench: the floor replicator (a rank's child) applying ``lowest`` found the node's job group in its
+    environment and marked the ranks' own group idle."""
+    from baft.priority import CPU_GROUP_VARIABLE
+
+    from harness.run.agent import join_node_group
+
+    monkeypatch.setenv(CPU_GROUP_VARIABLE, str(tmp_path / "not-a-group"))
+    assert "refused" in join_node_group()  # (not a control group here: the autogroups decide)
+    assert CPU_GROUP_VARIABLE not in os.environ
+    child = subprocess.run([sys.executable, "-c", f"import os; print(os.environ.get({CPU_GROUP_VARIABLE!r}, '-'))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert child == "-"
+    assert join_node_group() == "no group named"
