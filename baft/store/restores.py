@@ -14,7 +14,9 @@ Reply = tuple[dict[str, Any], bytes]
 
 
 class StoreView(Protocol):
-    """What answering a restore needs of the store (:class:`baft.store.server.Store`)."""
+    """What answering a restore needs of the store (:class:`baft.store.server.Store`): its place, a request's rank and
+    version checked (``checked``: ``ValueError`` if not a rank of the job), where a rank's slot file is, a peer's
+    answer, its journal."""
 
     @property
     def root(self) -> Path: ...
@@ -22,7 +24,7 @@ class StoreView(Protocol):
     def node(self) -> int: ...
     @property
     def addresses(self) -> list[str]: ...
-    def _check(self, rank: Any, version: Any) -> tuple[int, int]: ...
+    def checked(self, rank: Any, version: Any) -> tuple[int, int]: ...
     def own_slot_path(self, rank: Any, version: Any, path: Any) -> Path: ...
     def request(self, address: str, header: dict[str, Any], timeout: float = 30.0) -> Reply: ...
     def log(self, event: str, **fields: Any) -> None: ...
@@ -30,13 +32,13 @@ class StoreView(Protocol):
 
 def query(store: StoreView, header: dict[str, Any]) -> Reply:
     """The complete copies of a rank this node holds."""
-    store._check(header.get("rank"), 0)
+    store.checked(header.get("rank"), 0)
     return {"copies": [[v, str(p)] for v, p in copies(store.root, header["rank"])]}, b""
 
 
 def fetch(store: StoreView, header: dict[str, Any]) -> Reply:
     """The bytes of one complete copy held here."""
-    store._check(header.get("rank"), header.get("version"))
+    store.checked(header.get("rank"), header.get("version"))
     for v, p in copies(store.root, header["rank"]):
         if v == header["version"]:
             data = read_complete(p, v)
@@ -47,7 +49,7 @@ def fetch(store: StoreView, header: dict[str, Any]) -> Reply:
 
 def locate(store: StoreView, header: dict[str, Any]) -> Reply:
     """The complete copies of a rank on every node that answers."""
-    store._check(header.get("rank"), 0)
+    store.checked(header.get("rank"), 0)
     found: list[list[Any]] = [[v, store.node] for v, _ in copies(store.root, header["rank"])]
     for i, addr in enumerate(store.addresses):
         if i == store.node:
@@ -62,7 +64,7 @@ def locate(store: StoreView, header: dict[str, Any]) -> Reply:
 
 def pull(store: StoreView, header: dict[str, Any]) -> Reply:
     """Bring a copy (from this node or a peer) into the rank's slot file."""
-    rank, version = store._check(header.get("rank"), header.get("version"))
+    rank, version = store.checked(header.get("rank"), header.get("version"))
     dest = store.own_slot_path(rank, version, header.get("dest"))
     order = [store.node] + [i for i in range(len(store.addresses)) if i != store.node]
     for i in order:

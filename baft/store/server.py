@@ -166,7 +166,7 @@ class Store:
         this store's root or a directory below it (an elastic restore pulls into one); anything else
         (another directory, ``..`` out, a symlink, another name) raises ``ValueError``: a request
         never makes the store read or write outside its own root."""
-        self._check(rank, version)
+        self.checked(rank, version)
         key = (rank, slot_of(version), str(path))
         known = self._own.get(key)
         if known is not None and not known.is_symlink():  # its directory was checked before; a link is not
@@ -179,7 +179,7 @@ class Store:
         self._own[key] = parent / given.name
         return parent / given.name
 
-    def _check(self, rank: Any, version: Any) -> tuple[int, int]:
+    def checked(self, rank: Any, version: Any) -> tuple[int, int]:
         """``rank`` and ``version`` as a request gives them: integers >= 0, the rank one of the job's."""
         if type(rank) is not int or type(version) is not int or rank < 0 or version < 0:
             raise ValueError(f"rank and version must be integers >= 0, got {rank!r} and {version!r}")
@@ -221,7 +221,7 @@ class Store:
     def receive_put(self, header: dict[str, Any], sock: socket.socket) -> tuple[dict[str, Any], bytes]:
         """A peer's replica, read from the socket straight into a file of the rank's replica ring, in place
         (no copy of it in memory); refused unread when it is larger than :meth:`payload_limit`."""
-        rank, version = self._check(header.get("rank"), header.get("version"))
+        rank, version = self.checked(header.get("rank"), header.get("version"))
         nbytes = header.get("nbytes", 0)
         limit = self.payload_limit()
         if nbytes > limit:
@@ -294,7 +294,7 @@ class Store:
         version = header.get("version")
         if type(version) is not int or version < -1:
             raise ValueError(f"version must be an integer >= -1 (-1: every version), got {version!r}")
-        rank, _ = self._check(header.get("rank"), 0)
+        rank, _ = self.checked(header.get("rank"), 0)
         dropped = self.discard(rank, version)
         if header.get("forward", True):
             for i, addr in enumerate(self.addresses):
