@@ -19,13 +19,7 @@ from baft.store.config import ReplicationConfig
 from baft.store.linkmeter import FAST_RATE, PACE_HOLD, WHOLE, WINDOW, LinkMeter
 from baft.store.traffic import TRAFFIC_FILE, TrafficFlag, TrafficFlags
 
-from .test_store import (
-    _the_runs_secret,  # noqa: F401 - the autouse fixture, for these tests too
-    replicas_of,
-    seal,
-    stores,
-    wait_for,
-)
+from tests.fakes.stores import replicas_of, seal, stores, wait_for
 
 
 class Clock:

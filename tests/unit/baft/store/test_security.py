@@ -30,8 +30,7 @@ from baft.store.wire import (
 )
 
 from harness.run.nodeenv import free_port
-
-from .test_store import SECRET, seal, wait_for
+from tests.fakes.stores import SECRET, seal, wait_for
 
 
 @pytest.fixture
