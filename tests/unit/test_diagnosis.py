@@ -272,25 +272,33 @@ def test_a_run_that_passes_on_its_loss_curve_gets_no_diagnosis(tmp_path: Path) -
     assert v.passed and v.diagnosis == [] and v.latent == [], (v.failures, v.diagnosis)
 
 
+def _steps(steps: range) -> list[tuple[str, dict]]:
+    return [("step", {"step": s, "loss": 1.0, "loss_bits": float_bits(1.0)}) for s in steps]
+
+
+def _journal(root: Path, rank: int, attempt: int, *events: tuple[str, dict]) -> None:
+    """Append ``events`` to a rank's journal of process ``attempt``."""
+    w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=attempt)
+    for event, fields in events:
+        w.write(event, **fields)
+    w.close()
+
+
+def _restarted(root: Path, rank: int, restored: int, tier: str) -> None:
+    """A rank's restarted process: it restored ``restored`` from ``tier`` and took that step."""
+    _journal(root, rank, 1, ("start", {"node": "node0", "world_size": 2}),
+             ("checkpoint_restored", {"step": restored, "tier": tier, "seconds": 0.1}), *_steps(range(restored, restored + 1)))
+
+
 def test_lost_work_counts_from_the_step_every_rank_had_completed(tmp_path: Path) -> None:
     """A pipeline whose last stage had entered step 8 when rank 0 was killed in step 7's snapshot, restored 6:
     one step lost (counted from 7, which every rank had completed), not two; the furthest rank said apart."""
     root = tmp_path / "run"
     for rank, done in ((0, 7), (1, 8)):
-        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=0)
-        w.write("start", node="node0", world_size=2)
-        for s in range(done):
-            w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0))
-        w.close()
-    w = JournalWriter(rank_journal(root, 0), rank=0, attempt=0)
-    w.write("fault", fault="kill", id=0, step=7, phase="snapshot", fatal=True)
-    w.close()
+        _journal(root, rank, 0, ("start", {"node": "node0", "world_size": 2}), *_steps(range(done)))
+    _journal(root, 0, 0, ("fault", {"fault": "kill", "id": 0, "step": 7, "phase": "snapshot", "fatal": True}))
     for rank in (0, 1):
-        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=1)
-        w.write("start", node="node0", world_size=2)
-        w.write("checkpoint_restored", step=6, tier="shm", seconds=0.1)
-        w.write("step", step=6, loss=1.0, loss_bits=float_bits(1.0))
-        w.close()
+        _restarted(root, rank, 6, "shm")
     rec, = recoveries(Journal.load(root))
     assert (rec.progress_before, rec.furthest_before, rec.restored_step, rec.lost_steps) == (7, 8, 6, 1)
 
@@ -301,27 +309,16 @@ def test_a_preemption_loses_what_the_script_trained_in_its_grace(tmp_path: Path)
     from analysis.journal import launcher_journal
 
     root = tmp_path / "run"
+    preempt = ("fault", {"fault": "preempt", "id": 0, "occurrence": 0, "step": 12, "phase": "data", "fatal": True})
+    for rank in (0, 1):
+        _journal(root, rank, 0, ("start", {"node": "node0", "world_size": 2}), *_steps(range(12)),
+                 *([preempt] if rank == 0 else []))
+    for rank in (0, 1):
+        _journal(root, rank, 0, *_steps(range(12, 16)))  # trained on in the grace
     launcher = JournalWriter(launcher_journal(root))
-    for rank in (0, 1):
-        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=0)
-        w.write("start", node="node0", world_size=2)
-        for s in range(12):
-            w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0))
-        if rank == 0:
-            w.write("fault", fault="preempt", id=0, occurrence=0, step=12, phase="data", fatal=True)
-        w.close()
-    for rank in (0, 1):
-        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=0)
-        for s in range(12, 16):
-            w.write("step", step=s, loss=1.0, loss_bits=float_bits(1.0))
-        w.close()
     launcher.write("preempt_end", fault=0, occurrence=0, node=0, killed=[0, 1], seconds=2.0, restart=True)
     launcher.close()
     for rank in (0, 1):
-        w = JournalWriter(rank_journal(root, rank), rank=rank, attempt=1)
-        w.write("start", node="node0", world_size=2)
-        w.write("checkpoint_restored", step=15, tier="persistent", seconds=0.1)
-        w.write("step", step=15, loss=1.0, loss_bits=float_bits(1.0))
-        w.close()
+        _restarted(root, rank, 15, "persistent")
     rec, = recoveries(Journal.load(root))
     assert (rec.progress_before, rec.restored_step, rec.lost_steps) == (16, 15, 1)
