@@ -97,8 +97,11 @@ class CpuGroups:
             return
         sweep(own)
         try:
-            if version == 2:  # children may use the controller only where their parent hands it down
-                _write(own / "cgroup.subtree_control", "+cpu")
+            # v2: children may use the controller only where their parent hands it down; the launch does not change
+            # a group it did not make
+            if version == 2 and "cpu" not in (own / "cgroup.subtree_control").read_text().split():
+                self.refused = f"{own} does not hand the cpu controller down (cgroup.subtree_control)"
+                return
             self.base = self._mkdir(own / f"baft-{token[:16]}")
             if version == 2:
                 _write(self.base / "cgroup.subtree_control", "+cpu")
